@@ -1,0 +1,146 @@
+//! One suite, run against both engines: each `async fn` below takes the engine under test, and
+//! `engine_tests!` turns it into a `#[tokio::test]` per engine.
+
+use std::fs::{File, OpenOptions};
+use std::io::ErrorKind;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::{IoEngine, PreadEngine, UringEngine};
+
+/// Small on purpose, so the concurrency test queues far more requests than the ring holds.
+const QUEUE_DEPTH: u32 = 4;
+
+fn uring() -> Arc<dyn IoEngine> {
+    Arc::new(UringEngine::new(QUEUE_DEPTH).expect("io_uring must be available for these tests"))
+}
+
+fn pread() -> Arc<dyn IoEngine> {
+    Arc::new(PreadEngine::new())
+}
+
+fn rw_file(dir: &tempfile::TempDir, name: &str) -> Arc<File> {
+    let file =
+        OpenOptions::new().read(true).write(true).create(true).truncate(true).open(dir.path().join(name));
+    Arc::new(file.expect("create test file"))
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+async fn round_trip_at_offsets(engine: Arc<dyn IoEngine>) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = rw_file(&dir, "f");
+    let big = pattern((4 << 20) + 3, 9);
+    let cases: [(u64, Vec<u8>); 4] = [
+        (0, b"hello".to_vec()),
+        (4096, pattern(4096, 1)),
+        ((1 << 20) + 3, pattern(70_000, 2)),
+        (8 << 20, big),
+    ];
+    for (offset, data) in &cases {
+        engine.write_at(file.clone(), *offset, Bytes::from(data.clone())).await.unwrap();
+    }
+    for (offset, data) in &cases {
+        let got = engine.read_at(file.clone(), *offset, data.len()).await.unwrap();
+        assert!(got == *data, "mismatch at offset {offset}");
+    }
+    // Unwritten space between the writes reads as zeros.
+    assert_eq!(engine.read_at(file.clone(), 5, 10).await.unwrap(), vec![0u8; 10]);
+    // Zero-length operations complete at once.
+    engine.write_at(file.clone(), 3, Bytes::new()).await.unwrap();
+    assert!(engine.read_at(file.clone(), 0, 0).await.unwrap().is_empty());
+}
+
+async fn many_concurrent_requests(engine: Arc<dyn IoEngine>) {
+    const N: usize = 300;
+    const LEN: usize = 5000;
+    let dir = tempfile::tempdir().unwrap();
+    let file = rw_file(&dir, "f");
+    let writes: Vec<_> = (0..N)
+        .map(|i| {
+            let fut = engine.write_at(file.clone(), (i * LEN) as u64, Bytes::from(pattern(LEN, i as u8)));
+            tokio::spawn(fut)
+        })
+        .collect();
+    for w in writes {
+        w.await.unwrap().unwrap();
+    }
+    let reads: Vec<_> =
+        (0..N).map(|i| tokio::spawn(engine.read_at(file.clone(), (i * LEN) as u64, LEN))).collect();
+    for (i, r) in reads.into_iter().enumerate() {
+        assert!(r.await.unwrap().unwrap() == pattern(LEN, i as u8), "request {i}");
+    }
+}
+
+async fn short_read_at_eof(engine: Arc<dyn IoEngine>) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = rw_file(&dir, "f");
+    engine.write_at(file.clone(), 0, Bytes::from(pattern(100, 3))).await.unwrap();
+    assert_eq!(engine.read_at(file.clone(), 50, 100).await.unwrap(), pattern(100, 3)[50..]);
+    assert!(engine.read_at(file.clone(), 100, 10).await.unwrap().is_empty());
+    assert!(engine.read_at(file.clone(), 5000, 10).await.unwrap().is_empty());
+}
+
+async fn fsync_files_and_directories(engine: Arc<dyn IoEngine>) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = rw_file(&dir, "f");
+    engine.write_at(file.clone(), 0, Bytes::from_static(b"durable")).await.unwrap();
+    engine.fsync(file.clone()).await.unwrap();
+    let dir_fd = Arc::new(File::open(dir.path()).unwrap());
+    engine.fsync(dir_fd).await.unwrap();
+    assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), b"durable");
+}
+
+async fn errors_on_a_read_only_fd(engine: Arc<dyn IoEngine>) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ro"), b"data").unwrap();
+    let file = Arc::new(File::open(dir.path().join("ro")).unwrap());
+    let err = engine.write_at(file.clone(), 0, Bytes::from_static(b"x")).await.unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EBADF), "{err}");
+    // The failure leaves the engine usable.
+    assert_eq!(engine.read_at(file, 0, 4).await.unwrap(), b"data");
+    let wo = Arc::new(OpenOptions::new().write(true).open(dir.path().join("ro")).unwrap());
+    let err = engine.read_at(wo, 0, 4).await.unwrap_err();
+    assert_ne!(err.kind(), ErrorKind::Other, "{err}");
+}
+
+async fn dropping_the_engine_finishes_accepted_requests(engine: Arc<dyn IoEngine>) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = rw_file(&dir, "f");
+    let pending: Vec<_> =
+        (0..50u64).map(|i| engine.write_at(file.clone(), i * 1000, Bytes::from(pattern(1000, 7)))).collect();
+    drop(engine);
+    for p in pending {
+        p.await.unwrap();
+    }
+    assert_eq!(std::fs::metadata(dir.path().join("f")).unwrap().len(), 50_000);
+}
+
+macro_rules! engine_tests {
+    ($($case:ident),* $(,)?) => {
+        mod uring_engine {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                super::$case(super::uring()).await
+            })*
+        }
+        mod pread_engine {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                super::$case(super::pread()).await
+            })*
+        }
+    };
+}
+
+engine_tests!(
+    round_trip_at_offsets,
+    many_concurrent_requests,
+    short_read_at_eof,
+    fsync_files_and_directories,
+    errors_on_a_read_only_fd,
+    dropping_the_engine_finishes_accepted_requests,
+);

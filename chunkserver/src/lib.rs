@@ -1,0 +1,92 @@
+//! The Cairn chunkserver: stores erasure-coded shards as checksummed files on SSD and HDD tier
+//! directories and serves them over the `Chunk` gRPC service.
+//!
+//! The pieces, bottom up: [`engine`] does positional disk I/O (io_uring, or pread/pwrite);
+//! [`shard`] is the versioned on-disk format with per-block BLAKE3 hashes; [`store`] places,
+//! indexes, reads and verifies shard files; [`service`] is the gRPC layer; [`heartbeat`] keeps
+//! the node registered with the metaserver. [`serve`] wires them together on a listener and
+//! [`run`] is what `cairn chunk` calls.
+
+use std::future::Future;
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_common::config::ChunkConfig;
+use cairn_common::{CairnError, Result, MAX_MESSAGE_BYTES};
+use cairn_proto::chunk_server::ChunkServer;
+
+pub mod engine;
+pub mod heartbeat;
+pub mod service;
+pub mod shard;
+pub mod store;
+
+pub use engine::{IoEngine, PreadEngine, UringEngine};
+pub use service::ChunkService;
+pub use store::{ShardStore, StoreOptions, Tier};
+
+/// Serve the chunkserver on `listener` until `shutdown` completes: open the store with the
+/// configured engine, register and heartbeat with the metaserver, answer `Chunk` RPCs.
+pub async fn serve(
+    config: ChunkConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    config.validate()?;
+    let local =
+        listener.local_addr().map_err(|e| CairnError::from_io("cannot read the listener's address", &e))?;
+    let advertise = config.advertise.clone().unwrap_or_else(|| local.to_string());
+    if config.advertise.is_none() && local.ip().is_unspecified() {
+        tracing::warn!(
+            "advertising {advertise}, which other hosts cannot reach; set `advertise` in the config"
+        );
+    }
+
+    let engine = engine::open(config.io_engine, config.queue_depth);
+    let store = Arc::new(ShardStore::open(StoreOptions::from_config(&config), engine).await?);
+    let uuid = heartbeat::load_or_create_uuid(&config.state_dir)?;
+    let node_id = Arc::new(AtomicU32::new(0));
+    let heartbeat = heartbeat::Heartbeat::new(
+        &config.meta,
+        uuid.clone(),
+        advertise.clone(),
+        store.clone(),
+        node_id.clone(),
+        Duration::from_millis(config.heartbeat_ms),
+    )?;
+    tracing::info!(addr = %local, advertise, uuid, engine = store.engine_name(), "chunkserver serving");
+    let heartbeat = tokio::spawn(heartbeat.run());
+
+    let service = ChunkServer::new(ChunkService::new(store, node_id))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let served = tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .await;
+    heartbeat.abort();
+    served.map_err(|e| CairnError::io(format!("chunk gRPC server on {local}: {e}")))?;
+    tracing::info!("chunkserver stopped");
+    Ok(())
+}
+
+/// Validate `config`, bind its listen address and serve until SIGINT or SIGTERM.
+pub async fn run(config: ChunkConfig) -> Result<()> {
+    config.validate()?;
+    let listener = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .map_err(|e| CairnError::from_io(&format!("cannot listen on {}", config.listen), &e))?;
+    let addr =
+        listener.local_addr().map_err(|e| CairnError::from_io("cannot read the listener's address", &e))?;
+    tracing::info!(%addr, "chunkserver listening");
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| CairnError::from_io("cannot install the SIGTERM handler", &e))?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+            _ = sigterm.recv() => tracing::info!("SIGTERM: shutting down"),
+        }
+    };
+    serve(config, listener, shutdown).await
+}

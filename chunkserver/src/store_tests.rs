@@ -1,0 +1,295 @@
+//! Store tests, each run against both I/O engines (see `store_tests!` at the bottom).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use cairn_common::checksum::BLOCK_SIZE;
+use cairn_common::{ErrorKind, ShardId};
+
+use super::{ShardStore, StoreOptions, Tier};
+use crate::engine::{IoEngine, PreadEngine, UringEngine};
+
+type MakeEngine = fn() -> Arc<dyn IoEngine>;
+
+fn uring() -> Arc<dyn IoEngine> {
+    Arc::new(UringEngine::new(8).expect("io_uring must be available for these tests"))
+}
+
+fn pread() -> Arc<dyn IoEngine> {
+    Arc::new(PreadEngine::new())
+}
+
+fn options(ssd: &[&Path], hdd: &[&Path]) -> StoreOptions {
+    StoreOptions {
+        ssd_dirs: ssd.iter().map(|p| p.to_path_buf()).collect(),
+        hdd_dirs: hdd.iter().map(|p| p.to_path_buf()).collect(),
+        sync: true,
+        reserve_bytes: 0,
+    }
+}
+
+async fn open(engine: MakeEngine, ssd: &[&Path], hdd: &[&Path]) -> ShardStore {
+    ShardStore::open(options(ssd, hdd), engine()).await.unwrap()
+}
+
+fn id(n: u64) -> ShardId {
+    ShardId { ino: 1000 + n, stripe: n, index: (n % 6) as u32, version: 1 }
+}
+
+fn data(len: usize, seed: u8) -> Bytes {
+    (0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed).wrapping_add((i >> 16) as u8)).collect()
+}
+
+/// Every regular file under `dir`.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                todo.push(path);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+fn flip_byte(path: &Path, at: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    b[0] ^= 0x10;
+    f.write_all_at(&b, at).unwrap();
+}
+
+async fn round_trip_sizes(engine: MakeEngine) {
+    let ssd = tempfile::tempdir().unwrap();
+    let store = open(engine, &[ssd.path()], &[]).await;
+    for (n, len) in [0, 1, 65535, 65536, 65537, (1 << 20) + 3].into_iter().enumerate() {
+        let d = data(len, n as u8);
+        assert_eq!(store.write(id(n as u64), d.clone()).await.unwrap(), Tier::Ssd);
+        let (got, shard_len) = store.read(id(n as u64), 0, 0).await.unwrap();
+        assert_eq!(shard_len, len as u64);
+        assert!(got == d, "size {len}");
+    }
+}
+
+async fn range_reads_across_block_edges(engine: MakeEngine) {
+    let ssd = tempfile::tempdir().unwrap();
+    let store = open(engine, &[ssd.path()], &[]).await;
+    let bs = BLOCK_SIZE as u64;
+    let len = 3 * bs + 100;
+    let d = data(len as usize, 5);
+    store.write(id(1), d.clone()).await.unwrap();
+    for (offset, want) in
+        [(0, 1), (bs - 1, 2), (bs, bs), (bs - 10, bs + 20), (3 * bs, 0), (3 * bs + 99, 1000), (7, 0)]
+    {
+        let (got, shard_len) = store.read(id(1), offset, want).await.unwrap();
+        assert_eq!(shard_len, len);
+        let end = if want == 0 { len } else { (offset + want).min(len) };
+        assert!(got == d.slice(offset as usize..end as usize), "offset {offset} len {want}");
+    }
+    let (at_end, _) = store.read(id(1), len, 10).await.unwrap();
+    assert!(at_end.is_empty());
+    let err = store.read(id(1), len + 1, 1).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+}
+
+async fn corrupt_data_is_never_returned(engine: MakeEngine) {
+    let ssd = tempfile::tempdir().unwrap();
+    let store = open(engine, &[ssd.path()], &[]).await;
+    let bs = BLOCK_SIZE as u64;
+    store.write(id(1), data(3 * BLOCK_SIZE, 1)).await.unwrap();
+    let path = store.shard_path(&id(1)).unwrap();
+    let header_len = crate::shard::header_len_for(3 * bs);
+    flip_byte(&path, header_len + bs + 10);
+    let err = store.read(id(1), 0, 0).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+    assert!(err.message().contains("block 1"), "{err}");
+    let err = store.read(id(1), bs + 5, 10).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+    // Blocks that are intact still read.
+    let (got, _) = store.read(id(1), 0, bs).await.unwrap();
+    assert!(got == data(3 * BLOCK_SIZE, 1).slice(..BLOCK_SIZE));
+    store.read(id(1), 2 * bs, 0).await.unwrap();
+}
+
+async fn corrupt_header_is_detected(engine: MakeEngine) {
+    let ssd = tempfile::tempdir().unwrap();
+    let store = open(engine, &[ssd.path()], &[]).await;
+    store.write(id(1), data(1000, 1)).await.unwrap();
+    store.write(id(2), data(1000, 2)).await.unwrap();
+    flip_byte(&store.shard_path(&id(1)).unwrap(), 20);
+    let err = store.read(id(1), 0, 0).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+    // A truncated file is corrupt too, not a short answer.
+    let path = store.shard_path(&id(2)).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(std::fs::metadata(&path).unwrap().len() - 1).unwrap();
+    let err = store.read(id(2), 0, 0).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+}
+
+async fn missing_shards(engine: MakeEngine) {
+    let ssd = tempfile::tempdir().unwrap();
+    let store = open(engine, &[ssd.path()], &[]).await;
+    let err = store.read(id(9), 0, 0).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert!(err.message().contains(&id(9).to_string()), "{err}");
+    store.write(id(1), data(10, 1)).await.unwrap();
+    assert_eq!(store.delete(&[id(9), id(1), id(1)]).await.unwrap(), 1);
+    assert_eq!(store.read(id(1), 0, 0).await.unwrap_err().kind(), ErrorKind::NotFound);
+    assert!(files_under(ssd.path()).is_empty());
+}
+
+async fn hostile_ids_are_rejected(engine: MakeEngine) {
+    let ssd = tempfile::tempdir().unwrap();
+    let store = open(engine, &[ssd.path()], &[]).await;
+    for bad in [
+        ShardId { ino: 0, stripe: 1, index: 0, version: 1 },
+        ShardId { ino: 5, stripe: 1, index: 200, version: 1 },
+        ShardId { ino: 0, stripe: u64::MAX, index: 200, version: 1 },
+    ] {
+        let err = store.write(bad, data(10, 1)).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        assert_eq!(store.read(bad, 0, 0).await.unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert_eq!(store.delete(&[id(1), bad]).await.unwrap_err().kind(), ErrorKind::InvalidArgument);
+    }
+    assert!(files_under(ssd.path()).is_empty());
+}
+
+async fn reopen_rebuilds_index_and_usage(engine: MakeEngine) {
+    let ssd = tempfile::tempdir().unwrap();
+    let hdd = tempfile::tempdir().unwrap();
+    let before = {
+        let store = open(engine, &[ssd.path()], &[hdd.path()]).await;
+        for n in 0..4 {
+            store.write(id(n), data(70_000 + n as usize, n as u8)).await.unwrap();
+        }
+        // An idempotent retry, a rewrite with another length, a delete.
+        store.write(id(0), data(70_000, 0)).await.unwrap();
+        store.write(id(1), data(10, 1)).await.unwrap();
+        assert_eq!(store.delete(&[id(3)]).await.unwrap(), 1);
+        let usage = store.usage();
+        assert_eq!(usage[0].shards, 3);
+        let on_disk: u64 = files_under(ssd.path()).iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
+        assert_eq!(usage[0].used, on_disk);
+        assert_eq!((usage[1].shards, usage[1].used), (0, 0));
+        usage
+    };
+    let store = open(engine, &[ssd.path()], &[hdd.path()]).await;
+    let after = store.usage();
+    assert_eq!(
+        before.iter().map(|u| (&u.name, &u.path, u.used, u.shards)).collect::<Vec<_>>(),
+        after.iter().map(|u| (&u.name, &u.path, u.used, u.shards)).collect::<Vec<_>>()
+    );
+    assert_eq!(after[0].name, "ssd");
+    assert_eq!(after[1].name, "hdd");
+    assert!(after[0].capacity > 0 && after[0].free <= after[0].capacity);
+    assert!(store.read(id(1), 0, 0).await.unwrap().0 == data(10, 1));
+    assert!(store.read(id(2), 0, 0).await.unwrap().0 == data(70_002, 2));
+    assert_eq!(store.read(id(3), 0, 0).await.unwrap_err().kind(), ErrorKind::NotFound);
+}
+
+async fn a_full_disk_is_no_space(engine: MakeEngine) {
+    let ssd = tempfile::tempdir().unwrap();
+    let hdd = tempfile::tempdir().unwrap();
+    let mut opts = options(&[ssd.path()], &[hdd.path()]);
+    opts.reserve_bytes = u64::MAX / 2;
+    let store = ShardStore::open(opts, engine()).await.unwrap();
+    let err = store.write(id(1), data(100, 1)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NoSpace, "{err}");
+    assert!(err.message().contains("reserve"), "{err}");
+    assert!(files_under(ssd.path()).is_empty() && files_under(hdd.path()).is_empty());
+    assert_eq!(store.usage()[0].free, 0);
+}
+
+async fn partial_writes_are_removed_at_open(engine: MakeEngine) {
+    let ssd = tempfile::tempdir().unwrap();
+    let bucket = ssd.path().join("shards").join(id(1).bucket());
+    std::fs::create_dir_all(&bucket).unwrap();
+    let tmp = bucket.join(format!("{}.tmp-0123", id(1).file_name()));
+    std::fs::write(&tmp, b"half a shard").unwrap();
+    let stray = bucket.join("notes.txt");
+    std::fs::write(&stray, b"not a shard").unwrap();
+    // A valid name in the wrong bucket is not indexed either.
+    let wrong = ssd.path().join("shards").join("zz");
+    std::fs::create_dir_all(&wrong).unwrap();
+    let store = open(engine, &[ssd.path()], &[]).await;
+    assert!(!tmp.exists());
+    assert!(stray.exists());
+    assert_eq!(store.usage()[0].shards, 0);
+    assert_eq!(store.read(id(1), 0, 0).await.unwrap_err().kind(), ErrorKind::NotFound);
+}
+
+async fn ssd_is_preferred_and_hdd_serves_alone(engine: MakeEngine) {
+    let ssd_a = tempfile::tempdir().unwrap();
+    let ssd_b = tempfile::tempdir().unwrap();
+    let hdd = tempfile::tempdir().unwrap();
+    let store = open(engine, &[ssd_a.path(), ssd_b.path()], &[hdd.path()]).await;
+    for n in 0..4 {
+        assert_eq!(store.write(id(n), data(10, 0)).await.unwrap(), Tier::Ssd);
+    }
+    let usage = store.usage();
+    assert_eq!((usage[0].shards, usage[1].shards, usage[2].shards), (2, 2, 0), "SSD dirs take turns");
+    drop(store);
+
+    let store = open(engine, &[], &[hdd.path()]).await;
+    assert_eq!(store.write(id(7), data(10, 0)).await.unwrap(), Tier::Hdd);
+    assert!(store.shard_path(&id(7)).unwrap().starts_with(hdd.path()));
+}
+
+async fn concurrent_writes_and_reads(engine: MakeEngine) {
+    let ssd = tempfile::tempdir().unwrap();
+    let store = Arc::new(open(engine, &[ssd.path()], &[]).await);
+    let tasks: Vec<_> = (0..40u64)
+        .map(|n| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store.write(id(n), data(BLOCK_SIZE + n as usize, n as u8)).await.unwrap();
+                let (got, _) = store.read(id(n), 0, 0).await.unwrap();
+                assert!(got == data(BLOCK_SIZE + n as usize, n as u8));
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(store.usage()[0].shards, 40);
+}
+
+macro_rules! store_tests {
+    ($($case:ident),* $(,)?) => {
+        mod uring_engine {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                super::$case(super::uring).await
+            })*
+        }
+        mod pread_engine {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                super::$case(super::pread).await
+            })*
+        }
+    };
+}
+
+store_tests!(
+    round_trip_sizes,
+    range_reads_across_block_edges,
+    corrupt_data_is_never_returned,
+    corrupt_header_is_detected,
+    missing_shards,
+    hostile_ids_are_rejected,
+    reopen_rebuilds_index_and_usage,
+    a_full_disk_is_no_space,
+    partial_writes_are_removed_at_open,
+    ssd_is_preferred_and_hdd_serves_alone,
+    concurrent_writes_and_reads,
+);

@@ -1,0 +1,326 @@
+//! End-to-end tests of a chunkserver started with `cairn_chunk::serve` on 127.0.0.1, talked to
+//! through the generated gRPC client, with a fake metaserver that records registrations and
+//! heartbeats.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cairn_common::config::{ChunkConfig, IoEngineKind};
+use cairn_common::{CairnError, ErrorKind, MAX_MESSAGE_BYTES};
+use cairn_proto::chunk_client::ChunkClient;
+use cairn_proto::meta_server::{Meta, MetaServer};
+use cairn_proto::*;
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+/// A metaserver that only knows RegisterChunk and Heartbeat.
+#[derive(Default)]
+struct FakeMeta {
+    registrations: Mutex<Vec<RegisterChunkRequest>>,
+    heartbeats: Mutex<Vec<HeartbeatRequest>>,
+    /// Heartbeats still to answer NotFound, as a metaserver that lost its registry would.
+    forget: AtomicU32,
+}
+
+macro_rules! fake_meta {
+    ($($name:ident($req:ty) -> $reply:ty;)*) => {
+        #[tonic::async_trait]
+        impl Meta for FakeMeta {
+            async fn register_chunk(
+                &self,
+                request: Request<RegisterChunkRequest>,
+            ) -> Result<Response<RegisterChunkReply>, Status> {
+                self.registrations.lock().push(request.into_inner());
+                Ok(Response::new(RegisterChunkReply { node_id: 7 }))
+            }
+
+            async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatReply>, Status> {
+                self.heartbeats.lock().push(request.into_inner());
+                if self.forget.load(Ordering::SeqCst) > 0 {
+                    self.forget.fetch_sub(1, Ordering::SeqCst);
+                    return Err(CairnError::not_found("unknown node 7").into());
+                }
+                Ok(Response::new(HeartbeatReply {}))
+            }
+
+            $(async fn $name(&self, _request: Request<$req>) -> Result<Response<$reply>, Status> {
+                Err(Status::unimplemented(stringify!($name)))
+            })*
+        }
+    };
+}
+
+fake_meta! {
+    lookup(LookupRequest) -> AttrReply;
+    get_attr(InoRequest) -> AttrReply;
+    set_attr(SetAttrRequest) -> AttrReply;
+    create(CreateRequest) -> CreateReply;
+    mkdir(MkdirRequest) -> AttrReply;
+    unlink(RemoveRequest) -> RemoveReply;
+    rmdir(RemoveRequest) -> RemoveReply;
+    rename(RenameRequest) -> RenameReply;
+    link(LinkRequest) -> AttrReply;
+    symlink(SymlinkRequest) -> AttrReply;
+    readlink(InoRequest) -> ReadlinkReply;
+    read_dir(ReadDirRequest) -> ReadDirReply;
+    stat_fs(Empty) -> StatFsReply;
+    get_xattr(XattrRequest) -> XattrReply;
+    set_xattr(SetXattrRequest) -> Empty;
+    list_xattr(InoRequest) -> ListXattrReply;
+    remove_xattr(XattrRequest) -> Empty;
+    open(InoRequest) -> OpenReply;
+    list_stripes(ListStripesRequest) -> ListStripesReply;
+    commit(CommitRequest) -> AttrReply;
+    register_client(Empty) -> RegisterClientReply;
+    list_nodes(Empty) -> ListNodesReply;
+    cluster_status(Empty) -> ClusterStatusReply;
+}
+
+/// Serve the fake metaserver on `listener` in the background.
+fn start_meta(listener: tokio::net::TcpListener) -> Arc<FakeMeta> {
+    let meta = Arc::new(FakeMeta::default());
+    let service = MetaServer::from_arc(meta.clone());
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    meta
+}
+
+async fn fake_meta() -> (Arc<FakeMeta>, SocketAddr) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    (start_meta(listener), addr)
+}
+
+fn config(root: &Path, meta: SocketAddr, engine: IoEngineKind) -> ChunkConfig {
+    ChunkConfig {
+        listen: "127.0.0.1:0".into(),
+        advertise: None,
+        meta: meta.to_string(),
+        state_dir: root.join("state"),
+        ssd_dirs: vec![root.join("ssd")],
+        hdd_dirs: vec![root.join("hdd")],
+        io_engine: engine,
+        queue_depth: 16,
+        sync: true,
+        reserve_bytes: 0,
+        heartbeat_ms: 50,
+    }
+}
+
+/// A running chunkserver; dropping `stop` shuts it down.
+struct Running {
+    addr: SocketAddr,
+    stop: oneshot::Sender<()>,
+    done: tokio::task::JoinHandle<cairn_common::Result<()>>,
+}
+
+async fn start_chunk(config: ChunkConfig) -> Running {
+    let listener = tokio::net::TcpListener::bind(&config.listen).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let done = tokio::spawn(cairn_chunk::serve(config, listener, async move {
+        let _ = stopped.await;
+    }));
+    Running { addr, stop, done }
+}
+
+impl Running {
+    async fn client(&self) -> ChunkClient<Channel> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match ChunkClient::connect(format!("http://{}", self.addr)).await {
+                Ok(c) => {
+                    return c
+                        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+                }
+                Err(e) if Instant::now() > deadline => panic!("chunkserver never answered: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.done.await.unwrap().unwrap();
+    }
+}
+
+/// Poll `check` until it holds or 20 s pass.
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn sid(ino: u64, index: u32) -> cairn_proto::ShardId {
+    cairn_proto::ShardId { ino, stripe: 3, index, version: 1 }
+}
+
+fn kind<T: std::fmt::Debug>(r: Result<T, Status>) -> ErrorKind {
+    CairnError::from(r.unwrap_err()).kind()
+}
+
+async fn shards_over_grpc(engine: IoEngineKind) {
+    let root = tempfile::tempdir().unwrap();
+    let (_meta, meta_addr) = fake_meta().await;
+    let chunk = start_chunk(config(root.path(), meta_addr, engine)).await;
+    let mut client = chunk.client().await;
+
+    let data: Bytes = (0..(1 << 20) + 3).map(|i: u32| (i % 251) as u8).collect();
+    let reply =
+        client.write_shard(WriteShardRequest { id: Some(sid(5, 1)), data: data.clone() }).await.unwrap();
+    assert_eq!(reply.into_inner().tier, "ssd");
+    let read = client.read_shard(ReadShardRequest { id: Some(sid(5, 1)), offset: 0, len: 0 }).await.unwrap();
+    let read = read.into_inner();
+    assert_eq!(read.shard_len, data.len() as u64);
+    assert!(read.data == data);
+    let read =
+        client.read_shard(ReadShardRequest { id: Some(sid(5, 1)), offset: 65530, len: 20 }).await.unwrap();
+    assert!(read.into_inner().data == data.slice(65530..65550));
+
+    // Errors keep their kind across the wire.
+    let missing = client.read_shard(ReadShardRequest { id: Some(sid(6, 0)), offset: 0, len: 0 }).await;
+    assert_eq!(kind(missing), ErrorKind::NotFound);
+    let past_end = client.read_shard(ReadShardRequest { id: Some(sid(5, 1)), offset: 1 << 21, len: 1 }).await;
+    assert_eq!(kind(past_end), ErrorKind::InvalidArgument);
+    let hostile = cairn_proto::ShardId { ino: 0, stripe: 1, index: 200, version: 1 };
+    let r = client.write_shard(WriteShardRequest { id: Some(hostile), data: Bytes::from_static(b"x") }).await;
+    assert_eq!(kind(r), ErrorKind::InvalidArgument);
+    let r = client.write_shard(WriteShardRequest { id: None, data: Bytes::from_static(b"x") }).await;
+    assert_eq!(kind(r), ErrorKind::InvalidArgument);
+    let r = client.delete_shards(DeleteShardsRequest { ids: vec![sid(5, 1), hostile] }).await;
+    assert_eq!(kind(r), ErrorKind::InvalidArgument);
+    let too_big = Bytes::from(vec![0u8; (64 << 20) + 2048]);
+    let r = client.write_shard(WriteShardRequest { id: Some(sid(5, 2)), data: too_big }).await;
+    assert_eq!(kind(r), ErrorKind::InvalidArgument);
+
+    let stat = client.stat(Empty {}).await.unwrap().into_inner();
+    assert_eq!(stat.tiers.len(), 2);
+    assert_eq!((stat.tiers[0].name.as_str(), stat.tiers[0].shards), ("ssd", 1));
+    assert!(stat.tiers[0].used > data.len() as u64);
+
+    let deleted =
+        client.delete_shards(DeleteShardsRequest { ids: vec![sid(5, 1), sid(6, 0)] }).await.unwrap();
+    assert_eq!(deleted.into_inner().deleted, 1);
+    let gone = client.read_shard(ReadShardRequest { id: Some(sid(5, 1)), offset: 0, len: 0 }).await;
+    assert_eq!(kind(gone), ErrorKind::NotFound);
+    chunk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_over_grpc_uring() {
+    shards_over_grpc(IoEngineKind::Uring).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_over_grpc_pread() {
+    shards_over_grpc(IoEngineKind::Pread).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registers_heartbeats_and_reregisters() {
+    let root = tempfile::tempdir().unwrap();
+    let (meta, meta_addr) = fake_meta().await;
+    meta.forget.store(1, Ordering::SeqCst);
+    let chunk = start_chunk(config(root.path(), meta_addr, IoEngineKind::Uring)).await;
+    let chunk_addr = chunk.addr.to_string();
+    let mut client = chunk.client().await;
+
+    // The first heartbeat is answered NotFound, so the node registers a second time.
+    eventually("a re-registration and heartbeats", || {
+        meta.registrations.lock().len() >= 2 && meta.heartbeats.lock().len() >= 3
+    })
+    .await;
+    assert_eq!(client.stat(Empty {}).await.unwrap().into_inner().node_id, 7);
+    let uuid = {
+        let regs = meta.registrations.lock();
+        assert_eq!(regs[0].addr, chunk_addr);
+        assert_eq!(regs[0].tiers.len(), 2);
+        assert_eq!(regs[0].pid, std::process::id());
+        assert_eq!(regs[0].uuid, regs[1].uuid);
+        regs[0].uuid.clone()
+    };
+    {
+        let beats = meta.heartbeats.lock();
+        let last = beats.last().unwrap();
+        assert_eq!((last.node_id, last.addr.as_str(), last.tiers.len()), (7, chunk_addr.as_str(), 2));
+    }
+    chunk.stop().await;
+
+    // A restart keeps the identity.
+    let chunk = start_chunk(config(root.path(), meta_addr, IoEngineKind::Uring)).await;
+    let before = meta.registrations.lock().len();
+    eventually("registration after restart", || meta.registrations.lock().len() > before).await;
+    assert_eq!(meta.registrations.lock().last().unwrap().uuid, uuid);
+    chunk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_while_the_metaserver_is_down_and_registers_when_it_comes() {
+    let root = tempfile::tempdir().unwrap();
+    let meta_addr = {
+        let probe = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        probe.local_addr().unwrap()
+    };
+    let chunk = start_chunk(config(root.path(), meta_addr, IoEngineKind::Pread)).await;
+    let mut client = chunk.client().await;
+    client
+        .write_shard(WriteShardRequest { id: Some(sid(9, 0)), data: Bytes::from_static(b"hi") })
+        .await
+        .unwrap();
+    assert_eq!(client.stat(Empty {}).await.unwrap().into_inner().node_id, 0);
+
+    let meta = start_meta(tokio::net::TcpListener::bind(meta_addr).await.unwrap());
+    eventually("registration once the metaserver is up", || !meta.registrations.lock().is_empty()).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.stat(Empty {}).await.unwrap().into_inner().node_id != 7 {
+        assert!(Instant::now() < deadline, "node id never set");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    chunk.stop().await;
+}
+
+#[tokio::test]
+async fn bad_configs_are_clear_errors() {
+    let root = tempfile::tempdir().unwrap();
+    let meta: SocketAddr = "127.0.0.1:9".parse().unwrap();
+
+    let mut bad = config(root.path(), meta, IoEngineKind::Pread);
+    bad.listen = "not an address".into();
+    let err = cairn_chunk::run(bad).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert!(err.message().contains("listen"), "{err}");
+
+    let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut busy = config(root.path(), meta, IoEngineKind::Pread);
+    busy.listen = taken.local_addr().unwrap().to_string();
+    let err = cairn_chunk::run(busy).await.unwrap_err();
+    assert!(err.message().contains("cannot listen"), "{err}");
+
+    let mut no_dirs = config(root.path(), meta, IoEngineKind::Pread);
+    no_dirs.ssd_dirs.clear();
+    no_dirs.hdd_dirs.clear();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let err = cairn_chunk::serve(no_dirs, listener, std::future::pending()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+
+    // A data directory that cannot be created (a file is in the way).
+    std::fs::write(root.path().join("file"), b"").unwrap();
+    let mut blocked = config(root.path(), meta, IoEngineKind::Pread);
+    blocked.ssd_dirs = vec![root.path().join("file").join("ssd")];
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let err = cairn_chunk::serve(blocked, listener, std::future::pending()).await.unwrap_err();
+    assert!(err.message().contains("cannot create shard directory"), "{err}");
+}

@@ -1,0 +1,110 @@
+//! The `cairn` binary: parse the command line, load and validate config, call into the library
+//! crates. Every failure prints one clear line to stderr and exits non-zero.
+
+mod admin;
+mod up;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cairn",
+    version,
+    about = "Cairn: an erasure-coded distributed POSIX filesystem for training data"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a metaserver.
+    Meta {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Run a chunkserver.
+    Chunk {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Mount a Cairn cluster (stays in the foreground; SIGINT/SIGTERM unmount).
+    Mount {
+        /// The metaserver's address.
+        #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
+        meta: String,
+        mountpoint: PathBuf,
+        /// FUSE request threads.
+        #[arg(long, default_value_t = 4)]
+        threads: usize,
+        /// Attribute and entry cache lifetime in the kernel, milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        attr_ttl_ms: u64,
+    },
+    /// Start a whole local cluster (metaserver + chunkservers, each its own process) and mount it.
+    Up(up::UpArgs),
+    /// Capacity per chunkserver and tier, raw and usable after erasure-coding overhead.
+    Df {
+        #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
+        meta: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cluster health: nodes up/down, last heartbeat, files and bytes.
+    Status {
+        #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
+        meta: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    cairn_common::telemetry::init_logging();
+    let result = match cli.command {
+        Command::Meta { config } => load(&config).and_then(|c: cairn_common::config::MetaConfig| {
+            c.validate()?;
+            runtime()?.block_on(cairn_meta::run(c))
+        }),
+        Command::Chunk { config } => load(&config).and_then(|c: cairn_common::config::ChunkConfig| {
+            c.validate()?;
+            runtime()?.block_on(cairn_chunk::run(c))
+        }),
+        Command::Mount { meta, mountpoint, threads, attr_ttl_ms } => {
+            cairn_client::mount(cairn_client::MountOptions {
+                meta,
+                mountpoint,
+                threads,
+                attr_ttl: Duration::from_millis(attr_ttl_ms),
+                allow_other: unsafe { libc::geteuid() } == 0,
+            })
+        }
+        Command::Up(args) => up::run(args),
+        Command::Df { meta, json } => runtime().and_then(|rt| rt.block_on(admin::df(&meta, json))),
+        Command::Status { meta, json } => runtime().and_then(|rt| rt.block_on(admin::status(&meta, json))),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cairn: {}", e.message());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> cairn_common::Result<T> {
+    cairn_common::config::load(path)
+}
+
+fn runtime() -> cairn_common::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| cairn_common::CairnError::io(format!("tokio runtime: {e}")))
+}

@@ -1,0 +1,338 @@
+//! `cairn up`: a whole cluster on one machine. It writes a config per server under
+//! `--data-dir`, starts the metaserver and each chunkserver as its own child process (so any of
+//! them can be killed to watch the cluster survive), waits until every chunkserver has
+//! registered, mounts with a `cairn mount` child, prints the node table and waits. SIGINT or
+//! SIGTERM unmounts and stops everything; run again on the same data dir and the cluster comes
+//! back with its data (ports and EC layout are kept in `cluster.json`).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use cairn_common::config::{ChunkConfig, MetaConfig};
+use cairn_common::{CairnError, Layout, Result};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use tokio::process::{Child, Command};
+
+#[derive(Args)]
+pub struct UpArgs {
+    /// Where the cluster keeps everything: metadata, shards, configs, logs.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Where to mount the filesystem.
+    #[arg(long)]
+    mount: PathBuf,
+    /// Number of chunkserver processes (at least k+m).
+    #[arg(long, default_value_t = 6)]
+    chunkservers: u32,
+    /// Erasure coding of the root directory, k+m (fixed when the cluster is first created).
+    #[arg(long, default_value = "4+2")]
+    ec: String,
+    /// Stripe unit in KiB (fixed when the cluster is first created).
+    #[arg(long, default_value_t = 1024)]
+    unit_kib: u32,
+    /// Metaserver port; 0 picks a free one (fixed when the cluster is first created).
+    #[arg(long, default_value_t = 9400)]
+    meta_port: u16,
+}
+
+/// What must stay the same across runs on one data dir.
+#[derive(Serialize, Deserialize)]
+struct ClusterFile {
+    ec: String,
+    unit: u32,
+    meta_port: u16,
+    chunk_ports: Vec<u16>,
+}
+
+struct Proc {
+    role: String,
+    id: String,
+    addr: String,
+    data: String,
+    child: Child,
+}
+
+pub fn run(args: UpArgs) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CairnError::io(format!("tokio runtime: {e}")))?;
+    rt.block_on(up(args))
+}
+
+fn io_err(what: &str, path: &Path) -> impl Fn(std::io::Error) -> CairnError {
+    let context = format!("{what} {}", path.display());
+    move |e| CairnError::from_io(&context, &e)
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| CairnError::from_io("bind", &e))?;
+    Ok(l.local_addr().map_err(|e| CairnError::from_io("bind", &e))?.port())
+}
+
+fn cluster_file(args: &UpArgs) -> Result<ClusterFile> {
+    let path = args.data_dir.join("cluster.json");
+    if path.exists() {
+        let text = std::fs::read_to_string(&path).map_err(io_err("read", &path))?;
+        let mut file: ClusterFile = serde_json::from_str(&text)
+            .map_err(|e| CairnError::invalid(format!("{} is damaged: {e}", path.display())))?;
+        if file.ec != args.ec {
+            eprintln!("cairn up: keeping EC {} of the existing cluster (--ec {} ignored)", file.ec, args.ec);
+        }
+        while file.chunk_ports.len() < args.chunkservers as usize {
+            file.chunk_ports.push(free_port()?);
+        }
+        file.chunk_ports.truncate(args.chunkservers as usize);
+        return Ok(file);
+    }
+    let layout = Layout::parse_ec(&args.ec)?;
+    Layout::new(layout.k, layout.m, args.unit_kib.saturating_mul(1024))?;
+    let meta_port = if args.meta_port == 0 { free_port()? } else { args.meta_port };
+    let chunk_ports = (0..args.chunkservers).map(|_| free_port()).collect::<Result<_>>()?;
+    Ok(ClusterFile { ec: args.ec.clone(), unit: args.unit_kib * 1024, meta_port, chunk_ports })
+}
+
+fn write_toml<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let text = toml::to_string(value).map_err(|e| CairnError::internal(format!("toml: {e}")))?;
+    std::fs::write(path, text).map_err(io_err("write", path))
+}
+
+fn spawn(args: &[&str], log: &Path) -> Result<Child> {
+    let exe = std::env::current_exe().map_err(|e| CairnError::from_io("current exe", &e))?;
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(io_err("open", log))?;
+    let err = out.try_clone().map_err(io_err("open", log))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err).kill_on_drop(true);
+    // A child must not outlive `cairn up`, even if `cairn up` itself is killed.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    cmd.spawn().map_err(|e| CairnError::from_io(&format!("start cairn {}", args[0]), &e))
+}
+
+fn is_mounted(mountpoint: &Path) -> bool {
+    let Ok(canon) = mountpoint.canonicalize() else { return false };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    info.lines().any(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap_or("")))
+}
+
+async fn up(args: UpArgs) -> Result<()> {
+    let dir = &args.data_dir;
+    std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
+    std::fs::create_dir_all(&args.mount).map_err(io_err("create", &args.mount))?;
+    let dir = dir.canonicalize().map_err(io_err("resolve", dir))?;
+    let mountpoint = args.mount.canonicalize().map_err(io_err("resolve", &args.mount))?;
+    if is_mounted(&mountpoint) {
+        return Err(CairnError::invalid(format!("{} is already a mount point", mountpoint.display())));
+    }
+    let cluster = cluster_file(&args)?;
+    let layout = Layout::parse_ec(&cluster.ec)?;
+    if args.chunkservers < layout.width() {
+        return Err(CairnError::invalid(format!(
+            "EC {} needs at least {} chunkservers, --chunkservers is {}",
+            cluster.ec,
+            layout.width(),
+            args.chunkservers
+        )));
+    }
+    let cluster_path = dir.join("cluster.json");
+    std::fs::write(&cluster_path, serde_json::to_string_pretty(&cluster).expect("json"))
+        .map_err(io_err("write", &cluster_path))?;
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).map_err(io_err("create", &logs))?;
+
+    let meta_addr = format!("127.0.0.1:{}", cluster.meta_port);
+    let meta_dir = dir.join("meta");
+    std::fs::create_dir_all(&meta_dir).map_err(io_err("create", &meta_dir))?;
+    let meta_cfg = MetaConfig {
+        listen: meta_addr.clone(),
+        data_dir: meta_dir.join("db"),
+        ec: cluster.ec.clone(),
+        unit: cluster.unit,
+        ..MetaConfig::default()
+    };
+    let meta_toml = meta_dir.join("meta.toml");
+    write_toml(&meta_toml, &meta_cfg)?;
+    let mut procs = Vec::new();
+    let child = spawn(&["meta", "--config", meta_toml.to_str().unwrap_or_default()], &logs.join("meta.log"))?;
+    procs.push(Proc {
+        role: "meta".into(),
+        id: "-".into(),
+        addr: meta_addr.clone(),
+        data: meta_cfg.data_dir.display().to_string(),
+        child,
+    });
+
+    for (i, port) in cluster.chunk_ports.iter().enumerate() {
+        let state = dir.join(format!("chunk-{}", i + 1));
+        let cfg = ChunkConfig {
+            listen: format!("127.0.0.1:{port}"),
+            meta: meta_addr.clone(),
+            state_dir: state.clone(),
+            ssd_dirs: vec![state.join("ssd")],
+            hdd_dirs: vec![state.join("hdd")],
+            ..ChunkConfig::default()
+        };
+        std::fs::create_dir_all(&state).map_err(io_err("create", &state))?;
+        let toml_path = state.join("chunk.toml");
+        write_toml(&toml_path, &cfg)?;
+        let log = logs.join(format!("chunk-{}.log", i + 1));
+        let child = spawn(&["chunk", "--config", toml_path.to_str().unwrap_or_default()], &log)?;
+        procs.push(Proc {
+            role: "chunk".into(),
+            id: "?".into(),
+            addr: cfg.listen.clone(),
+            data: format!("{},{}", cfg.ssd_dirs[0].display(), cfg.hdd_dirs[0].display()),
+            child,
+        });
+    }
+
+    let result = async {
+        wait_healthy(&meta_addr, &mut procs, args.chunkservers as usize).await?;
+        let mount_log = logs.join("mount.log");
+        let child =
+            spawn(&["mount", "--meta", &meta_addr, mountpoint.to_str().unwrap_or_default()], &mount_log)?;
+        procs.push(Proc {
+            role: "mount".into(),
+            id: "-".into(),
+            addr: mountpoint.display().to_string(),
+            data: mount_log.display().to_string(),
+            child,
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !is_mounted(&mountpoint) {
+            if let Ok(Some(status)) = procs.last_mut().expect("mount").child.try_wait() {
+                return Err(CairnError::unavailable(format!(
+                    "cairn mount exited ({status}); see {}",
+                    mount_log.display()
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(CairnError::unavailable(format!(
+                    "mount did not appear; see {}",
+                    mount_log.display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        shutdown(&mut procs, &mountpoint).await;
+        return Err(e);
+    }
+
+    println!("{:<6} {:>3}  {:<22} {:>8}  DATA", "ROLE", "ID", "ADDRESS", "PID");
+    for p in &procs {
+        println!("{:<6} {:>3}  {:<22} {:>8}  {}", p.role, p.id, p.addr, p.child.id().unwrap_or(0), p.data);
+    }
+    println!(
+        "ready: {} mounted from metaserver {meta_addr}, EC {} over {} chunkservers (logs in {}; Ctrl-C stops)",
+        mountpoint.display(),
+        cluster.ec,
+        args.chunkservers,
+        logs.display()
+    );
+    wait_for_stop(&mut procs).await;
+    eprintln!("cairn up: stopping");
+    shutdown(&mut procs, &mountpoint).await;
+    Ok(())
+}
+
+/// Wait for the metaserver to answer and every chunkserver to heartbeat; fill in node ids.
+async fn wait_healthy(meta_addr: &str, procs: &mut [Proc], expected: usize) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last_error;
+    loop {
+        for p in procs.iter_mut() {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                return Err(CairnError::unavailable(format!(
+                    "{} {} exited during start-up ({status})",
+                    p.role, p.addr
+                )));
+            }
+        }
+        match cairn_client::connect_meta(meta_addr).await {
+            Ok(meta) => match meta.list_nodes(cairn_proto::Empty {}).await {
+                Ok(reply) => {
+                    for p in procs.iter_mut() {
+                        if let Some(n) = reply.nodes.iter().find(|n| n.addr == p.addr) {
+                            p.id = n.id.to_string();
+                        }
+                    }
+                    let up =
+                        reply.nodes.iter().filter(|n| n.up && procs.iter().any(|p| p.addr == n.addr)).count();
+                    if up >= expected {
+                        return Ok(());
+                    }
+                    last_error = format!("{up} of {expected} chunkservers up");
+                }
+                Err(e) => last_error = e.to_string(),
+            },
+            Err(e) => last_error = e.to_string(),
+        }
+        if Instant::now() > deadline {
+            return Err(CairnError::unavailable(format!("cluster did not become healthy: {last_error}")));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn wait_for_stop(procs: &mut [Proc]) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        return;
+    };
+    let mut reported = vec![false; procs.len()];
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = term.recv() => return,
+            _ = int.recv() => return,
+            _ = tick.tick() => {
+                for (p, seen) in procs.iter_mut().zip(reported.iter_mut()) {
+                    if !*seen {
+                        if let Ok(Some(status)) = p.child.try_wait() {
+                            eprintln!("cairn up: {} {} exited ({status})", p.role, p.addr);
+                            *seen = true;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Unmount first (so no application sees a half-stopped cluster), then chunkservers, then the
+/// metaserver. Each gets SIGTERM and 10 s before SIGKILL.
+async fn shutdown(procs: &mut [Proc], mountpoint: &Path) {
+    let order = ["mount", "chunk", "meta"];
+    for role in order {
+        for p in procs.iter_mut().filter(|p| p.role == role) {
+            stop(&mut p.child).await;
+        }
+        if role == "mount" && is_mounted(mountpoint) {
+            eprintln!("cairn up: {} still mounted (busy?), detaching it", mountpoint.display());
+            let _ = std::process::Command::new("umount").arg("-l").arg(mountpoint).status();
+        }
+    }
+}
+
+async fn stop(child: &mut Child) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    if let Some(pid) = child.id() {
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    }
+    if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
+        let _ = child.kill().await;
+    }
+}

@@ -1,0 +1,364 @@
+//! An open regular file on this client: its geometry, the stripe records it knows, the
+//! stripes it has buffered but not yet written, and a small cache of whole stripes for
+//! sequential readers.
+//!
+//! Invariants:
+//! - `stripes` holds the newest version of every stripe this client knows: committed ones from
+//!   the metaserver, plus ones this client wrote and has not committed yet (also in
+//!   `uncommitted`). A stripe is written under a fresh version (copy-on-write) and becomes
+//!   visible to other clients only at commit (close/fsync): close-to-open consistency.
+//! - `dirty` stripes hold their bytes from the stripe start; a stripe is written out when it is
+//!   full, when too many are buffered, or at flush. Bytes of a dirty stripe past its buffer
+//!   read as zeros.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use cairn_common::{CairnError, Result};
+use cairn_proto::{Attr, StripeInfo};
+use futures::future::join_all;
+use parking_lot::Mutex as SyncMutex;
+use tokio::sync::{Mutex, OnceCell};
+
+use crate::nodes::Nodes;
+use crate::stripe::{read_stripe, write_stripe, Geometry};
+
+/// Stripes buffered per file before the oldest is written out even if not full.
+const MAX_DIRTY_STRIPES: usize = 4;
+/// Whole stripes cached per file for sequential readers.
+const CACHED_STRIPES: usize = 6;
+
+pub struct OpenFile {
+    pub geo: Geometry,
+    inner: Mutex<Inner>,
+    cache: SyncMutex<StripeCache>,
+}
+
+struct Inner {
+    size: u64,
+    stripes: BTreeMap<u64, StripeInfo>,
+    uncommitted: BTreeMap<u64, StripeInfo>,
+    dirty: BTreeMap<u64, Vec<u8>>,
+    size_dirty: bool,
+    last_read_end: u64,
+}
+
+type Cell = Arc<OnceCell<Arc<Vec<u8>>>>;
+
+#[derive(Default)]
+struct StripeCache {
+    entries: VecDeque<((u64, u64), Cell)>,
+}
+
+impl StripeCache {
+    fn cell(&mut self, key: (u64, u64)) -> Cell {
+        if let Some((_, c)) = self.entries.iter().find(|(k, _)| *k == key) {
+            return c.clone();
+        }
+        let cell: Cell = Arc::new(OnceCell::new());
+        self.entries.push_back((key, cell.clone()));
+        while self.entries.len() > CACHED_STRIPES {
+            self.entries.pop_front();
+        }
+        cell
+    }
+
+    fn forget(&mut self, stripe: u64) {
+        self.entries.retain(|((s, _), _)| *s != stripe);
+    }
+}
+
+impl OpenFile {
+    pub fn new(geo: Geometry, size: u64, stripes: Vec<StripeInfo>) -> OpenFile {
+        OpenFile {
+            geo,
+            inner: Mutex::new(Inner {
+                size,
+                stripes: stripes.into_iter().map(|s| (s.index, s)).collect(),
+                uncommitted: BTreeMap::new(),
+                dirty: BTreeMap::new(),
+                size_dirty: false,
+                last_read_end: 0,
+            }),
+            cache: SyncMutex::new(StripeCache::default()),
+        }
+    }
+
+    /// Take the metaserver's newest view (a new open), unless this client has unflushed writes.
+    pub async fn refresh(&self, size: u64, stripes: Vec<StripeInfo>) {
+        let mut inner = self.inner.lock().await;
+        if inner.dirty.is_empty() && inner.uncommitted.is_empty() && !inner.size_dirty {
+            inner.size = size;
+            inner.stripes = stripes.into_iter().map(|s| (s.index, s)).collect();
+        }
+    }
+
+    /// The size this client sees, including writes not yet committed.
+    pub async fn size(&self) -> u64 {
+        self.inner.lock().await.size
+    }
+
+    pub async fn has_unflushed(&self) -> bool {
+        let inner = self.inner.lock().await;
+        !inner.dirty.is_empty() || !inner.uncommitted.is_empty() || inner.size_dirty
+    }
+
+    pub async fn read(&self, nodes: &Arc<Nodes>, offset: u64, len: u32) -> Result<Vec<u8>> {
+        let layout = self.geo.layout;
+        let stripe_bytes = layout.stripe_bytes();
+        let (len, plan, sequential) = {
+            let mut inner = self.inner.lock().await;
+            if offset >= inner.size {
+                return Ok(Vec::new());
+            }
+            let len = (len as u64).min(inner.size - offset);
+            let sequential = offset == inner.last_read_end || offset == 0;
+            inner.last_read_end = offset + len;
+            let mut plan = Vec::new();
+            let mut pos = offset;
+            while pos < offset + len {
+                let stripe = layout.stripe_of(pos);
+                let in_stripe = pos - layout.stripe_start(stripe);
+                let take = (stripe_bytes - in_stripe).min(offset + len - pos);
+                let source = if let Some(buf) = inner.dirty.get(&stripe) {
+                    let from = (in_stripe as usize).min(buf.len());
+                    let to = ((in_stripe + take) as usize).min(buf.len());
+                    Source::Bytes(buf[from..to].to_vec())
+                } else if let Some(info) = inner.stripes.get(&stripe) {
+                    Source::Stripe(*info)
+                } else {
+                    Source::Hole
+                };
+                plan.push((pos - offset, in_stripe, take, source));
+                pos += take;
+            }
+            (len, plan, sequential)
+        };
+        let mut out = vec![0u8; len as usize];
+        let mut chunks: Vec<&mut [u8]> = Vec::new();
+        let mut rest = out.as_mut_slice();
+        for (_, _, take, _) in &plan {
+            let (head, tail) = rest.split_at_mut(*take as usize);
+            chunks.push(head);
+            rest = tail;
+        }
+        let reads = plan.iter().zip(chunks).map(|((_, in_stripe, _, source), buf)| async move {
+            match source {
+                Source::Hole => Ok(()),
+                Source::Bytes(b) => {
+                    buf[..b.len()].copy_from_slice(b);
+                    Ok(())
+                }
+                Source::Stripe(info) if sequential => {
+                    let whole = self.cached_stripe(nodes, info).await?;
+                    let from = (*in_stripe as usize).min(whole.len());
+                    let to = (from + buf.len()).min(whole.len());
+                    buf[..to - from].copy_from_slice(&whole[from..to]);
+                    Ok(())
+                }
+                Source::Stripe(info) => read_stripe(nodes, &self.geo, info, *in_stripe, buf).await,
+            }
+        });
+        for r in join_all(reads).await {
+            r?;
+        }
+        if sequential {
+            if let Some((_, _, _, Source::Stripe(last))) = plan.last() {
+                self.prefetch(nodes, last.index + 1).await;
+            }
+        }
+        Ok(out)
+    }
+
+    /// A whole stripe's valid bytes, fetched once and shared by concurrent readers.
+    async fn cached_stripe(&self, nodes: &Arc<Nodes>, info: &StripeInfo) -> Result<Arc<Vec<u8>>> {
+        let cell = self.cache.lock().cell((info.index, info.version));
+        let data = cell
+            .get_or_try_init(|| async {
+                let mut buf = vec![0u8; info.len as usize];
+                read_stripe(nodes, &self.geo, info, 0, &mut buf).await?;
+                Ok::<_, CairnError>(Arc::new(buf))
+            })
+            .await?;
+        Ok(data.clone())
+    }
+
+    /// Start fetching `stripe` in the background if it exists and is not cached.
+    async fn prefetch(&self, nodes: &Arc<Nodes>, stripe: u64) {
+        let info = match self.inner.lock().await.stripes.get(&stripe) {
+            Some(info) => *info,
+            None => return,
+        };
+        let cell = self.cache.lock().cell((info.index, info.version));
+        if cell.initialized() {
+            return;
+        }
+        let (nodes, geo) = (nodes.clone(), self.geo.clone());
+        tokio::spawn(async move {
+            let _ = cell
+                .get_or_try_init(|| async {
+                    let mut buf = vec![0u8; info.len as usize];
+                    read_stripe(&nodes, &geo, &info, 0, &mut buf).await?;
+                    Ok::<_, CairnError>(Arc::new(buf))
+                })
+                .await;
+        });
+    }
+
+    /// Buffer a write; full stripes are encoded and written out right away.
+    pub async fn write(
+        &self,
+        nodes: &Arc<Nodes>,
+        versions: &Versions,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        let layout = self.geo.layout;
+        let stripe_bytes = layout.stripe_bytes();
+        let mut inner = self.inner.lock().await;
+        let mut pos = offset;
+        let end = offset + data.len() as u64;
+        while pos < end {
+            let stripe = layout.stripe_of(pos);
+            let in_stripe = (pos - layout.stripe_start(stripe)) as usize;
+            let take = ((stripe_bytes as usize) - in_stripe).min((end - pos) as usize);
+            if !inner.dirty.contains_key(&stripe) {
+                let base = match inner.stripes.get(&stripe) {
+                    // Copy-on-write: the new version starts from the old bytes unless this
+                    // write replaces all of them.
+                    Some(info) if !(in_stripe == 0 && take as u64 >= info.len) => {
+                        let mut buf = vec![0u8; info.len as usize];
+                        read_stripe(nodes, &self.geo, info, 0, &mut buf).await?;
+                        buf
+                    }
+                    _ => Vec::with_capacity(stripe_bytes as usize),
+                };
+                inner.dirty.insert(stripe, base);
+            }
+            self.cache.lock().forget(stripe);
+            let buf = inner.dirty.get_mut(&stripe).expect("inserted above");
+            if buf.len() < in_stripe + take {
+                buf.resize(in_stripe + take, 0);
+            }
+            let from = (pos - offset) as usize;
+            buf[in_stripe..in_stripe + take].copy_from_slice(&data[from..from + take]);
+            let full = buf.len() as u64 == stripe_bytes;
+            pos += take as u64;
+            if pos > inner.size {
+                inner.size = pos;
+            }
+            inner.size_dirty = true;
+            if full {
+                self.write_out(&mut inner, nodes, versions, &[stripe]).await?;
+            }
+        }
+        if inner.dirty.len() > MAX_DIRTY_STRIPES {
+            let oldest: Vec<u64> =
+                inner.dirty.keys().take(inner.dirty.len() - MAX_DIRTY_STRIPES).copied().collect();
+            self.write_out(&mut inner, nodes, versions, &oldest).await?;
+        }
+        Ok(())
+    }
+
+    /// Encode and store the given dirty stripes in parallel. A stripe whose write fails stays
+    /// buffered, so a later flush can retry it; the first error is returned.
+    async fn write_out(
+        &self,
+        inner: &mut Inner,
+        nodes: &Arc<Nodes>,
+        versions: &Versions,
+        which: &[u64],
+    ) -> Result<()> {
+        let bufs: Vec<(u64, Vec<u8>)> =
+            which.iter().filter_map(|s| inner.dirty.remove(s).map(|b| (*s, b))).collect();
+        let writes =
+            bufs.iter().map(|(stripe, buf)| write_stripe(nodes, &self.geo, *stripe, versions.next(), buf));
+        let results = join_all(writes).await;
+        let mut first_error = None;
+        for ((stripe, buf), result) in bufs.into_iter().zip(results) {
+            match result {
+                Ok(info) => {
+                    inner.stripes.insert(stripe, info);
+                    inner.uncommitted.insert(stripe, info);
+                }
+                Err(e) => {
+                    inner.dirty.insert(stripe, buf);
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Write out every buffered stripe and commit size and stripe versions to the metaserver.
+    /// Returns the committed attributes, or `None` when there was nothing to commit.
+    pub async fn flush(
+        &self,
+        nodes: &Arc<Nodes>,
+        meta: &crate::MetaConn,
+        versions: &Versions,
+    ) -> Result<Option<Attr>> {
+        let mut inner = self.inner.lock().await;
+        let all: Vec<u64> = inner.dirty.keys().copied().collect();
+        self.write_out(&mut inner, nodes, versions, &all).await?;
+        if inner.uncommitted.is_empty() && !inner.size_dirty {
+            return Ok(None);
+        }
+        let req = cairn_proto::CommitRequest {
+            ino: self.geo.ino,
+            size: inner.size,
+            stripes: inner.uncommitted.values().cloned().collect(),
+            mtime: Some(cairn_common::time::now()),
+        };
+        let attr = meta.commit(req).await?.attr.ok_or_else(|| CairnError::internal("commit: no attr"))?;
+        inner.uncommitted.clear();
+        inner.size_dirty = false;
+        Ok(Some(attr))
+    }
+
+    /// Apply a truncate the metaserver has done: drop stripes past the end and clamp the last.
+    pub async fn truncated(&self, size: u64) {
+        let layout = self.geo.layout;
+        let mut inner = self.inner.lock().await;
+        inner.size = size;
+        let keep = layout.stripes_for(size);
+        inner.stripes.retain(|i, _| *i < keep);
+        inner.uncommitted.retain(|i, _| *i < keep);
+        inner.dirty.retain(|i, _| *i < keep);
+        if keep > 0 {
+            let last = keep - 1;
+            let valid = size - layout.stripe_start(last);
+            if let Some(info) = inner.stripes.get_mut(&last) {
+                info.len = info.len.min(valid);
+            }
+            if let Some(buf) = inner.dirty.get_mut(&last) {
+                buf.truncate(valid as usize);
+            }
+        }
+        *self.cache.lock() = StripeCache::default();
+    }
+}
+
+/// Stripe versions no other writer can produce: the client id the metaserver handed out at
+/// mount in the high 32 bits, a counter in the low 32.
+pub struct Versions {
+    client_id: u32,
+    counter: std::sync::atomic::AtomicU32,
+}
+
+impl Versions {
+    pub fn new(client_id: u32) -> Versions {
+        Versions { client_id, counter: std::sync::atomic::AtomicU32::new(0) }
+    }
+
+    pub fn next(&self) -> u64 {
+        let n = self.counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed) as u64 + 1;
+        ((self.client_id as u64) << 32) | n
+    }
+}
+
+enum Source {
+    Hole,
+    Bytes(Vec<u8>),
+    Stripe(StripeInfo),
+}

@@ -1,0 +1,569 @@
+//! The FUSE adapter. Callbacks are thin: each copies its arguments, spawns a task on the tokio
+//! runtime and returns, so the FUSE threads never wait on the network; the task calls the
+//! [`Client`] and turns `Result<T, CairnError>` into `reply.*`, with the one errno mapping of
+//! `cairn_common::ErrorKind`.
+
+use std::ffi::OsStr;
+use std::future::Future;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use cairn_common::{CairnError, Result};
+use cairn_proto as p;
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
+};
+
+use crate::{connect_meta, Client, ClientOptions};
+
+/// How to mount.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    pub meta: String,
+    pub mountpoint: PathBuf,
+    /// FUSE request-reading threads.
+    pub threads: usize,
+    pub attr_ttl: Duration,
+    /// Let other users than the mounting one use the mount (root only).
+    pub allow_other: bool,
+}
+
+/// Connect to the metaserver and serve the mount until it is unmounted (`umount`, or SIGINT /
+/// SIGTERM to this process, which unmount cleanly).
+pub fn mount(opts: MountOptions) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .thread_name("cairn-client")
+        .enable_all()
+        .build()
+        .map_err(|e| CairnError::io(format!("tokio runtime: {e}")))?;
+    if !opts.mountpoint.is_dir() {
+        return Err(CairnError::invalid(format!(
+            "mount point {} is not a directory",
+            opts.mountpoint.display()
+        )));
+    }
+    let client = rt.block_on(async {
+        let meta = connect_meta(&opts.meta).await?;
+        Client::new(meta, ClientOptions { attr_ttl: opts.attr_ttl }).await
+    })?;
+    let fs = CairnFs { client: Arc::new(client), rt: rt.handle().clone(), ttl: opts.attr_ttl };
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(format!("cairn:{}", opts.meta)),
+        MountOption::Subtype("cairn".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoAtime,
+        MountOption::Dev,
+        MountOption::Suid,
+    ];
+    if opts.allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(opts.threads.max(1));
+    config.clone_fd = true;
+    let mut session = fuser::Session::new(fs, &opts.mountpoint, &config)
+        .map_err(|e| CairnError::from_io(&format!("mount {}", opts.mountpoint.display()), &e))?;
+    let mut unmounter = session.unmount_callable();
+    rt.spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("signal received, unmounting");
+        if let Err(e) = unmounter.unmount() {
+            tracing::warn!("unmount: {e}");
+        }
+    });
+    tracing::info!(mountpoint = %opts.mountpoint.display(), meta = %opts.meta, "mounted");
+    session.run().map_err(|e| CairnError::from_io("fuse session", &e))?;
+    tracing::info!("unmounted");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+struct CairnFs {
+    client: Arc<Client>,
+    rt: tokio::runtime::Handle,
+    ttl: Duration,
+}
+
+fn errno(e: &CairnError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn kind_of(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        libc::S_IFSOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn to_fuse(a: &p::Attr) -> FileAttr {
+    let t =
+        |ts: &Option<p::Timespec>| ts.as_ref().map_or(SystemTime::UNIX_EPOCH, cairn_common::time::to_system);
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: t(&a.atime),
+        mtime: t(&a.mtime),
+        ctime: t(&a.ctime),
+        crtime: t(&a.crtime),
+        kind: kind_of(a.mode),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: 1 << 20,
+        flags: 0,
+    }
+}
+
+fn time_arg(t: Option<TimeOrNow>) -> (Option<p::Timespec>, bool) {
+    match t {
+        None => (None, false),
+        Some(TimeOrNow::Now) => (None, true),
+        Some(TimeOrNow::SpecificTime(st)) => (Some(cairn_common::time::from_system(st)), false),
+    }
+}
+
+impl CairnFs {
+    fn spawn<F>(&self, f: impl FnOnce(Arc<Client>) -> F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.rt.spawn(f(self.client.clone()));
+    }
+}
+
+/// Reply helpers usable from spawned tasks.
+fn reply_entry(ttl: Duration, reply: ReplyEntry, r: Result<p::Attr>) {
+    match r {
+        Ok(a) => reply.entry(&ttl, &to_fuse(&a), Generation(0)),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+fn reply_empty(reply: ReplyEmpty, r: Result<()>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+fn reply_xattr(reply: ReplyXattr, size: u32, r: Result<Vec<u8>>) {
+    match r {
+        Ok(v) if size == 0 => reply.size(v.len() as u32),
+        Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
+        Ok(v) => reply.data(&v),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+impl Filesystem for CairnFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(1 << 20).or_else(|max| config.set_max_readahead(max));
+        let _ = config.set_max_background(64);
+        for flag in [InitFlags::FUSE_ASYNC_DIO, InitFlags::FUSE_PARALLEL_DIROPS, InitFlags::FUSE_MAX_PAGES] {
+            let _ = config.add_capabilities(flag);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let name = name.as_bytes().to_vec();
+        let ttl = self.ttl;
+        self.spawn(|c| async move { reply_entry(ttl, reply, c.lookup(parent.0, &name).await) });
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let ttl = self.ttl;
+        self.spawn(|c| async move {
+            match c.getattr(ino.0).await {
+                Ok(a) => reply.attr(&ttl, &to_fuse(&a)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let (atime, atime_now) = time_arg(atime);
+        let (mtime, mtime_now) = time_arg(mtime);
+        let req = p::SetAttrRequest {
+            ino: ino.0,
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            atime_now,
+            mtime_now,
+            ctime: ctime.map(cairn_common::time::from_system),
+        };
+        let ttl = self.ttl;
+        self.spawn(|c| async move {
+            match c.setattr(req).await {
+                Ok(a) => reply.attr(&ttl, &to_fuse(&a)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.spawn(|c| async move {
+            match c.readlink(ino.0).await {
+                Ok(t) => reply.data(&t),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let req = p::CreateRequest {
+            parent: parent.0,
+            name: name.as_bytes().to_vec(),
+            mode: mode & !(umask & 0o7777),
+            uid: req.uid(),
+            gid: req.gid(),
+            rdev,
+            exclusive: true,
+        };
+        let ttl = self.ttl;
+        self.spawn(|c| async move { reply_entry(ttl, reply, c.create(req, false).await.map(|(a, _)| a)) });
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let req = p::MkdirRequest {
+            parent: parent.0,
+            name: name.as_bytes().to_vec(),
+            mode: mode & !umask & 0o7777,
+            uid: req.uid(),
+            gid: req.gid(),
+        };
+        let ttl = self.ttl;
+        self.spawn(|c| async move { reply_entry(ttl, reply, c.mkdir(req).await) });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name.as_bytes().to_vec();
+        self.spawn(|c| async move { reply_empty(reply, c.unlink(parent.0, &name).await) });
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name.as_bytes().to_vec();
+        self.spawn(|c| async move { reply_empty(reply, c.rmdir(parent.0, &name).await) });
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let req = p::SymlinkRequest {
+            parent: parent.0,
+            name: link_name.as_bytes().to_vec(),
+            target: target.as_os_str().as_bytes().to_vec(),
+            uid: req.uid(),
+            gid: req.gid(),
+        };
+        let ttl = self.ttl;
+        self.spawn(|c| async move { reply_entry(ttl, reply, c.symlink(req).await) });
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let req = p::RenameRequest {
+            parent: parent.0,
+            name: name.as_bytes().to_vec(),
+            new_parent: newparent.0,
+            new_name: newname.as_bytes().to_vec(),
+            flags: flags.bits(),
+        };
+        self.spawn(|c| async move { reply_empty(reply, c.rename(req).await) });
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let name = newname.as_bytes().to_vec();
+        let ttl = self.ttl;
+        self.spawn(|c| async move { reply_entry(ttl, reply, c.link(ino.0, newparent.0, &name).await) });
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let truncate = flags.0 & libc::O_TRUNC != 0;
+        self.spawn(|c| async move {
+            match c.open(ino.0, truncate).await {
+                Ok((fh, keep)) => {
+                    let flags = if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
+                    reply.opened(FileHandle(fh), flags)
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.spawn(|c| async move {
+            match c.read(fh.0, offset, size).await {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let data = data.to_vec();
+        self.spawn(|c| async move {
+            match c.write(fh.0, offset, &data).await {
+                Ok(()) => reply.written(data.len() as u32),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        self.spawn(|c| async move { reply_empty(reply, c.flush(fh.0).await) });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.spawn(|c| async move { reply_empty(reply, c.release(fh.0).await) });
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        self.spawn(|c| async move { reply_empty(reply, c.flush(fh.0).await) });
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.opened(FileHandle(self.client.opendir(ino.0)), FopenFlags::empty());
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        self.spawn(|c| async move {
+            let result = async {
+                let dir = c.dir_handle(fh.0)?;
+                let mut pos = offset;
+                if pos == 0 {
+                    if reply.add(ino, 1, FileType::Directory, ".") {
+                        return Ok(());
+                    }
+                    pos = 1;
+                }
+                if pos == 1 {
+                    if reply.add(ino, 2, FileType::Directory, "..") {
+                        return Ok(());
+                    }
+                    pos = 2;
+                }
+                loop {
+                    let entries = dir.entries_from(&c.meta, pos - 2).await?;
+                    if entries.is_empty() {
+                        return Ok(());
+                    }
+                    for (j, e) in entries {
+                        if reply.add(INodeNo(e.ino), j + 3, kind_of(e.mode), OsStr::from_bytes(&e.name)) {
+                            return Ok(());
+                        }
+                        pos = j + 3;
+                    }
+                }
+            }
+            .await;
+            match result {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.client.releasedir(fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.spawn(|c| async move {
+            match c.statfs().await {
+                Ok(s) => {
+                    let bs = s.block_size.max(512) as u64;
+                    let free_inodes = 1u64 << 32;
+                    reply.statfs(
+                        s.usable_capacity / bs,
+                        s.usable_free / bs,
+                        s.usable_free / bs,
+                        s.files + free_inodes,
+                        free_inodes,
+                        bs as u32,
+                        s.name_max,
+                        bs as u32,
+                    )
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
+        self.spawn(
+            |c| async move { reply_empty(reply, c.setxattr(ino.0, &name, &value, flags as u32).await) },
+        );
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let name = name.as_bytes().to_vec();
+        self.spawn(|c| async move { reply_xattr(reply, size, c.getxattr(ino.0, &name).await) });
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.spawn(|c| async move {
+            let list = c.listxattr(ino.0).await.map(|names| {
+                let mut buf = Vec::new();
+                for n in names {
+                    buf.extend_from_slice(&n);
+                    buf.push(0);
+                }
+                buf
+            });
+            reply_xattr(reply, size, list)
+        });
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name.as_bytes().to_vec();
+        self.spawn(|c| async move { reply_empty(reply, c.removexattr(ino.0, &name).await) });
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let req = p::CreateRequest {
+            parent: parent.0,
+            name: name.as_bytes().to_vec(),
+            mode: (mode & !(umask & 0o7777)) | libc::S_IFREG,
+            uid: req.uid(),
+            gid: req.gid(),
+            rdev: 0,
+            exclusive: flags & libc::O_EXCL != 0,
+        };
+        let ttl = self.ttl;
+        self.spawn(|c| async move {
+            match c.create(req, true).await {
+                Ok((a, fh)) => {
+                    reply.created(&ttl, &to_fuse(&a), Generation(0), FileHandle(fh), FopenFlags::empty())
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+}

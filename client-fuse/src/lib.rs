@@ -1,0 +1,16 @@
+//! The Cairn client: everything a mount needs except FUSE itself lives in [`Client`]
+//! (namespace calls to the metaserver, striping and Reed–Solomon coding of file data, shard
+//! I/O to chunkservers, degraded reads). [`fuse`] adapts it to the kernel: thin callbacks that
+//! hand each request to a tokio task and reply from there, so no request waits behind another.
+
+mod client;
+mod dir;
+mod file;
+pub mod fuse;
+mod meta;
+mod nodes;
+mod stripe;
+
+pub use client::{Client, ClientOptions};
+pub use fuse::{mount, MountOptions};
+pub use meta::{connect_meta, MetaConn};

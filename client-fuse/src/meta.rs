@@ -1,0 +1,75 @@
+//! The client's connection to the metaserver: a tonic channel with timeouts, and one method
+//! per RPC that turns a `tonic::Status` back into the `CairnError` the server raised.
+
+use std::time::Duration;
+
+use cairn_common::{CairnError, Result, MAX_MESSAGE_BYTES};
+use cairn_proto::meta_client::MetaClient;
+use tonic::transport::{Channel, Endpoint};
+
+/// A cheap-to-clone handle on the metaserver.
+#[derive(Clone)]
+pub struct MetaConn {
+    client: MetaClient<Channel>,
+    addr: String,
+}
+
+/// Connect to the metaserver at `addr` (`host:port`), failing within a few seconds with a clear
+/// error if it does not answer.
+pub async fn connect_meta(addr: &str) -> Result<MetaConn> {
+    let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+    let endpoint = Endpoint::from_shared(url)
+        .map_err(|e| CairnError::invalid(format!("metaserver address {addr:?}: {e}")))?
+        .connect_timeout(Duration::from_secs(3))
+        .timeout(Duration::from_secs(30))
+        .tcp_nodelay(true);
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| CairnError::unavailable(format!("cannot reach metaserver at {addr}: {e}")))?;
+    let client = MetaClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    Ok(MetaConn { client, addr: addr.to_string() })
+}
+
+macro_rules! rpc {
+    ($name:ident, $req:ty, $reply:ty) => {
+        pub async fn $name(&self, req: $req) -> Result<$reply> {
+            let mut client = self.client.clone();
+            client.$name(req).await.map(|r| r.into_inner()).map_err(CairnError::from)
+        }
+    };
+}
+
+use cairn_proto as p;
+
+impl MetaConn {
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    rpc!(lookup, p::LookupRequest, p::AttrReply);
+    rpc!(get_attr, p::InoRequest, p::AttrReply);
+    rpc!(set_attr, p::SetAttrRequest, p::AttrReply);
+    rpc!(create, p::CreateRequest, p::CreateReply);
+    rpc!(mkdir, p::MkdirRequest, p::AttrReply);
+    rpc!(unlink, p::RemoveRequest, p::RemoveReply);
+    rpc!(rmdir, p::RemoveRequest, p::RemoveReply);
+    rpc!(rename, p::RenameRequest, p::RenameReply);
+    rpc!(link, p::LinkRequest, p::AttrReply);
+    rpc!(symlink, p::SymlinkRequest, p::AttrReply);
+    rpc!(readlink, p::InoRequest, p::ReadlinkReply);
+    rpc!(read_dir, p::ReadDirRequest, p::ReadDirReply);
+    rpc!(stat_fs, p::Empty, p::StatFsReply);
+    rpc!(get_xattr, p::XattrRequest, p::XattrReply);
+    rpc!(set_xattr, p::SetXattrRequest, p::Empty);
+    rpc!(list_xattr, p::InoRequest, p::ListXattrReply);
+    rpc!(remove_xattr, p::XattrRequest, p::Empty);
+    rpc!(open, p::InoRequest, p::OpenReply);
+    rpc!(list_stripes, p::ListStripesRequest, p::ListStripesReply);
+    rpc!(commit, p::CommitRequest, p::AttrReply);
+    rpc!(register_client, p::Empty, p::RegisterClientReply);
+    rpc!(list_nodes, p::Empty, p::ListNodesReply);
+    rpc!(cluster_status, p::Empty, p::ClusterStatusReply);
+}

@@ -1,0 +1,80 @@
+//! Chunkserver connections. The metaserver tells which node id lives at which address; the
+//! client keeps one lazily connected channel per node and refreshes the map when it meets a
+//! node it does not know (a chunkserver that joined or moved).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_common::{CairnError, Result, ShardId, MAX_MESSAGE_BYTES};
+use cairn_proto::chunk_client::ChunkClient;
+use parking_lot::RwLock;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::meta::MetaConn;
+
+pub struct Nodes {
+    meta: MetaConn,
+    chunks: RwLock<HashMap<u32, (String, ChunkClient<Channel>)>>,
+    refresh: tokio::sync::Mutex<()>,
+}
+
+impl Nodes {
+    pub fn new(meta: MetaConn) -> Nodes {
+        Nodes { meta, chunks: RwLock::new(HashMap::new()), refresh: tokio::sync::Mutex::new(()) }
+    }
+
+    async fn client(&self, node: u32) -> Result<ChunkClient<Channel>> {
+        if let Some((_, c)) = self.chunks.read().get(&node) {
+            return Ok(c.clone());
+        }
+        self.refresh().await?;
+        self.chunks
+            .read()
+            .get(&node)
+            .map(|(_, c)| c.clone())
+            .ok_or_else(|| CairnError::unavailable(format!("chunkserver {node} is not registered")))
+    }
+
+    /// Reload the node map from the metaserver (one caller at a time).
+    pub async fn refresh(&self) -> Result<()> {
+        let _guard = self.refresh.lock().await;
+        let nodes = self.meta.list_nodes(cairn_proto::Empty {}).await?.nodes;
+        let mut map = self.chunks.write();
+        for n in nodes {
+            if map.get(&n.id).is_some_and(|(addr, _)| *addr == n.addr) {
+                continue;
+            }
+            let endpoint = Endpoint::from_shared(format!("http://{}", n.addr))
+                .map_err(|e| CairnError::invalid(format!("chunkserver address {:?}: {e}", n.addr)))?
+                .connect_timeout(Duration::from_secs(2))
+                .timeout(Duration::from_secs(30))
+                .tcp_nodelay(true);
+            let client = ChunkClient::new(endpoint.connect_lazy())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES);
+            map.insert(n.id, (n.addr, client));
+        }
+        Ok(())
+    }
+
+    pub async fn write_shard(&self, node: u32, id: ShardId, data: Bytes) -> Result<()> {
+        let mut c = self.client(node).await?;
+        let req = cairn_proto::WriteShardRequest { id: Some(id.into()), data };
+        c.write_shard(req).await.map_err(|s| node_error(node, s))?;
+        Ok(())
+    }
+
+    /// Read `len` bytes (0 = to the end) at `offset` of a shard.
+    pub async fn read_shard(&self, node: u32, id: ShardId, offset: u64, len: u64) -> Result<Bytes> {
+        let mut c = self.client(node).await?;
+        let req = cairn_proto::ReadShardRequest { id: Some(id.into()), offset, len };
+        let reply = c.read_shard(req).await.map_err(|s| node_error(node, s))?.into_inner();
+        Ok(reply.data)
+    }
+}
+
+fn node_error(node: u32, status: tonic::Status) -> CairnError {
+    let e = CairnError::from(status);
+    CairnError::new(e.kind(), format!("chunkserver {node}: {}", e.message()))
+}

@@ -1,0 +1,211 @@
+//! Stripe I/O: encode a stripe and write its shards in parallel; read a byte range of a stripe
+//! from the data shards that hold it, and fall back to Reed–Solomon reconstruction from any `k`
+//! shards when a shard is missing, unreachable or fails its checksum.
+//!
+//! Shard `i` of stripe `s` lives on `placement[layout.position(s, i)]`. Data shards hold the
+//! stripe's bytes unit by unit; a data shard past the written length is empty and is neither
+//! written nor read (it is known to be zeros), so a file smaller than one unit costs one data
+//! shard plus `m` parity shards, and one request to read.
+
+use bytes::Bytes;
+use cairn_common::codec::Codec;
+use cairn_common::{CairnError, ErrorKind, Layout, Result, ShardId};
+use cairn_proto::StripeInfo;
+use futures::future::join_all;
+
+use crate::nodes::Nodes;
+
+/// Where a file's shards live.
+#[derive(Clone, Debug)]
+pub struct Geometry {
+    pub ino: u64,
+    pub layout: Layout,
+    pub placement: Vec<u32>,
+}
+
+impl Geometry {
+    pub fn node(&self, stripe: u64, index: u32) -> u32 {
+        self.placement[self.layout.position(stripe, index)]
+    }
+
+    pub fn shard(&self, stripe: u64, index: u32, version: u64) -> ShardId {
+        ShardId { ino: self.ino, stripe, index, version }
+    }
+}
+
+/// Encode `data` (the first `data.len()` bytes of stripe `stripe`) and store its shards as
+/// `version`. Succeeds when at most `m − 1` shards failed (the stripe still survives one more
+/// loss); the failed ones are recorded in `missing` for repair.
+pub async fn write_stripe(
+    nodes: &Nodes,
+    geo: &Geometry,
+    stripe: u64,
+    version: u64,
+    data: &[u8],
+) -> Result<StripeInfo> {
+    let layout = geo.layout;
+    let written = data.len() as u64;
+    let unit = layout.unit as usize;
+    let coded = layout.coded_len(written) as usize;
+    let mut shards: Vec<Bytes> = (0..layout.k as usize)
+        .map(|i| {
+            let start = (i * unit).min(data.len());
+            let end = ((i + 1) * unit).min(data.len());
+            Bytes::copy_from_slice(&data[start..end])
+        })
+        .collect();
+    if layout.m > 0 && written > 0 {
+        let padded: Vec<Vec<u8>> = shards
+            .iter()
+            .map(|s| {
+                let mut v = s.to_vec();
+                v.resize(coded, 0);
+                v
+            })
+            .collect();
+        let parity = Codec::new(layout.k, layout.m).encode(&padded)?;
+        shards.extend(parity.into_iter().map(Bytes::from));
+    }
+    let writes = shards.into_iter().enumerate().filter(|(_, s)| !s.is_empty()).map(|(i, s)| {
+        let index = i as u32;
+        let id = geo.shard(stripe, index, version);
+        async move { (index, nodes.write_shard(geo.node(stripe, index), id, s).await) }
+    });
+    let mut missing = 0u32;
+    let mut first_error = None;
+    for (index, result) in join_all(writes).await {
+        if let Err(e) = result {
+            tracing::warn!(ino = geo.ino, stripe, index, "shard write failed: {e}");
+            missing |= 1 << index;
+            first_error.get_or_insert(e);
+        }
+    }
+    let tolerated = layout.m.saturating_sub(1);
+    if missing.count_ones() > tolerated {
+        let e = first_error.unwrap_or_else(|| CairnError::internal("shard write failed"));
+        // A full disk stays ENOSPC for the application; anything else is an I/O error.
+        let kind = if e.kind() == ErrorKind::NoSpace { ErrorKind::NoSpace } else { ErrorKind::Io };
+        return Err(CairnError::new(
+            kind,
+            format!(
+                "stripe {stripe} of inode {}: {} shards failed, at most {tolerated} may: {}",
+                geo.ino,
+                missing.count_ones(),
+                e.message()
+            ),
+        ));
+    }
+    Ok(StripeInfo { index: stripe, version, len: written, written_len: written, missing })
+}
+
+/// Fill `out` with stripe bytes starting at `offset` (relative to the stripe start). Bytes at
+/// or past `info.len` read as zeros.
+pub async fn read_stripe(
+    nodes: &Nodes,
+    geo: &Geometry,
+    info: &StripeInfo,
+    offset: u64,
+    out: &mut [u8],
+) -> Result<()> {
+    let layout = geo.layout;
+    let valid = info.len.saturating_sub(offset).min(out.len() as u64) as usize;
+    out[valid..].fill(0);
+    if valid == 0 {
+        return Ok(());
+    }
+    let start = layout.stripe_start(info.index);
+    let segments = layout.segments(start + offset, valid as u64);
+    let healthy = segments.iter().all(|s| info.missing & (1 << s.shard) == 0);
+    if healthy {
+        let reads = segments.iter().map(|s| {
+            let id = geo.shard(info.index, s.shard, info.version);
+            nodes.read_shard(geo.node(info.index, s.shard), id, s.shard_offset, s.len)
+        });
+        let results = join_all(reads).await;
+        let complete =
+            results.iter().zip(&segments).all(|(r, s)| r.as_ref().is_ok_and(|d| d.len() as u64 >= s.len));
+        if complete {
+            for (s, r) in segments.iter().zip(results) {
+                let data = r.expect("checked above");
+                let at = s.buf_offset as usize;
+                out[at..at + s.len as usize].copy_from_slice(&data[..s.len as usize]);
+            }
+            return Ok(());
+        }
+        for (s, r) in segments.iter().zip(&results) {
+            match r {
+                Err(e) => {
+                    tracing::warn!(ino = geo.ino, stripe = info.index, shard = s.shard, "degraded read: {e}")
+                }
+                Ok(d) if (d.len() as u64) < s.len => {
+                    tracing::warn!(
+                        ino = geo.ino,
+                        stripe = info.index,
+                        shard = s.shard,
+                        "degraded read: short shard"
+                    )
+                }
+                Ok(_) => {}
+            }
+        }
+    }
+    let data = reconstruct(nodes, geo, info).await?;
+    let from = offset as usize;
+    out[..valid].copy_from_slice(&data[from..from + valid]);
+    Ok(())
+}
+
+/// Rebuild the stripe's data (its first `written_len` bytes) from any `k` shards.
+pub async fn reconstruct(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Result<Vec<u8>> {
+    let layout = geo.layout;
+    let (k, width) = (layout.k as usize, layout.width() as usize);
+    let coded = layout.coded_len(info.written_len) as usize;
+    let mut shards: Vec<Option<Vec<u8>>> = vec![None; width];
+    // Data shards past the written length are empty, hence zeros: present without a read.
+    let mut wanted = Vec::new();
+    for index in 0..width as u32 {
+        let len = layout.shard_len(index, info.written_len);
+        if len == 0 && (index as usize) < k {
+            shards[index as usize] = Some(vec![0; coded]);
+        } else if info.missing & (1 << index) == 0 {
+            wanted.push(index);
+        }
+    }
+    let reads = wanted.iter().map(|&index| {
+        let id = geo.shard(info.index, index, info.version);
+        async move { (index, nodes.read_shard(geo.node(info.index, index), id, 0, 0).await) }
+    });
+    for (index, result) in join_all(reads).await {
+        match result {
+            Ok(data) => {
+                let expect = layout.shard_len(index, info.written_len) as usize;
+                if data.len() != expect {
+                    tracing::warn!(
+                        ino = geo.ino,
+                        stripe = info.index,
+                        index,
+                        "shard has {} bytes, expected {expect}",
+                        data.len()
+                    );
+                    continue;
+                }
+                let mut v = data.to_vec();
+                v.resize(coded, 0);
+                shards[index as usize] = Some(v);
+            }
+            Err(e) => tracing::warn!(ino = geo.ino, stripe = info.index, index, "shard unavailable: {e}"),
+        }
+    }
+    Codec::new(layout.k, layout.m).reconstruct_data(&mut shards).map_err(|e| {
+        CairnError::new(
+            ErrorKind::Io,
+            format!("inode {} stripe {} cannot be reconstructed: {}", geo.ino, info.index, e.message()),
+        )
+    })?;
+    let mut data = Vec::with_capacity(info.written_len as usize);
+    for (index, shard) in shards.iter().take(k).enumerate() {
+        let len = layout.shard_len(index as u32, info.written_len) as usize;
+        data.extend_from_slice(&shard.as_ref().expect("reconstructed")[..len]);
+    }
+    Ok(data)
+}

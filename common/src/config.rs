@@ -1,0 +1,179 @@
+//! Configuration files. Each server reads one TOML file into a serde struct whose fields all
+//! have documented defaults; unknown keys are rejected so a typo is an error, not a silently
+//! ignored setting.
+
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::{CairnError, Layout, Result};
+
+/// Metaserver settings (`cairn meta --config FILE`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetaConfig {
+    /// Address the gRPC service listens on.
+    pub listen: String,
+    /// Directory of the RocksDB database.
+    pub data_dir: PathBuf,
+    /// Layout of the root directory, inherited by everything created under it: "k+m".
+    pub ec: String,
+    /// Stripe unit in bytes.
+    pub unit: u32,
+    /// fsync the RocksDB WAL before acknowledging a change (off loses the last changes on power loss).
+    pub sync_writes: bool,
+    /// A chunkserver with no heartbeat for this long is reported down and gets no new stripes.
+    pub node_timeout_ms: u64,
+    /// How often the garbage collector deletes shards of removed files and replaced stripes.
+    pub gc_interval_ms: u64,
+}
+
+impl Default for MetaConfig {
+    fn default() -> Self {
+        MetaConfig {
+            listen: "127.0.0.1:9400".into(),
+            data_dir: PathBuf::from("/var/lib/cairn/meta"),
+            ec: "4+2".into(),
+            unit: 1 << 20,
+            sync_writes: true,
+            node_timeout_ms: 10_000,
+            gc_interval_ms: 2_000,
+        }
+    }
+}
+
+impl MetaConfig {
+    pub fn layout(&self) -> Result<Layout> {
+        let ec = Layout::parse_ec(&self.ec)?;
+        Layout::new(ec.k, ec.m, self.unit)
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        self.layout()?;
+        check_addr("listen", &self.listen)
+    }
+}
+
+/// Which disk I/O engine a chunkserver uses.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum IoEngineKind {
+    /// io_uring on dedicated threads (default).
+    Uring,
+    /// Plain pread/pwrite on tokio's blocking pool, for kernels without io_uring.
+    Pread,
+}
+
+/// Chunkserver settings (`cairn chunk --config FILE`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChunkConfig {
+    /// Address the gRPC service listens on (port 0 picks a free one).
+    pub listen: String,
+    /// Address clients use to reach this chunkserver; defaults to the bound listen address.
+    pub advertise: Option<String>,
+    /// The metaserver's address.
+    pub meta: String,
+    /// Directory for identity and state files (node id).
+    pub state_dir: PathBuf,
+    /// SSD tier directories: new shards land here.
+    pub ssd_dirs: Vec<PathBuf>,
+    /// HDD tier directories: cold shards destage here.
+    pub hdd_dirs: Vec<PathBuf>,
+    pub io_engine: IoEngineKind,
+    /// io_uring submission queue depth.
+    pub queue_depth: u32,
+    /// fsync each shard (and its directory) before acknowledging the write.
+    pub sync: bool,
+    /// Bytes kept free on each tier's filesystem; a write that would go below fails with ENOSPC.
+    pub reserve_bytes: u64,
+    pub heartbeat_ms: u64,
+}
+
+impl Default for ChunkConfig {
+    fn default() -> Self {
+        ChunkConfig {
+            listen: "127.0.0.1:0".into(),
+            advertise: None,
+            meta: "127.0.0.1:9400".into(),
+            state_dir: PathBuf::from("/var/lib/cairn/chunk"),
+            ssd_dirs: vec![PathBuf::from("/var/lib/cairn/chunk/ssd")],
+            hdd_dirs: vec![PathBuf::from("/var/lib/cairn/chunk/hdd")],
+            io_engine: IoEngineKind::Uring,
+            queue_depth: 64,
+            sync: true,
+            reserve_bytes: 64 << 20,
+            heartbeat_ms: 1_000,
+        }
+    }
+}
+
+impl ChunkConfig {
+    pub fn validate(&self) -> Result<()> {
+        check_addr("listen", &self.listen)?;
+        check_addr("meta", &self.meta)?;
+        if self.ssd_dirs.is_empty() && self.hdd_dirs.is_empty() {
+            return Err(CairnError::invalid("config: at least one of ssd_dirs or hdd_dirs is needed"));
+        }
+        if self.queue_depth == 0 || self.queue_depth > 4096 {
+            return Err(CairnError::invalid("config: queue_depth must be 1..=4096"));
+        }
+        if self.heartbeat_ms == 0 {
+            return Err(CairnError::invalid("config: heartbeat_ms must be > 0"));
+        }
+        Ok(())
+    }
+}
+
+fn check_addr(field: &str, addr: &str) -> Result<()> {
+    use std::net::ToSocketAddrs;
+    addr.to_socket_addrs().map(|_| ()).map_err(|e| {
+        CairnError::invalid(format!("config: {field} = {addr:?} is not a host:port address ({e})"))
+    })
+}
+
+/// Read and parse a TOML config file, with the file name in every error.
+pub fn load<T: DeserializeOwned>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CairnError::invalid(format!("cannot read config {}: {e}", path.display())))?;
+    toml::from_str(&text).map_err(|e| CairnError::invalid(format!("config {}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate() {
+        MetaConfig::default().validate().unwrap();
+        ChunkConfig::default().validate().unwrap();
+        assert_eq!(MetaConfig::default().layout().unwrap(), Layout::default());
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_rejected() {
+        let err = toml::from_str::<MetaConfig>("listn = \"x\"").unwrap_err().to_string();
+        assert!(err.contains("listn"), "{err}");
+        let cfg: MetaConfig = toml::from_str("ec = \"4+9\"").unwrap();
+        assert!(cfg.validate().is_err());
+        let cfg: ChunkConfig = toml::from_str("meta = \"nowhere\"").unwrap();
+        assert!(cfg.validate().is_err());
+        let cfg: ChunkConfig = toml::from_str("io_engine = \"pread\"\nqueue_depth = 8").unwrap();
+        assert_eq!(cfg.io_engine, IoEngineKind::Pread);
+    }
+
+    #[test]
+    fn deploy_examples_parse_and_validate() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config");
+        load::<MetaConfig>(&dir.join("meta.toml")).unwrap().validate().unwrap();
+        let chunk = load::<ChunkConfig>(&dir.join("chunk.toml")).unwrap();
+        assert_eq!(chunk.hdd_dirs.len(), 2);
+    }
+
+    #[test]
+    fn load_names_the_file() {
+        let err = load::<MetaConfig>(Path::new("/nonexistent/cairn.toml")).unwrap_err();
+        assert!(err.message().contains("/nonexistent/cairn.toml"));
+    }
+}

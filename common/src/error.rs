@@ -1,0 +1,260 @@
+//! The error taxonomy. Each crate has its own error detail; across crate and process
+//! boundaries an error is a [`CairnError`]: an [`ErrorKind`] plus a message. Exactly one
+//! `match` maps a kind to an errno (for FUSE) and one maps it to a gRPC code; the kind itself
+//! travels in the `cairn-kind` metadata of a `tonic::Status`, so a client sees the same kind the
+//! server raised.
+
+use std::fmt;
+
+pub type Result<T, E = CairnError> = std::result::Result<T, E>;
+
+const KIND_HEADER: &str = "cairn-kind";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    NotFound,
+    Exists,
+    NotDir,
+    IsDir,
+    NotEmpty,
+    InvalidArgument,
+    NameTooLong,
+    NoSpace,
+    PermissionDenied,
+    NotPermitted,
+    NoData,
+    Range,
+    TooBig,
+    CrossDevice,
+    NotSupported,
+    /// A server or enough shards could not be reached.
+    Unavailable,
+    /// Stored data failed its checksum or could not be decoded.
+    Corrupt,
+    Io,
+    Internal,
+}
+
+impl ErrorKind {
+    const ALL: [ErrorKind; 19] = [
+        ErrorKind::NotFound,
+        ErrorKind::Exists,
+        ErrorKind::NotDir,
+        ErrorKind::IsDir,
+        ErrorKind::NotEmpty,
+        ErrorKind::InvalidArgument,
+        ErrorKind::NameTooLong,
+        ErrorKind::NoSpace,
+        ErrorKind::PermissionDenied,
+        ErrorKind::NotPermitted,
+        ErrorKind::NoData,
+        ErrorKind::Range,
+        ErrorKind::TooBig,
+        ErrorKind::CrossDevice,
+        ErrorKind::NotSupported,
+        ErrorKind::Unavailable,
+        ErrorKind::Corrupt,
+        ErrorKind::Io,
+        ErrorKind::Internal,
+    ];
+
+    /// The errno a FUSE reply carries for this kind.
+    pub fn errno(self) -> i32 {
+        match self {
+            ErrorKind::NotFound => libc::ENOENT,
+            ErrorKind::Exists => libc::EEXIST,
+            ErrorKind::NotDir => libc::ENOTDIR,
+            ErrorKind::IsDir => libc::EISDIR,
+            ErrorKind::NotEmpty => libc::ENOTEMPTY,
+            ErrorKind::InvalidArgument => libc::EINVAL,
+            ErrorKind::NameTooLong => libc::ENAMETOOLONG,
+            ErrorKind::NoSpace => libc::ENOSPC,
+            ErrorKind::PermissionDenied => libc::EACCES,
+            ErrorKind::NotPermitted => libc::EPERM,
+            ErrorKind::NoData => libc::ENODATA,
+            ErrorKind::Range => libc::ERANGE,
+            ErrorKind::TooBig => libc::E2BIG,
+            ErrorKind::CrossDevice => libc::EXDEV,
+            ErrorKind::NotSupported => libc::EOPNOTSUPP,
+            ErrorKind::Unavailable | ErrorKind::Corrupt | ErrorKind::Io | ErrorKind::Internal => libc::EIO,
+        }
+    }
+
+    /// The gRPC code a server answers with for this kind.
+    pub fn grpc_code(self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            ErrorKind::NotFound | ErrorKind::NoData => Code::NotFound,
+            ErrorKind::Exists => Code::AlreadyExists,
+            ErrorKind::NotDir | ErrorKind::IsDir | ErrorKind::NotEmpty | ErrorKind::CrossDevice => {
+                Code::FailedPrecondition
+            }
+            ErrorKind::InvalidArgument | ErrorKind::NameTooLong | ErrorKind::Range | ErrorKind::TooBig => {
+                Code::InvalidArgument
+            }
+            ErrorKind::NoSpace => Code::ResourceExhausted,
+            ErrorKind::PermissionDenied | ErrorKind::NotPermitted => Code::PermissionDenied,
+            ErrorKind::NotSupported => Code::Unimplemented,
+            ErrorKind::Unavailable => Code::Unavailable,
+            ErrorKind::Corrupt => Code::DataLoss,
+            ErrorKind::Io | ErrorKind::Internal => Code::Internal,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Exists => "exists",
+            ErrorKind::NotDir => "not_dir",
+            ErrorKind::IsDir => "is_dir",
+            ErrorKind::NotEmpty => "not_empty",
+            ErrorKind::InvalidArgument => "invalid_argument",
+            ErrorKind::NameTooLong => "name_too_long",
+            ErrorKind::NoSpace => "no_space",
+            ErrorKind::PermissionDenied => "permission_denied",
+            ErrorKind::NotPermitted => "not_permitted",
+            ErrorKind::NoData => "no_data",
+            ErrorKind::Range => "range",
+            ErrorKind::TooBig => "too_big",
+            ErrorKind::CrossDevice => "cross_device",
+            ErrorKind::NotSupported => "not_supported",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Corrupt => "corrupt",
+            ErrorKind::Io => "io",
+            ErrorKind::Internal => "internal",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<ErrorKind> {
+        ErrorKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Kind of a status that carries no `cairn-kind` (from a proxy, or tonic itself).
+    fn from_code(code: tonic::Code) -> ErrorKind {
+        use tonic::Code;
+        match code {
+            Code::NotFound => ErrorKind::NotFound,
+            Code::AlreadyExists => ErrorKind::Exists,
+            Code::InvalidArgument | Code::OutOfRange => ErrorKind::InvalidArgument,
+            Code::ResourceExhausted => ErrorKind::NoSpace,
+            Code::PermissionDenied | Code::Unauthenticated => ErrorKind::PermissionDenied,
+            Code::Unimplemented => ErrorKind::NotSupported,
+            Code::DataLoss => ErrorKind::Corrupt,
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
+                ErrorKind::Unavailable
+            }
+            _ => ErrorKind::Io,
+        }
+    }
+}
+
+/// An error with a kind that survives the trip over gRPC.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CairnError {
+    kind: ErrorKind,
+    message: String,
+}
+
+impl CairnError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> CairnError {
+        CairnError { kind, message: message.into() }
+    }
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+    pub fn errno(&self) -> i32 {
+        self.kind.errno()
+    }
+    pub fn not_found(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotFound, m)
+    }
+    pub fn invalid(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidArgument, m)
+    }
+    pub fn unavailable(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unavailable, m)
+    }
+    pub fn corrupt(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Corrupt, m)
+    }
+    pub fn internal(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Internal, m)
+    }
+    pub fn io(m: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Io, m)
+    }
+
+    /// Classify an OS error (ENOSPC stays NoSpace, so a full disk reaches the application).
+    pub fn from_io(context: &str, e: &std::io::Error) -> CairnError {
+        let kind = match e.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => ErrorKind::NoSpace,
+            Some(libc::ENOENT) => ErrorKind::NotFound,
+            Some(libc::EACCES) => ErrorKind::PermissionDenied,
+            _ => match e.kind() {
+                std::io::ErrorKind::NotFound => ErrorKind::NotFound,
+                _ => ErrorKind::Io,
+            },
+        };
+        CairnError::new(kind, format!("{context}: {e}"))
+    }
+}
+
+impl fmt::Display for CairnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.message, self.kind.name())
+    }
+}
+
+impl std::error::Error for CairnError {}
+
+impl From<CairnError> for tonic::Status {
+    fn from(e: CairnError) -> tonic::Status {
+        let mut status = tonic::Status::new(e.kind.grpc_code(), e.message);
+        status.metadata_mut().insert(KIND_HEADER, tonic::metadata::MetadataValue::from_static(e.kind.name()));
+        status
+    }
+}
+
+impl From<tonic::Status> for CairnError {
+    fn from(s: tonic::Status) -> CairnError {
+        let kind = s
+            .metadata()
+            .get(KIND_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(ErrorKind::from_name)
+            .unwrap_or_else(|| ErrorKind::from_code(s.code()));
+        CairnError::new(kind, s.message().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_survive_grpc() {
+        for kind in ErrorKind::ALL {
+            let status: tonic::Status = CairnError::new(kind, "boom").into();
+            let back: CairnError = status.into();
+            assert_eq!(back.kind(), kind);
+            assert_eq!(back.message(), "boom");
+        }
+    }
+
+    #[test]
+    fn plain_status_maps_by_code() {
+        let e: CairnError = tonic::Status::unavailable("connection refused").into();
+        assert_eq!(e.kind(), ErrorKind::Unavailable);
+        assert_eq!(e.errno(), libc::EIO);
+    }
+
+    #[test]
+    fn enospc_is_no_space() {
+        let e = CairnError::from_io("write", &std::io::Error::from_raw_os_error(libc::ENOSPC));
+        assert_eq!(e.kind(), ErrorKind::NoSpace);
+        assert_eq!(e.errno(), libc::ENOSPC);
+    }
+}

@@ -1,0 +1,109 @@
+//! Cairn's metaserver: the namespace (inodes, directory entries, xattrs, stripe records) over
+//! a RocksDB store, the chunkserver registry and placement, and the garbage collector of
+//! orphaned shards, served as the `Meta` gRPC service.
+//!
+//! Module map: `store` (the `MetaStore` trait, RocksDB and in-memory backends), `schema` (key
+//! and versioned value encodings), `namespace` (every FUSE-level operation, one atomic batch
+//! each), `registry` (chunkservers, liveness, placement), `gc` (shard deletion), `service`
+//! (the gRPC adapter).
+
+pub mod gc;
+pub mod namespace;
+pub mod registry;
+pub mod schema;
+pub mod service;
+pub mod store;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_common::config::MetaConfig;
+use cairn_common::{CairnError, Result};
+use cairn_proto::meta_server::MetaServer;
+
+pub use gc::Gc;
+pub use namespace::Namespace;
+pub use registry::Registry;
+pub use service::MetaService;
+
+/// Open the namespace in `config.data_dir`.
+pub fn open_namespace(config: &MetaConfig) -> Result<Namespace> {
+    config.validate()?;
+    Namespace::open_rocks(
+        &config.data_dir,
+        config.sync_writes,
+        config.layout()?,
+        Duration::from_millis(config.node_timeout_ms),
+    )
+}
+
+/// Serve the `Meta` service on `listener` until `shutdown` completes, with the garbage
+/// collector running alongside.
+pub async fn serve(
+    config: MetaConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let cfg = config.clone();
+    let ns = tokio::task::spawn_blocking(move || open_namespace(&cfg))
+        .await
+        .map_err(|e| CairnError::internal(format!("opening the namespace: {e}")))??;
+    serve_namespace(Arc::new(ns), Duration::from_millis(config.gc_interval_ms), listener, shutdown).await
+}
+
+/// Serve an already opened namespace (tests use this with an in-memory store).
+pub async fn serve_namespace(
+    ns: Arc<Namespace>,
+    gc_interval: Duration,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let gc = tokio::spawn(Gc::new(ns.clone()).run(gc_interval));
+    let service = MetaServer::new(MetaService::new(ns))
+        .max_decoding_message_size(cairn_common::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(cairn_common::MAX_MESSAGE_BYTES);
+    let result = tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .await
+        .map_err(|e| CairnError::io(format!("metaserver: {e}")));
+    // Wait for the gc task to go, so the namespace (and the database lock) is released when
+    // this returns.
+    gc.abort();
+    let _ = gc.await;
+    result
+}
+
+/// Validate the config, bind `config.listen` and serve until SIGINT or SIGTERM.
+pub async fn run(config: MetaConfig) -> Result<()> {
+    config.validate()?;
+    let listener = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .map_err(|e| CairnError::from_io(&format!("cannot listen on {}", config.listen), &e))?;
+    let addr = listener.local_addr().map_err(|e| CairnError::from_io("local address", &e))?;
+    tracing::info!(%addr, data_dir = %config.data_dir.display(), "metaserver listening");
+    serve(config, listener, shutdown_signal()).await
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("metaserver shutting down");
+}

@@ -1,0 +1,317 @@
+//! Operations that add, remove or list directory entries: lookup, create (regular files and
+//! special files), mkdir, symlink, link, unlink, rmdir and readdir.
+
+use cairn_common::{CairnError, ErrorKind, Result, SYMLINK_MAX};
+use cairn_proto::DirEntry;
+
+use super::{check_name, Namespace};
+use crate::schema::{
+    self, Dentry, Inode, SymlinkTarget, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG,
+    S_IFSOCK, S_ISGID,
+};
+use crate::store::Cf;
+
+/// Most entries one readdir page returns.
+pub const READDIR_MAX: usize = 1024;
+
+/// What a new entry's creator asks for.
+pub struct NewEntry<'a> {
+    pub parent: u64,
+    pub name: &'a [u8],
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Namespace {
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Inode> {
+        check_name(name)?;
+        self.dir(parent)?;
+        let d = self.dentry(parent, name)?.ok_or_else(|| {
+            CairnError::not_found(format!("no entry {:?} in {parent}", String::from_utf8_lossy(name)))
+        })?;
+        self.inode(d.ino)
+    }
+
+    /// The common part of every creation: check the parent, apply setgid inheritance, insert
+    /// the inode and its entry, update the parent. Runs under the parent's lock.
+    fn add_entry(
+        &self,
+        new: &NewEntry<'_>,
+        configure: impl FnOnce(&mut Inode, &Inode),
+        extra: impl FnOnce(&mut super::Tx<'_>, &Inode),
+    ) -> Result<Inode> {
+        let now = cairn_common::time::now();
+        let mut tx = self.tx();
+        let parent = tx.get(new.parent)?;
+        if !parent.is_dir() {
+            return Err(CairnError::new(
+                ErrorKind::NotDir,
+                format!("inode {} is not a directory", new.parent),
+            ));
+        }
+        let parent_copy = parent.clone();
+        if self.dentry(new.parent, new.name)?.is_some() {
+            return Err(CairnError::new(
+                ErrorKind::Exists,
+                format!("{:?} exists", String::from_utf8_lossy(new.name)),
+            ));
+        }
+        let ino = self.alloc_ino()?;
+        let mut inode = Inode::new(ino, new.mode, new.uid, new.gid, &now);
+        inode.set_layout(parent_copy.layout());
+        if parent_copy.mode & S_ISGID != 0 {
+            inode.gid = parent_copy.gid;
+            if inode.is_dir() {
+                inode.mode |= S_ISGID;
+            }
+        }
+        configure(&mut inode, &parent_copy);
+        tx.stats.inodes += 1;
+        let parent = tx.get(new.parent)?;
+        parent.set_mtime(&now);
+        parent.set_ctime(&now);
+        if inode.is_dir() {
+            parent.nlink = parent.nlink.saturating_add(1);
+            tx.stats.directories += 1;
+        }
+        if inode.is_reg() {
+            tx.stats.files += 1;
+        }
+        tx.put_dentry(new.parent, new.name, ino, inode.kind());
+        extra(&mut tx, &inode);
+        tx.insert(inode.clone());
+        tx.commit()?;
+        Ok(inode)
+    }
+
+    /// Create a regular file or a special file (type from `S_IFMT` of the mode). Returns the
+    /// inode and whether it was created: a non-exclusive create of an existing regular file
+    /// returns that file.
+    pub fn create(&self, new: &NewEntry<'_>, rdev: u32, exclusive: bool) -> Result<(Inode, bool)> {
+        check_name(new.name)?;
+        let kind = match new.mode & S_IFMT {
+            0 => S_IFREG,
+            k @ (S_IFREG | S_IFIFO | S_IFCHR | S_IFBLK | S_IFSOCK) => k,
+            k => return Err(CairnError::invalid(format!("create: file type {k:o} not allowed"))),
+        };
+        let mode = kind | (new.mode & 0o7777);
+        self.locked(
+            || vec![new.parent],
+            || {
+                if let Some(existing) = self.dentry(new.parent, new.name)? {
+                    if exclusive || kind != S_IFREG {
+                        return Err(CairnError::new(
+                            ErrorKind::Exists,
+                            format!("{:?} exists", String::from_utf8_lossy(new.name)),
+                        ));
+                    }
+                    let inode = self.inode(existing.ino)?;
+                    if inode.is_dir() {
+                        return Err(CairnError::new(ErrorKind::IsDir, "create: the name is a directory"));
+                    }
+                    if !inode.is_reg() {
+                        return Err(CairnError::new(
+                            ErrorKind::Exists,
+                            "create: the name is not a regular file",
+                        ));
+                    }
+                    return Ok((inode, false));
+                }
+                let placement = if kind == S_IFREG {
+                    Some(self.registry.place(&self.dir(new.parent)?.layout())?)
+                } else {
+                    None
+                };
+                let entry = NewEntry { mode, ..*new };
+                let inode = self.add_entry(
+                    &entry,
+                    |inode, _| {
+                        if let Some(p) = placement {
+                            inode.placement = p;
+                        } else {
+                            inode.rdev = rdev;
+                        }
+                    },
+                    |_, _| {},
+                )?;
+                Ok((inode, true))
+            },
+        )
+    }
+
+    pub fn mkdir(&self, new: &NewEntry<'_>) -> Result<Inode> {
+        check_name(new.name)?;
+        let entry = NewEntry { mode: S_IFDIR | (new.mode & 0o7777), ..*new };
+        self.locked(
+            || vec![new.parent],
+            || {
+                self.add_entry(
+                    &entry,
+                    |inode, parent| {
+                        inode.nlink = 2;
+                        inode.parent = parent.ino;
+                    },
+                    |_, _| {},
+                )
+            },
+        )
+    }
+
+    pub fn symlink(&self, new: &NewEntry<'_>, target: &[u8]) -> Result<Inode> {
+        check_name(new.name)?;
+        if target.is_empty() {
+            return Err(CairnError::invalid("symlink: empty target"));
+        }
+        if target.len() > SYMLINK_MAX {
+            return Err(CairnError::new(
+                ErrorKind::NameTooLong,
+                format!("symlink target of {} bytes (at most {SYMLINK_MAX})", target.len()),
+            ));
+        }
+        if target.contains(&0) {
+            return Err(CairnError::invalid("symlink target contains NUL"));
+        }
+        let entry = NewEntry { mode: S_IFLNK | 0o777, ..*new };
+        self.locked(
+            || vec![new.parent],
+            || {
+                self.add_entry(
+                    &entry,
+                    |inode, _| inode.size = target.len() as u64,
+                    |tx, inode| {
+                        let value = schema::encode(&SymlinkTarget { target: target.to_vec() });
+                        tx.batch.put(Cf::Symlinks, schema::ino_key(inode.ino), value);
+                    },
+                )
+            },
+        )
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let inode = self.inode(ino)?;
+        if !inode.is_symlink() {
+            return Err(CairnError::invalid(format!("inode {ino} is not a symlink")));
+        }
+        let v = self
+            .store
+            .get(Cf::Symlinks, &schema::ino_key(ino))?
+            .ok_or_else(|| CairnError::corrupt(format!("symlink {ino} has no target")))?;
+        Ok(schema::decode::<SymlinkTarget>("symlink", &v)?.target)
+    }
+
+    /// A new hard link `new_parent/new_name` to `ino`.
+    pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Inode> {
+        check_name(new_name)?;
+        self.locked(
+            || vec![ino, new_parent],
+            || {
+                let now = cairn_common::time::now();
+                let mut tx = self.tx();
+                let inode = tx.get(ino)?;
+                if inode.is_dir() {
+                    return Err(CairnError::new(ErrorKind::NotPermitted, "cannot hard-link a directory"));
+                }
+                if inode.nlink == u32::MAX {
+                    return Err(CairnError::new(ErrorKind::TooBig, "too many links"));
+                }
+                inode.nlink += 1;
+                inode.set_ctime(&now);
+                let kind = inode.kind();
+                let parent = tx.get(new_parent)?;
+                if !parent.is_dir() {
+                    return Err(CairnError::new(
+                        ErrorKind::NotDir,
+                        format!("inode {new_parent} is not a directory"),
+                    ));
+                }
+                parent.set_mtime(&now);
+                parent.set_ctime(&now);
+                if self.dentry(new_parent, new_name)?.is_some() {
+                    return Err(CairnError::new(ErrorKind::Exists, "link: the name exists"));
+                }
+                tx.put_dentry(new_parent, new_name, ino, kind);
+                let out = tx.get(ino)?.clone();
+                tx.commit()?;
+                Ok(out)
+            },
+        )
+    }
+
+    /// Remove a non-directory entry.
+    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, false)
+    }
+
+    /// Remove an empty directory.
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, true)
+    }
+
+    fn remove(&self, parent: u64, name: &[u8], dir: bool) -> Result<()> {
+        check_name(name)?;
+        self.locked(
+            || [Some(parent), self.peek(parent, name)].into_iter().flatten().collect(),
+            || {
+                let now = cairn_common::time::now();
+                self.dir(parent)?;
+                let d = self.dentry(parent, name)?.ok_or_else(|| {
+                    CairnError::not_found(format!("no entry {:?}", String::from_utf8_lossy(name)))
+                })?;
+                let mut tx = self.tx();
+                let child = tx.get(d.ino)?;
+                match (dir, child.is_dir()) {
+                    (false, true) => return Err(CairnError::new(ErrorKind::IsDir, "unlink of a directory")),
+                    (true, false) => {
+                        return Err(CairnError::new(ErrorKind::NotDir, "rmdir of a non-directory"))
+                    }
+                    (true, true) if !self.dir_is_empty(d.ino)? => {
+                        return Err(CairnError::new(ErrorKind::NotEmpty, "directory not empty"))
+                    }
+                    _ => {}
+                }
+                tx.delete_dentry(parent, name);
+                tx.drop_link(d.ino, &now)?;
+                let p = tx.get(parent)?;
+                if dir {
+                    p.nlink = p.nlink.saturating_sub(1).max(2);
+                }
+                p.set_mtime(&now);
+                p.set_ctime(&now);
+                tx.commit()
+            },
+        )
+    }
+
+    pub(super) fn dir_is_empty(&self, ino: u64) -> Result<bool> {
+        let start = schema::ino_key(ino);
+        Ok(self.store.scan(Cf::Dentries, &start, &schema::prefix_end(ino), 1)?.is_empty())
+    }
+
+    /// One page of a directory, in name order, strictly after `after` (`.` and `..` are not
+    /// listed; the client adds them). Returns the entries and whether more follow.
+    pub fn readdir(&self, ino: u64, after: &[u8], limit: u32, plus: bool) -> Result<(Vec<DirEntry>, bool)> {
+        if after.len() > 4096 {
+            return Err(CairnError::invalid("readdir: resume name too long"));
+        }
+        self.dir(ino)?;
+        let limit = match limit as usize {
+            0 => READDIR_MAX,
+            n => n.min(READDIR_MAX),
+        };
+        let mut start = schema::dentry_key(ino, after);
+        if !after.is_empty() {
+            start.push(0);
+        }
+        let mut rows = self.store.scan(Cf::Dentries, &start, &schema::prefix_end(ino), limit + 1)?;
+        let more = rows.len() > limit;
+        rows.truncate(limit);
+        let mut entries = Vec::with_capacity(rows.len());
+        for (key, value) in rows {
+            let d: Dentry = schema::decode("dentry", &value)?;
+            let attr = if plus { self.try_inode(d.ino)?.map(|i| i.to_attr()) } else { None };
+            entries.push(DirEntry { name: schema::name_of(&key).to_vec(), ino: d.ino, mode: d.kind, attr });
+        }
+        Ok((entries, more))
+    }
+}

@@ -1,0 +1,438 @@
+//! The namespace: inodes, directory entries, symlinks, xattrs and stripe records, and every
+//! FUSE-level operation on them.
+//!
+//! Invariants:
+//! - Every operation is one atomic [`Batch`]: the entries, the inodes it touches, the statistics
+//!   counters and the garbage-collection entries for shards it orphans are written together, so
+//!   a crash leaves either all of an operation or none of it.
+//! - Read-modify-write runs under in-memory per-inode locks (a striped table; the sorted set of
+//!   involved stripes is locked in order, so two operations never deadlock). Cross-directory
+//!   renames of directories also hold one global lock, which makes the cycle check (walking the
+//!   new parent's ancestry through each directory's `parent` field) race-free.
+//! - Inode numbers are never reused: they are handed out from blocks reserved in
+//!   `Cf::Counters` before use, and a restart starts after the last reserved block.
+//! - A directory's `nlink` is 2 plus its number of subdirectories.
+
+mod attrs;
+mod entries;
+mod files;
+mod rename;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_files;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_common::{CairnError, ErrorKind, Layout, Result, NAME_MAX, ROOT_INO};
+use cairn_proto::Timespec;
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::registry::Registry;
+use crate::schema::{self, counter, Counter, Dentry, GcEntry, GcShard, Inode, Stats, Stripe, S_IFDIR};
+use crate::store::{Batch, Cf, MemoryStore, MetaStore, RocksStore};
+
+pub use attrs::{XATTR_CREATE, XATTR_REPLACE};
+pub use entries::NewEntry;
+pub use files::{file_info, MAX_FILE_SIZE};
+pub use rename::{RENAME_EXCHANGE, RENAME_NOREPLACE};
+
+/// Inode numbers reserved per counter write.
+const INO_BLOCK: u64 = 1024;
+/// Stripes of the per-inode lock table.
+const LOCK_STRIPES: usize = 1024;
+/// Shards of the statistics counters (concurrent operations update different shards).
+const STATS_SHARDS: usize = 16;
+
+/// Striped per-inode mutexes.
+struct LockTable {
+    stripes: Vec<Mutex<()>>,
+}
+
+impl LockTable {
+    fn new() -> LockTable {
+        LockTable { stripes: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect() }
+    }
+
+    fn slot(ino: u64) -> usize {
+        (ino.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % LOCK_STRIPES
+    }
+
+    /// Lock every stripe `inos` hash to, in ascending order.
+    fn lock(&self, inos: &[u64]) -> Vec<MutexGuard<'_, ()>> {
+        let mut slots: Vec<usize> = inos.iter().map(|i| Self::slot(*i)).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        slots.into_iter().map(|s| self.stripes[s].lock()).collect()
+    }
+}
+
+struct InoAlloc {
+    next: u64,
+    reserved_end: u64,
+}
+
+/// The metaserver's namespace over a [`MetaStore`].
+pub struct Namespace {
+    store: Arc<dyn MetaStore>,
+    registry: Arc<Registry>,
+    locks: LockTable,
+    rename_lock: Mutex<()>,
+    inos: Mutex<InoAlloc>,
+    stats: Vec<Mutex<Stats>>,
+    stats_cursor: AtomicUsize,
+    gc_epoch: u64,
+    gc_seq: AtomicU64,
+    next_client: Mutex<u64>,
+}
+
+pub(crate) fn stats_key(shard: usize) -> Vec<u8> {
+    let mut k = counter::STATS_PREFIX.to_vec();
+    k.extend_from_slice(format!("{shard:02}").as_bytes());
+    k
+}
+
+fn read_counter(store: &dyn MetaStore, key: &[u8]) -> Result<Option<u64>> {
+    store
+        .get(Cf::Counters, key)?
+        .map(|v| schema::decode::<Counter>("counter", &v).map(|c| c.value))
+        .transpose()
+}
+
+/// Check a directory entry name: not empty, not `.` or `..`, no `/` or NUL, at most NAME_MAX.
+pub fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name == b"." || name == b".." {
+        return Err(CairnError::invalid(format!("invalid name {:?}", String::from_utf8_lossy(name))));
+    }
+    if name.len() > NAME_MAX {
+        return Err(CairnError::new(ErrorKind::NameTooLong, format!("name of {} bytes", name.len())));
+    }
+    if name.iter().any(|&b| b == b'/' || b == 0) {
+        return Err(CairnError::invalid("name contains '/' or NUL"));
+    }
+    Ok(())
+}
+
+/// Check a client-supplied timestamp.
+pub fn check_time(t: &Timespec) -> Result<()> {
+    if t.nsec >= 1_000_000_000 {
+        return Err(CairnError::invalid(format!("timestamp nanoseconds {} out of range", t.nsec)));
+    }
+    Ok(())
+}
+
+impl Namespace {
+    /// Open the namespace over `store`, creating the root directory (with `root_layout`) on
+    /// first open.
+    pub fn open(store: Arc<dyn MetaStore>, root_layout: Layout, node_timeout: Duration) -> Result<Namespace> {
+        root_layout.validate()?;
+        let registry = Arc::new(Registry::open(store.clone(), node_timeout)?);
+        let mut stats = Vec::with_capacity(STATS_SHARDS);
+        for shard in 0..STATS_SHARDS {
+            let s = match store.get(Cf::Counters, &stats_key(shard))? {
+                Some(v) => schema::decode::<Stats>("stats", &v)?,
+                None => Stats::default(),
+            };
+            stats.push(Mutex::new(s));
+        }
+        let gc_epoch = read_counter(&*store, counter::GC_EPOCH)?.unwrap_or(0) + 1;
+        let mut batch = Batch::new();
+        batch.put(Cf::Counters, counter::GC_EPOCH, schema::encode(&Counter { value: gc_epoch }));
+        let reserved = read_counter(&*store, counter::INO_RESERVED)?;
+        let root_exists = store.get(Cf::Inodes, &schema::ino_key(ROOT_INO))?.is_some();
+        let mut next_ino = reserved.unwrap_or(ROOT_INO + 1).max(ROOT_INO + 1);
+        if !root_exists {
+            let now = cairn_common::time::now();
+            let mut root = Inode::new(ROOT_INO, S_IFDIR | 0o755, 0, 0, &now);
+            root.nlink = 2;
+            root.parent = ROOT_INO;
+            root.set_layout(root_layout);
+            batch.put(Cf::Inodes, schema::ino_key(ROOT_INO), schema::encode(&root));
+            let mut s0 = *stats[0].lock();
+            s0.add(&Stats { directories: 1, inodes: 1, ..Default::default() });
+            batch.put(Cf::Counters, stats_key(0), schema::encode(&s0));
+            *stats[0].lock() = s0;
+            next_ino = next_ino.max(ROOT_INO + 1);
+            batch.put(Cf::Counters, counter::INO_RESERVED, schema::encode(&Counter { value: next_ino }));
+        }
+        store.write(batch)?;
+        let next_client = read_counter(&*store, counter::NEXT_CLIENT)?.unwrap_or(1);
+        Ok(Namespace {
+            store,
+            registry,
+            locks: LockTable::new(),
+            rename_lock: Mutex::new(()),
+            inos: Mutex::new(InoAlloc { next: next_ino, reserved_end: next_ino }),
+            stats,
+            stats_cursor: AtomicUsize::new(0),
+            gc_epoch,
+            gc_seq: AtomicU64::new(0),
+            next_client: Mutex::new(next_client),
+        })
+    }
+
+    /// An in-memory namespace (tests).
+    pub fn open_memory(root_layout: Layout) -> Result<Namespace> {
+        Namespace::open(Arc::new(MemoryStore::new()), root_layout, Duration::from_secs(60))
+    }
+
+    /// A namespace in a RocksDB database at `path`.
+    pub fn open_rocks(
+        path: &Path,
+        sync: bool,
+        root_layout: Layout,
+        node_timeout: Duration,
+    ) -> Result<Namespace> {
+        Namespace::open(Arc::new(RocksStore::open(path, sync)?), root_layout, node_timeout)
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    pub fn store(&self) -> &Arc<dyn MetaStore> {
+        &self.store
+    }
+
+    /// A new inode number, never handed out before (also across restarts).
+    fn alloc_ino(&self) -> Result<u64> {
+        let mut a = self.inos.lock();
+        if a.next >= a.reserved_end {
+            let end = a
+                .next
+                .checked_add(INO_BLOCK)
+                .ok_or_else(|| CairnError::new(ErrorKind::NoSpace, "no inode numbers left"))?;
+            let mut batch = Batch::new();
+            batch.put(Cf::Counters, counter::INO_RESERVED, schema::encode(&Counter { value: end }));
+            self.store.write(batch)?;
+            a.reserved_end = end;
+        }
+        let ino = a.next;
+        a.next += 1;
+        Ok(ino)
+    }
+
+    /// A new client id, never handed out before.
+    pub fn register_client(&self) -> Result<u32> {
+        let mut next = self.next_client.lock();
+        let id =
+            u32::try_from(*next).map_err(|_| CairnError::new(ErrorKind::NoSpace, "no client ids left"))?;
+        let mut batch = Batch::new();
+        batch.put(Cf::Counters, counter::NEXT_CLIENT, schema::encode(&Counter { value: *next + 1 }));
+        self.store.write(batch)?;
+        *next += 1;
+        Ok(id)
+    }
+
+    /// Totals of the statistics counters.
+    pub fn stats(&self) -> Stats {
+        let mut total = Stats::default();
+        for s in &self.stats {
+            total.add(&s.lock());
+        }
+        total
+    }
+
+    /// Number of shards waiting for garbage collection.
+    pub fn pending_gc(&self) -> Result<u64> {
+        let mut n = 0u64;
+        for (_, v) in self.store.scan(Cf::Gc, &[], &[], usize::MAX)? {
+            n += schema::decode::<GcEntry>("gc entry", &v)?.shards.len() as u64;
+        }
+        Ok(n)
+    }
+
+    /// The inode `ino`, or NotFound.
+    pub fn inode(&self, ino: u64) -> Result<Inode> {
+        self.try_inode(ino)?.ok_or_else(|| CairnError::not_found(format!("no inode {ino}")))
+    }
+
+    fn try_inode(&self, ino: u64) -> Result<Option<Inode>> {
+        match self.store.get(Cf::Inodes, &schema::ino_key(ino))? {
+            Some(v) => Ok(Some(schema::decode("inode", &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The directory `ino`, or NotFound / NotDir.
+    fn dir(&self, ino: u64) -> Result<Inode> {
+        let inode = self.inode(ino)?;
+        if !inode.is_dir() {
+            return Err(CairnError::new(ErrorKind::NotDir, format!("inode {ino} is not a directory")));
+        }
+        Ok(inode)
+    }
+
+    fn dentry(&self, parent: u64, name: &[u8]) -> Result<Option<Dentry>> {
+        match self.store.get(Cf::Dentries, &schema::dentry_key(parent, name))? {
+            Some(v) => Ok(Some(schema::decode("dentry", &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Unlocked peek at a child's inode number (only to decide what to lock).
+    fn peek(&self, parent: u64, name: &[u8]) -> Option<u64> {
+        self.dentry(parent, name).ok().flatten().map(|d| d.ino)
+    }
+
+    /// Run `body` holding the locks of every inode `involved` names. `involved` is evaluated
+    /// without locks, then again under them; if the set grew (a concurrent change), the locks
+    /// are retaken for the larger set.
+    fn locked<R>(&self, involved: impl Fn() -> Vec<u64>, body: impl FnOnce() -> Result<R>) -> Result<R> {
+        let mut set = involved();
+        loop {
+            let guards = self.locks.lock(&set);
+            let again = involved();
+            if again.iter().all(|i| set.contains(i)) {
+                let out = body();
+                drop(guards);
+                return out;
+            }
+            drop(guards);
+            set.extend(again);
+            set.sort_unstable();
+            set.dedup();
+        }
+    }
+
+    fn tx(&self) -> Tx<'_> {
+        Tx { ns: self, inodes: BTreeMap::new(), batch: Batch::new(), stats: Stats::default(), gc: Vec::new() }
+    }
+}
+
+/// One operation's pending changes: the inodes it modifies (loaded once, so aliases such as
+/// `parent == new_parent` see each other's changes), the batch, the statistics delta and the
+/// shards it orphans. Nothing is visible until [`Tx::commit`].
+struct Tx<'a> {
+    ns: &'a Namespace,
+    inodes: BTreeMap<u64, Option<Inode>>,
+    batch: Batch,
+    stats: Stats,
+    gc: Vec<GcShard>,
+}
+
+impl Tx<'_> {
+    /// The inode `ino` for modification (NotFound if it does not exist or was destroyed).
+    fn get(&mut self, ino: u64) -> Result<&mut Inode> {
+        if !self.inodes.contains_key(&ino) {
+            let inode = self.ns.inode(ino)?;
+            self.inodes.insert(ino, Some(inode));
+        }
+        self.inodes
+            .get_mut(&ino)
+            .and_then(|i| i.as_mut())
+            .ok_or_else(|| CairnError::not_found(format!("inode {ino} was removed")))
+    }
+
+    /// Add a new inode.
+    fn insert(&mut self, inode: Inode) {
+        self.inodes.insert(inode.ino, Some(inode));
+    }
+
+    fn put_dentry(&mut self, parent: u64, name: &[u8], ino: u64, kind: u32) {
+        self.batch.put(Cf::Dentries, schema::dentry_key(parent, name), schema::encode(&Dentry { ino, kind }));
+    }
+
+    fn delete_dentry(&mut self, parent: u64, name: &[u8]) {
+        self.batch.delete(Cf::Dentries, schema::dentry_key(parent, name));
+    }
+
+    /// Queue the shards of one stripe version of `inode` for deletion.
+    fn gc_stripe(&mut self, inode: &Inode, stripe: u64, record: &Stripe) {
+        self.gc.extend(stripe_shards(inode, stripe, record));
+    }
+
+    /// Drop one link of `ino` (ctime = `now`); at zero links the inode goes with everything it owns.
+    fn drop_link(&mut self, ino: u64, now: &Timespec) -> Result<()> {
+        let inode = self.get(ino)?;
+        if inode.is_dir() {
+            return self.destroy(ino);
+        }
+        inode.nlink = inode.nlink.saturating_sub(1);
+        inode.set_ctime(now);
+        if inode.nlink == 0 {
+            self.destroy(ino)?;
+        }
+        Ok(())
+    }
+
+    /// Delete an inode, its stripes (shards queued for gc), xattrs and symlink target.
+    fn destroy(&mut self, ino: u64) -> Result<()> {
+        let inode = self.get(ino)?.clone();
+        let store = &self.ns.store;
+        if inode.is_reg() {
+            for (key, value) in
+                store.scan(Cf::Stripes, &schema::ino_key(ino), &schema::prefix_end(ino), usize::MAX)?
+            {
+                let stripe = schema::stripe_of(&key)?;
+                let record: Stripe = schema::decode("stripe", &value)?;
+                self.gc_stripe(&inode, stripe, &record);
+                self.batch.delete(Cf::Stripes, key);
+            }
+            self.stats.files -= 1;
+            self.stats.logical_bytes -= inode.size as i64;
+        }
+        if inode.is_dir() {
+            self.stats.directories -= 1;
+        }
+        if inode.is_symlink() {
+            self.batch.delete(Cf::Symlinks, schema::ino_key(ino));
+        }
+        for (key, _) in store.scan(Cf::Xattrs, &schema::ino_key(ino), &schema::prefix_end(ino), usize::MAX)? {
+            self.batch.delete(Cf::Xattrs, key);
+        }
+        self.stats.inodes -= 1;
+        self.inodes.insert(ino, None);
+        Ok(())
+    }
+
+    /// Write everything atomically.
+    fn commit(mut self) -> Result<()> {
+        for (ino, inode) in std::mem::take(&mut self.inodes) {
+            match inode {
+                Some(i) => self.batch.put(Cf::Inodes, schema::ino_key(ino), schema::encode(&i)),
+                None => self.batch.delete(Cf::Inodes, schema::ino_key(ino)),
+            }
+        }
+        if !self.gc.is_empty() {
+            let seq = self.ns.gc_seq.fetch_add(1, Ordering::Relaxed);
+            let entry = GcEntry { shards: std::mem::take(&mut self.gc) };
+            self.batch.put(Cf::Gc, schema::gc_key(self.ns.gc_epoch, seq), schema::encode(&entry));
+        }
+        if self.stats.is_zero() {
+            return self.ns.store.write(self.batch);
+        }
+        // Take any free stats shard (they are summed), so concurrent commits rarely wait.
+        let start = self.ns.stats_cursor.fetch_add(1, Ordering::Relaxed);
+        let n = self.ns.stats.len();
+        let mut guard = (0..n)
+            .find_map(|i| self.ns.stats[(start + i) % n].try_lock().map(|g| ((start + i) % n, g)))
+            .unwrap_or_else(|| (start % n, self.ns.stats[start % n].lock()));
+        let mut updated = *guard.1;
+        updated.add(&self.stats);
+        self.batch.put(Cf::Counters, stats_key(guard.0), schema::encode(&updated));
+        self.ns.store.write(self.batch)?;
+        *guard.1 = updated;
+        Ok(())
+    }
+}
+
+/// The shards of one stripe version that were stored: each index not in `missing`, on the node
+/// at its rotated position in the placement group.
+pub fn stripe_shards(inode: &Inode, stripe: u64, record: &Stripe) -> Vec<GcShard> {
+    let layout = inode.layout();
+    if layout.validate().is_err() {
+        return Vec::new();
+    }
+    (0..layout.width())
+        .filter(|i| record.missing & (1u32 << i) == 0)
+        .filter_map(|index| {
+            let node = *inode.placement.get(layout.position(stripe, index))?;
+            Some(GcShard { node, ino: inode.ino, stripe, index, version: record.version })
+        })
+        .collect()
+}

@@ -1,0 +1,187 @@
+//! rename(2) with RENAME_NOREPLACE and RENAME_EXCHANGE, in one batch. A directory moving to
+//! another parent takes the global rename lock so that the cycle check (is the destination
+//! inside the moved directory?) cannot race with another directory move.
+
+use cairn_common::{CairnError, ErrorKind, Result, ROOT_INO};
+
+use super::{check_name, Namespace};
+
+pub const RENAME_NOREPLACE: u32 = 1;
+pub const RENAME_EXCHANGE: u32 = 2;
+
+/// Longest ancestry walked by the cycle check before the tree is declared corrupt.
+const MAX_DEPTH: usize = 1 << 16;
+
+impl Namespace {
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        check_name(name)?;
+        check_name(new_name)?;
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
+            return Err(CairnError::invalid(format!("rename: invalid flags {flags:#x}")));
+        }
+        loop {
+            // Decide unlocked whether a directory changes parent; verified again under the locks.
+            let moves_dir = |ns: &Namespace| -> bool {
+                parent != new_parent
+                    && [ns.peek(parent, name), ns.peek(new_parent, new_name)]
+                        .into_iter()
+                        .flatten()
+                        .any(|ino| ns.try_inode(ino).ok().flatten().is_some_and(|i| i.is_dir()))
+            };
+            let global = moves_dir(self);
+            let guard = global.then(|| self.rename_lock.lock());
+            let result = self.locked(
+                || {
+                    [Some(parent), Some(new_parent), self.peek(parent, name), self.peek(new_parent, new_name)]
+                        .into_iter()
+                        .flatten()
+                        .collect()
+                },
+                || {
+                    if !global && moves_dir(self) {
+                        return Ok(false);
+                    }
+                    self.rename_locked(parent, name, new_parent, new_name, flags)?;
+                    Ok(true)
+                },
+            );
+            drop(guard);
+            match result {
+                Ok(true) => return Ok(()),
+                Ok(false) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Is `ino` equal to `dir` or one of its ancestors?
+    fn is_ancestor(&self, ino: u64, dir: u64) -> Result<bool> {
+        let mut cur = dir;
+        for _ in 0..MAX_DEPTH {
+            if cur == ino {
+                return Ok(true);
+            }
+            if cur == ROOT_INO {
+                return Ok(false);
+            }
+            cur = self.inode(cur)?.parent;
+        }
+        Err(CairnError::corrupt(format!("directory {dir} is more than {MAX_DEPTH} levels deep")))
+    }
+
+    fn rename_locked(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        let now = cairn_common::time::now();
+        self.dir(parent)?;
+        self.dir(new_parent)?;
+        let src = self.dentry(parent, name)?.ok_or_else(|| {
+            CairnError::not_found(format!("rename: no entry {:?}", String::from_utf8_lossy(name)))
+        })?;
+        let dst = self.dentry(new_parent, new_name)?;
+        if parent == new_parent && name == new_name {
+            return Ok(());
+        }
+        if flags & RENAME_NOREPLACE != 0 && dst.is_some() {
+            return Err(CairnError::new(ErrorKind::Exists, "rename: the target exists"));
+        }
+        if flags & RENAME_EXCHANGE != 0 && dst.is_none() {
+            return Err(CairnError::not_found("rename exchange: the target does not exist"));
+        }
+        if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
+            return Ok(());
+        }
+        let mut tx = self.tx();
+        let src_dir = tx.get(src.ino)?.is_dir();
+        let dst_dir = match &dst {
+            Some(d) => tx.get(d.ino)?.is_dir(),
+            None => false,
+        };
+        if src_dir && parent != new_parent && self.is_ancestor(src.ino, new_parent)? {
+            return Err(CairnError::invalid("rename: cannot move a directory into itself"));
+        }
+
+        if flags & RENAME_EXCHANGE != 0 {
+            let dst = dst.expect("checked above");
+            if dst_dir && parent != new_parent && self.is_ancestor(dst.ino, parent)? {
+                return Err(CairnError::invalid("rename exchange: cannot move a directory into itself"));
+            }
+            tx.put_dentry(parent, name, dst.ino, dst.kind);
+            tx.put_dentry(new_parent, new_name, src.ino, src.kind);
+            if parent != new_parent {
+                if src_dir {
+                    tx.get(src.ino)?.parent = new_parent;
+                    let p = tx.get(parent)?;
+                    p.nlink = p.nlink.saturating_sub(1).max(2);
+                    let np = tx.get(new_parent)?;
+                    np.nlink = np.nlink.saturating_add(1);
+                }
+                if dst_dir {
+                    tx.get(dst.ino)?.parent = parent;
+                    let np = tx.get(new_parent)?;
+                    np.nlink = np.nlink.saturating_sub(1).max(2);
+                    let p = tx.get(parent)?;
+                    p.nlink = p.nlink.saturating_add(1);
+                }
+            }
+            tx.get(dst.ino)?.set_ctime(&now);
+        } else {
+            if let Some(dst) = &dst {
+                match (src_dir, dst_dir) {
+                    (true, false) => {
+                        return Err(CairnError::new(
+                            ErrorKind::NotDir,
+                            "rename: a directory over a non-directory",
+                        ))
+                    }
+                    (false, true) => {
+                        return Err(CairnError::new(
+                            ErrorKind::IsDir,
+                            "rename: a non-directory over a directory",
+                        ))
+                    }
+                    (true, true) if !self.dir_is_empty(dst.ino)? => {
+                        return Err(CairnError::new(
+                            ErrorKind::NotEmpty,
+                            "rename: the target directory is not empty",
+                        ))
+                    }
+                    _ => {}
+                }
+                tx.drop_link(dst.ino, &now)?;
+                if dst_dir {
+                    let np = tx.get(new_parent)?;
+                    np.nlink = np.nlink.saturating_sub(1).max(2);
+                }
+            }
+            tx.delete_dentry(parent, name);
+            tx.put_dentry(new_parent, new_name, src.ino, src.kind);
+            if src_dir && parent != new_parent {
+                tx.get(src.ino)?.parent = new_parent;
+                let p = tx.get(parent)?;
+                p.nlink = p.nlink.saturating_sub(1).max(2);
+                let np = tx.get(new_parent)?;
+                np.nlink = np.nlink.saturating_add(1);
+            }
+        }
+        tx.get(src.ino)?.set_ctime(&now);
+        for dir in [parent, new_parent] {
+            let d = tx.get(dir)?;
+            d.set_mtime(&now);
+            d.set_ctime(&now);
+        }
+        tx.commit()
+    }
+}

@@ -1,0 +1,481 @@
+//! Namespace semantics against the in-memory store, plus a restart test on RocksDB.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_common::{ErrorKind, Layout, ROOT_INO};
+use cairn_proto::{SetAttrRequest, Timespec};
+
+use super::*;
+use crate::schema::{S_IFCHR, S_IFIFO, S_IFLNK, S_IFREG, S_ISGID};
+
+pub(super) fn layout() -> Layout {
+    Layout::new(2, 1, 4096).unwrap()
+}
+
+/// A namespace with three up chunkservers (enough for a 2+1 layout).
+pub(super) fn setup() -> Namespace {
+    let ns = Namespace::open_memory(layout()).unwrap();
+    add_nodes(&ns, 3);
+    ns
+}
+
+pub(super) fn add_nodes(ns: &Namespace, n: usize) {
+    for i in 0..n {
+        ns.registry().register(&format!("node-{i}"), &format!("127.0.0.1:{}", 1000 + i), vec![], 1).unwrap();
+    }
+}
+
+pub(super) fn new(parent: u64, name: &str, mode: u32) -> NewEntry<'_> {
+    NewEntry { parent, name: name.as_bytes(), mode, uid: 1000, gid: 1000 }
+}
+
+pub(super) fn file(ns: &Namespace, parent: u64, name: &str) -> Inode {
+    ns.create(&new(parent, name, S_IFREG | 0o644), 0, true).unwrap().0
+}
+
+pub(super) fn dir(ns: &Namespace, parent: u64, name: &str) -> Inode {
+    ns.mkdir(&new(parent, name, 0o755)).unwrap()
+}
+
+pub(super) fn kind(r: Result<impl std::fmt::Debug>) -> ErrorKind {
+    r.expect_err("expected an error").kind()
+}
+
+fn names(ns: &Namespace, ino: u64) -> Vec<String> {
+    let (entries, more) = ns.readdir(ino, b"", 1024, false).unwrap();
+    assert!(!more);
+    entries.into_iter().map(|e| String::from_utf8(e.name).unwrap()).collect()
+}
+
+#[test]
+fn root_exists_on_first_open() {
+    let ns = setup();
+    let root = ns.getattr(ROOT_INO).unwrap();
+    assert_eq!(root.mode, S_IFDIR | 0o755);
+    assert_eq!((root.nlink, root.uid, root.gid), (2, 0, 0));
+    assert_eq!(root.layout(), layout());
+    assert_eq!(ns.stats().directories, 1);
+    assert_eq!(kind(ns.getattr(999)), ErrorKind::NotFound);
+}
+
+#[test]
+fn names_are_validated() {
+    let ns = setup();
+    let long = "x".repeat(256);
+    for (name, want) in [
+        ("", ErrorKind::InvalidArgument),
+        (".", ErrorKind::InvalidArgument),
+        ("..", ErrorKind::InvalidArgument),
+        ("a/b", ErrorKind::InvalidArgument),
+        ("a\0b", ErrorKind::InvalidArgument),
+        (long.as_str(), ErrorKind::NameTooLong),
+    ] {
+        assert_eq!(kind(ns.create(&new(ROOT_INO, name, S_IFREG | 0o644), 0, false)), want, "{name:?}");
+        assert_eq!(kind(ns.mkdir(&new(ROOT_INO, name, 0o755))), want);
+        assert_eq!(kind(ns.lookup(ROOT_INO, name.as_bytes())), want);
+    }
+    file(&ns, ROOT_INO, &"y".repeat(255));
+}
+
+#[test]
+fn create_lookup_and_exclusive() {
+    let ns = setup();
+    let f = file(&ns, ROOT_INO, "a");
+    assert_eq!(f.mode, S_IFREG | 0o644);
+    assert_eq!((f.nlink, f.uid, f.gid, f.size), (1, 1000, 1000, 0));
+    assert_eq!(f.layout(), layout());
+    assert_eq!(f.placement.len(), 3);
+    assert_eq!(ns.lookup(ROOT_INO, b"a").unwrap(), f);
+    assert_eq!(kind(ns.create(&new(ROOT_INO, "a", S_IFREG | 0o600), 0, true)), ErrorKind::Exists);
+    let (again, created) = ns.create(&new(ROOT_INO, "a", S_IFREG | 0o600), 0, false).unwrap();
+    assert!(!created);
+    assert_eq!(again.ino, f.ino);
+    assert_eq!(kind(ns.lookup(ROOT_INO, b"missing")), ErrorKind::NotFound);
+    assert_eq!(kind(ns.lookup(f.ino, b"x")), ErrorKind::NotDir);
+    assert_eq!(kind(ns.create(&new(f.ino, "x", S_IFREG), 0, false)), ErrorKind::NotDir);
+    assert_eq!(kind(ns.mkdir(&new(f.ino, "x", 0o755))), ErrorKind::NotDir);
+    assert_eq!(kind(ns.create(&new(ROOT_INO, "d", S_IFDIR | 0o755), 0, false)), ErrorKind::InvalidArgument);
+    let root = ns.getattr(ROOT_INO).unwrap();
+    assert_eq!(root.nlink, 2);
+    assert_eq!(ns.stats().files, 1);
+
+    // Special files: no placement, rdev kept; an existing one is Exists even non-exclusive.
+    let (fifo, _) = ns.create(&new(ROOT_INO, "p", S_IFIFO | 0o600), 0, false).unwrap();
+    assert_eq!(fifo.mode, S_IFIFO | 0o600);
+    assert!(fifo.placement.is_empty());
+    let (dev, _) = ns.create(&new(ROOT_INO, "c", S_IFCHR | 0o600), 0x0501, false).unwrap();
+    assert_eq!(dev.rdev, 0x0501);
+    assert_eq!(kind(ns.create(&new(ROOT_INO, "p", S_IFIFO | 0o600), 0, false)), ErrorKind::Exists);
+    dir(&ns, ROOT_INO, "sub");
+    assert_eq!(kind(ns.create(&new(ROOT_INO, "sub", S_IFREG | 0o600), 0, false)), ErrorKind::IsDir);
+    assert_eq!(ns.stats().files, 1, "fifos and devices are not counted as files");
+}
+
+#[test]
+fn create_needs_enough_chunkservers() {
+    let ns = Namespace::open_memory(layout()).unwrap();
+    add_nodes(&ns, 2);
+    let err = ns.create(&new(ROOT_INO, "a", S_IFREG | 0o644), 0, false).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable);
+    assert_eq!(kind(ns.lookup(ROOT_INO, b"a")), ErrorKind::NotFound);
+    // Special files and directories need no chunkservers.
+    ns.create(&new(ROOT_INO, "p", S_IFIFO | 0o600), 0, false).unwrap();
+    dir(&ns, ROOT_INO, "d");
+}
+
+#[test]
+fn mkdir_counts_links_and_setgid_is_inherited() {
+    let ns = setup();
+    let d = dir(&ns, ROOT_INO, "d");
+    assert_eq!((d.mode, d.nlink), (S_IFDIR | 0o755, 2));
+    assert_eq!(ns.getattr(ROOT_INO).unwrap().nlink, 3);
+    assert_eq!(kind(ns.mkdir(&new(ROOT_INO, "d", 0o755))), ErrorKind::Exists);
+    dir(&ns, d.ino, "e");
+    assert_eq!(ns.getattr(d.ino).unwrap().nlink, 3);
+
+    let g = ns.mkdir(&NewEntry { parent: ROOT_INO, name: b"g", mode: 0o2775, uid: 5, gid: 77 }).unwrap();
+    assert_eq!(g.mode & S_ISGID, S_ISGID);
+    let child = ns.mkdir(&NewEntry { parent: g.ino, name: b"c", mode: 0o755, uid: 6, gid: 6 }).unwrap();
+    assert_eq!(child.gid, 77);
+    assert_eq!(child.mode & S_ISGID, S_ISGID, "a child directory inherits S_ISGID");
+    let f =
+        ns.create(&NewEntry { parent: g.ino, name: b"f", mode: S_IFREG | 0o644, uid: 6, gid: 6 }, 0, true);
+    let f = f.unwrap().0;
+    assert_eq!(f.gid, 77);
+    assert_eq!(f.mode & S_ISGID, 0, "a file does not get S_ISGID");
+    assert_eq!(ns.stats().directories, 5);
+}
+
+#[test]
+fn unlink_and_hard_links() {
+    let ns = setup();
+    let d = dir(&ns, ROOT_INO, "d");
+    let f = file(&ns, ROOT_INO, "f");
+    assert_eq!(kind(ns.unlink(ROOT_INO, b"d")), ErrorKind::IsDir);
+    assert_eq!(kind(ns.unlink(ROOT_INO, b"nope")), ErrorKind::NotFound);
+    assert_eq!(kind(ns.link(d.ino, ROOT_INO, b"d2")), ErrorKind::NotPermitted);
+    let linked = ns.link(f.ino, d.ino, b"g").unwrap();
+    assert_eq!(linked.nlink, 2);
+    assert_eq!(kind(ns.link(f.ino, d.ino, b"g")), ErrorKind::Exists);
+    assert_eq!(kind(ns.link(f.ino, f.ino, b"x")), ErrorKind::NotDir);
+    ns.set_xattr(f.ino, b"user.a", b"1", 0).unwrap();
+    ns.unlink(ROOT_INO, b"f").unwrap();
+    let still = ns.getattr(f.ino).unwrap();
+    assert_eq!(still.nlink, 1);
+    assert_eq!(ns.lookup(d.ino, b"g").unwrap().ino, f.ino);
+    ns.unlink(d.ino, b"g").unwrap();
+    assert_eq!(kind(ns.getattr(f.ino)), ErrorKind::NotFound);
+    assert!(ns.store.scan(Cf::Xattrs, &[], &[], 10).unwrap().is_empty(), "xattrs go with the inode");
+    assert_eq!(ns.stats().files, 0);
+    assert_eq!(ns.stats().inodes, 2);
+}
+
+#[test]
+fn rmdir_semantics() {
+    let ns = setup();
+    let d = dir(&ns, ROOT_INO, "d");
+    file(&ns, ROOT_INO, "f");
+    file(&ns, d.ino, "x");
+    assert_eq!(kind(ns.rmdir(ROOT_INO, b"f")), ErrorKind::NotDir);
+    assert_eq!(kind(ns.rmdir(ROOT_INO, b"d")), ErrorKind::NotEmpty);
+    ns.unlink(d.ino, b"x").unwrap();
+    assert_eq!(ns.getattr(ROOT_INO).unwrap().nlink, 3);
+    ns.rmdir(ROOT_INO, b"d").unwrap();
+    assert_eq!(ns.getattr(ROOT_INO).unwrap().nlink, 2);
+    assert_eq!(kind(ns.getattr(d.ino)), ErrorKind::NotFound);
+    assert_eq!(kind(ns.rmdir(ROOT_INO, b"d")), ErrorKind::NotFound);
+    assert_eq!(ns.stats().directories, 1);
+}
+
+#[test]
+fn rename_files_and_targets() {
+    let ns = setup();
+    let a = file(&ns, ROOT_INO, "a");
+    let b = file(&ns, ROOT_INO, "b");
+    let d = dir(&ns, ROOT_INO, "d");
+    let e = dir(&ns, ROOT_INO, "e");
+    file(&ns, e.ino, "inside");
+
+    assert_eq!(kind(ns.rename(ROOT_INO, b"nope", ROOT_INO, b"x", 0)), ErrorKind::NotFound);
+    assert_eq!(kind(ns.rename(ROOT_INO, b"a", ROOT_INO, b"b", RENAME_NOREPLACE)), ErrorKind::Exists);
+    assert_eq!(kind(ns.rename(ROOT_INO, b"a", ROOT_INO, b"zz", RENAME_EXCHANGE)), ErrorKind::NotFound);
+    assert_eq!(kind(ns.rename(ROOT_INO, b"a", ROOT_INO, b"zz", 3)), ErrorKind::InvalidArgument);
+    assert_eq!(kind(ns.rename(ROOT_INO, b"a", ROOT_INO, b"d", 0)), ErrorKind::IsDir);
+    assert_eq!(kind(ns.rename(ROOT_INO, b"d", ROOT_INO, b"a", 0)), ErrorKind::NotDir);
+    assert_eq!(kind(ns.rename(ROOT_INO, b"d", ROOT_INO, b"e", 0)), ErrorKind::NotEmpty);
+    assert_eq!(kind(ns.rename(ROOT_INO, b"d", d.ino, b"self", 0)), ErrorKind::InvalidArgument);
+    assert_eq!(kind(ns.rename(a.ino, b"x", ROOT_INO, b"y", 0)), ErrorKind::NotDir);
+
+    // Over an existing file: the target is unlinked.
+    ns.rename(ROOT_INO, b"a", ROOT_INO, b"b", 0).unwrap();
+    assert_eq!(ns.lookup(ROOT_INO, b"b").unwrap().ino, a.ino);
+    assert_eq!(kind(ns.lookup(ROOT_INO, b"a")), ErrorKind::NotFound);
+    assert_eq!(kind(ns.getattr(b.ino)), ErrorKind::NotFound);
+    assert_eq!(ns.stats().files, 2);
+
+    // Same inode (hard links): success, nothing changes.
+    ns.link(a.ino, ROOT_INO, b"hard").unwrap();
+    ns.rename(ROOT_INO, b"b", ROOT_INO, b"hard", 0).unwrap();
+    assert_eq!(names(&ns, ROOT_INO), vec!["b", "d", "e", "hard"]);
+    assert_eq!(ns.getattr(a.ino).unwrap().nlink, 2);
+    // Rename onto itself.
+    ns.rename(ROOT_INO, b"b", ROOT_INO, b"b", 0).unwrap();
+
+    // A file into a directory; parents' times move.
+    let before = ns.getattr(d.ino).unwrap();
+    ns.rename(ROOT_INO, b"b", d.ino, b"moved", 0).unwrap();
+    let after = ns.getattr(d.ino).unwrap();
+    assert!((after.mtime_sec, after.mtime_nsec) >= (before.mtime_sec, before.mtime_nsec));
+    assert_eq!(ns.lookup(d.ino, b"moved").unwrap().ino, a.ino);
+
+    // Directory over an empty directory.
+    let empty = dir(&ns, ROOT_INO, "empty");
+    ns.rename(ROOT_INO, b"e", ROOT_INO, b"empty", 0).unwrap();
+    assert_eq!(kind(ns.getattr(empty.ino)), ErrorKind::NotFound);
+    assert_eq!(ns.lookup(ROOT_INO, b"empty").unwrap().ino, e.ino);
+    assert_eq!(ns.getattr(ROOT_INO).unwrap().nlink, 4, "root has d and empty(=e)");
+    assert_eq!(ns.stats().directories, 3);
+}
+
+#[test]
+fn rename_directories_across_parents_fixes_links() {
+    let ns = setup();
+    let a = dir(&ns, ROOT_INO, "a");
+    let b = dir(&ns, ROOT_INO, "b");
+    let c = dir(&ns, a.ino, "c");
+    dir(&ns, c.ino, "deep");
+    assert_eq!(ns.getattr(a.ino).unwrap().nlink, 3);
+    // Into its own subtree.
+    assert_eq!(kind(ns.rename(ROOT_INO, b"a", c.ino, b"x", 0)), ErrorKind::InvalidArgument);
+    assert_eq!(kind(ns.rename(ROOT_INO, b"a", a.ino, b"x", 0)), ErrorKind::InvalidArgument);
+    ns.rename(a.ino, b"c", b.ino, b"c2", 0).unwrap();
+    assert_eq!(ns.getattr(a.ino).unwrap().nlink, 2);
+    assert_eq!(ns.getattr(b.ino).unwrap().nlink, 3);
+    assert_eq!(ns.getattr(c.ino).unwrap().parent, b.ino);
+    // Now a may move under c (no longer its ancestor), and then c under a fails.
+    ns.rename(ROOT_INO, b"a", c.ino, b"a", 0).unwrap();
+    assert_eq!(kind(ns.rename(b.ino, b"c2", a.ino, b"c", 0)), ErrorKind::InvalidArgument);
+    assert_eq!(ns.getattr(ROOT_INO).unwrap().nlink, 3);
+    assert_eq!(ns.getattr(c.ino).unwrap().nlink, 4);
+}
+
+#[test]
+fn rename_exchange_swaps() {
+    let ns = setup();
+    let f = file(&ns, ROOT_INO, "f");
+    let d = dir(&ns, ROOT_INO, "d");
+    let sub = dir(&ns, d.ino, "sub");
+    let g = file(&ns, sub.ino, "g");
+    ns.rename(ROOT_INO, b"f", sub.ino, b"g", RENAME_EXCHANGE).unwrap();
+    assert_eq!(ns.lookup(ROOT_INO, b"f").unwrap().ino, g.ino);
+    assert_eq!(ns.lookup(sub.ino, b"g").unwrap().ino, f.ino);
+    // A directory and a file across parents: link counts follow the directory.
+    ns.rename(ROOT_INO, b"f", d.ino, b"sub", RENAME_EXCHANGE).unwrap();
+    assert_eq!(ns.lookup(ROOT_INO, b"f").unwrap().ino, sub.ino);
+    assert_eq!(ns.lookup(d.ino, b"sub").unwrap().ino, g.ino);
+    assert_eq!(ns.getattr(ROOT_INO).unwrap().nlink, 4);
+    assert_eq!(ns.getattr(d.ino).unwrap().nlink, 2);
+    assert_eq!(ns.getattr(sub.ino).unwrap().parent, ROOT_INO);
+    // Exchanging a directory with its own descendant is a cycle.
+    let inner = dir(&ns, sub.ino, "inner");
+    assert_eq!(
+        kind(ns.rename(ROOT_INO, b"f", sub.ino, b"inner", RENAME_EXCHANGE)),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(ns.getattr(inner.ino).unwrap().parent, sub.ino);
+}
+
+#[test]
+fn symlinks() {
+    let ns = setup();
+    let s = ns.symlink(&new(ROOT_INO, "l", 0), b"../target").unwrap();
+    assert_eq!(s.mode, S_IFLNK | 0o777);
+    assert_eq!(s.size, 9);
+    assert_eq!(ns.readlink(s.ino).unwrap(), b"../target");
+    let f = file(&ns, ROOT_INO, "f");
+    assert_eq!(kind(ns.readlink(f.ino)), ErrorKind::InvalidArgument);
+    assert_eq!(kind(ns.symlink(&new(ROOT_INO, "big", 0), &vec![b'a'; 4096])), ErrorKind::NameTooLong);
+    ns.symlink(&new(ROOT_INO, "max", 0), &vec![b'a'; 4095]).unwrap();
+    assert_eq!(kind(ns.symlink(&new(ROOT_INO, "l", 0), b"x")), ErrorKind::Exists);
+    ns.unlink(ROOT_INO, b"l").unwrap();
+    assert!(ns.store.get(Cf::Symlinks, &schema::ino_key(s.ino)).unwrap().is_none());
+}
+
+#[test]
+fn setattr_changes_what_was_asked() {
+    let ns = setup();
+    let f = file(&ns, ROOT_INO, "f");
+    let t = Timespec { sec: 1000, nsec: 5 };
+    let set = |req: SetAttrRequest| ns.setattr(&SetAttrRequest { ino: f.ino, ..req });
+    let out = set(SetAttrRequest { mode: Some(S_IFDIR | 0o4711), ..Default::default() }).unwrap();
+    assert_eq!(out.mode, S_IFREG | 0o4711, "the file type bits stay");
+    let out = set(SetAttrRequest {
+        uid: Some(7),
+        gid: Some(8),
+        atime: Some(t),
+        mtime: Some(t),
+        ..Default::default()
+    });
+    let out = out.unwrap();
+    assert_eq!((out.uid, out.gid, out.atime_sec, out.mtime_sec, out.mtime_nsec), (7, 8, 1000, 1000, 5));
+    assert!(out.ctime_sec > 1000, "ctime is now");
+    let out = set(SetAttrRequest { mtime_now: true, ctime: Some(t), ..Default::default() }).unwrap();
+    assert!(out.mtime_sec > 1000);
+    assert_eq!(out.ctime_sec, 1000);
+    let bad = SetAttrRequest { atime: Some(Timespec { sec: 0, nsec: 2_000_000_000 }), ..Default::default() };
+    assert_eq!(kind(set(bad)), ErrorKind::InvalidArgument);
+    let d = dir(&ns, ROOT_INO, "d");
+    let r = ns.setattr(&SetAttrRequest { ino: d.ino, size: Some(0), ..Default::default() });
+    assert_eq!(kind(r), ErrorKind::IsDir);
+    assert_eq!(kind(ns.setattr(&SetAttrRequest { ino: 999, ..Default::default() })), ErrorKind::NotFound);
+}
+
+#[test]
+fn xattrs() {
+    let ns = setup();
+    let f = file(&ns, ROOT_INO, "f");
+    assert_eq!(kind(ns.get_xattr(f.ino, b"user.a")), ErrorKind::NoData);
+    assert_eq!(kind(ns.set_xattr(f.ino, b"user.a", b"1", XATTR_REPLACE)), ErrorKind::NoData);
+    ns.set_xattr(f.ino, b"user.a", b"1", XATTR_CREATE).unwrap();
+    assert_eq!(kind(ns.set_xattr(f.ino, b"user.a", b"2", XATTR_CREATE)), ErrorKind::Exists);
+    ns.set_xattr(f.ino, b"user.a", b"2", XATTR_REPLACE).unwrap();
+    ns.set_xattr(f.ino, b"user.b", b"", 0).unwrap();
+    assert_eq!(ns.get_xattr(f.ino, b"user.a").unwrap(), b"2");
+    assert_eq!(ns.get_xattr(f.ino, b"user.b").unwrap(), b"");
+    assert_eq!(ns.list_xattr(f.ino).unwrap(), vec![b"user.a".to_vec(), b"user.b".to_vec()]);
+    assert_eq!(kind(ns.set_xattr(f.ino, b"user.c", &vec![0; 65537], 0)), ErrorKind::TooBig);
+    ns.set_xattr(f.ino, b"user.c", &vec![0; 65536], 0).unwrap();
+    assert_eq!(kind(ns.set_xattr(f.ino, b"", b"x", 0)), ErrorKind::InvalidArgument);
+    assert_eq!(kind(ns.set_xattr(f.ino, &vec![b'n'; 256], b"x", 0)), ErrorKind::Range);
+    assert_eq!(kind(ns.get_xattr(f.ino, &vec![b'n'; 256])), ErrorKind::Range);
+    ns.remove_xattr(f.ino, b"user.a").unwrap();
+    assert_eq!(kind(ns.remove_xattr(f.ino, b"user.a")), ErrorKind::NoData);
+    assert_eq!(ns.list_xattr(f.ino).unwrap().len(), 2);
+    assert_eq!(kind(ns.set_xattr(999, b"user.a", b"1", 0)), ErrorKind::NotFound);
+    // Other inodes' xattrs are separate.
+    let g = file(&ns, ROOT_INO, "g");
+    assert!(ns.list_xattr(g.ino).unwrap().is_empty());
+}
+
+#[test]
+fn readdir_pages_through_ten_thousand_entries() {
+    let ns = setup();
+    let d = dir(&ns, ROOT_INO, "big");
+    for i in 0..10_000 {
+        ns.mkdir(&new(d.ino, &format!("e{i:05}"), 0o755)).unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut after = Vec::new();
+    let mut pages = 0;
+    loop {
+        let (entries, more) = ns.readdir(d.ino, &after, 5000, pages % 2 == 0).unwrap();
+        assert!(entries.len() <= 1024);
+        pages += 1;
+        if let Some(last) = entries.last() {
+            after = last.name.clone();
+        }
+        for e in entries {
+            assert_eq!(e.mode, S_IFDIR);
+            assert_eq!(e.attr.is_some(), pages % 2 == 1);
+            seen.push(String::from_utf8(e.name).unwrap());
+        }
+        if !more {
+            break;
+        }
+    }
+    assert_eq!(seen.len(), 10_000);
+    assert!(seen.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(pages, 10);
+    assert_eq!(ns.getattr(d.ino).unwrap().nlink, 10_002);
+    let (e, more) = ns.readdir(d.ino, b"e09998", 0, false).unwrap();
+    assert_eq!((e.len(), more), (1, false));
+    let f = file(&ns, ROOT_INO, "f");
+    assert_eq!(kind(ns.readdir(f.ino, b"", 10, false)), ErrorKind::NotDir);
+}
+
+#[test]
+fn statfs_scales_by_root_layout() {
+    let ns = Namespace::open_memory(layout()).unwrap();
+    let tier =
+        cairn_proto::TierUsage { name: "ssd".into(), capacity: 3000, free: 1500, ..Default::default() };
+    for i in 0..3 {
+        ns.registry().register(&format!("n{i}"), "127.0.0.1:1", vec![tier.clone()], 0).unwrap();
+    }
+    file(&ns, ROOT_INO, "f");
+    let s = ns.statfs().unwrap();
+    assert_eq!((s.raw_capacity, s.raw_free), (9000, 4500));
+    assert_eq!((s.usable_capacity, s.usable_free), (6000, 3000));
+    assert_eq!((s.files, s.name_max, s.block_size), (2, 255, 4096));
+}
+
+#[test]
+fn concurrent_operations_keep_counts_consistent() {
+    let ns = Arc::new(setup());
+    let d1 = dir(&ns, ROOT_INO, "d1").ino;
+    let d2 = dir(&ns, ROOT_INO, "d2").ino;
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let ns = ns.clone();
+            std::thread::spawn(move || {
+                for i in 0..100 {
+                    let name = format!("t{t}-{i}");
+                    file(&ns, d1, &name);
+                    let (from, to) = if i % 2 == 0 { (d1, d2) } else { (d1, d1) };
+                    ns.rename(from, name.as_bytes(), to, format!("r{name}").as_bytes(), 0).unwrap();
+                    // Directories ping-pong between the two parents.
+                    let dn = format!("dir{t}-{i}");
+                    dir(&ns, d2, &dn);
+                    ns.rename(d2, dn.as_bytes(), d1, dn.as_bytes(), 0).unwrap();
+                    if i % 3 == 0 {
+                        ns.rmdir(d1, dn.as_bytes()).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let dirs_left = 8 * (100 - 34);
+    assert_eq!(ns.getattr(d1).unwrap().nlink as usize, 2 + dirs_left);
+    assert_eq!(ns.getattr(d2).unwrap().nlink, 2);
+    let s = ns.stats();
+    assert_eq!(s.files, 800);
+    assert_eq!(s.directories as usize, 3 + dirs_left);
+    assert_eq!(s.inodes as usize, 3 + 800 + dirs_left);
+}
+
+#[test]
+fn restart_on_rocksdb_keeps_everything_and_never_reuses_inodes() {
+    let dir_path = tempfile::tempdir().unwrap();
+    let open = || Namespace::open_rocks(dir_path.path(), true, layout(), Duration::from_secs(60)).unwrap();
+    let (d, f, l, max_ino) = {
+        let ns = open();
+        add_nodes(&ns, 3);
+        let d = dir(&ns, ROOT_INO, "d");
+        let f = file(&ns, d.ino, "f");
+        ns.set_xattr(f.ino, b"user.k", b"v", 0).unwrap();
+        let l = ns.symlink(&new(d.ino, "l", 0), b"f").unwrap();
+        let stripe = cairn_proto::StripeInfo { index: 0, version: 1, len: 10, written_len: 10, missing: 0 };
+        ns.commit(f.ino, 10, &[stripe], None).unwrap();
+        let max = l.ino;
+        (d, f, l, max)
+    };
+    let ns = open();
+    assert_eq!(ns.lookup(ROOT_INO, b"d").unwrap().ino, d.ino);
+    assert_eq!(ns.lookup(d.ino, b"f").unwrap().size, 10);
+    assert_eq!(ns.get_xattr(f.ino, b"user.k").unwrap(), b"v");
+    assert_eq!(ns.readlink(l.ino).unwrap(), b"f");
+    assert_eq!(ns.open_file(f.ino).unwrap().1.len(), 1);
+    assert_eq!(ns.getattr(ROOT_INO).unwrap().nlink, 3);
+    let s = ns.stats();
+    assert_eq!((s.files, s.directories, s.logical_bytes, s.inodes), (1, 2, 10, 4));
+    assert_eq!(ns.registry().nodes().len(), 3);
+    assert!(ns.registry().nodes().iter().all(|n| !n.up));
+    add_nodes(&ns, 3);
+    let g = file(&ns, d.ino, "g");
+    assert!(g.ino > max_ino, "inode {} reused (max before restart {max_ino})", g.ino);
+    let e = dir(&ns, ROOT_INO, "e");
+    assert!(e.ino > g.ino);
+}

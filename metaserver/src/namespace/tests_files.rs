@@ -1,0 +1,181 @@
+//! Stripe records: open, list, commit and truncate, and the shards they queue for gc.
+
+use cairn_common::ErrorKind;
+use cairn_proto::{SetAttrRequest, StripeInfo, Timespec};
+
+use super::tests::{file, kind, layout, setup};
+use super::*;
+
+const STRIPE: u64 = 2 * 4096;
+
+fn stripe(index: u64, version: u64, len: u64) -> StripeInfo {
+    StripeInfo { index, version, len, written_len: len, missing: 0 }
+}
+
+/// Every queued shard, in key order.
+fn queued(ns: &Namespace) -> Vec<GcShard> {
+    ns.store
+        .scan(Cf::Gc, &[], &[], usize::MAX)
+        .unwrap()
+        .into_iter()
+        .flat_map(|(_, v)| schema::decode::<GcEntry>("gc", &v).unwrap().shards)
+        .collect()
+}
+
+fn truncate(ns: &Namespace, ino: u64, size: u64) -> Inode {
+    ns.setattr(&SetAttrRequest { ino, size: Some(size), ..Default::default() }).unwrap()
+}
+
+#[test]
+fn commit_publishes_stripes_and_grows_size() {
+    let ns = setup();
+    let f = file(&ns, ROOT_INO, "f");
+    let t = Timespec { sec: 77, nsec: 1 };
+    let out = ns.commit(f.ino, STRIPE + 100, &[stripe(0, 5, STRIPE), stripe(1, 5, 100)], Some(&t)).unwrap();
+    assert_eq!(out.size, STRIPE + 100);
+    assert_eq!((out.mtime_sec, out.mtime_nsec), (77, 1));
+    assert!(out.ctime_sec > 77);
+    let (inode, stripes, more) = ns.open_file(f.ino).unwrap();
+    assert_eq!(inode.size, STRIPE + 100);
+    assert!(!more);
+    assert_eq!(stripes, vec![stripe(0, 5, STRIPE), stripe(1, 5, 100)]);
+    assert!(queued(&ns).is_empty());
+    // Size never shrinks through commit.
+    let out = ns.commit(f.ino, 10, &[], None).unwrap();
+    assert_eq!(out.size, STRIPE + 100);
+    assert_eq!(ns.stats().logical_bytes, (STRIPE + 100) as i64);
+    // Same version again: nothing to collect.
+    ns.commit(f.ino, 0, &[stripe(1, 5, 200)], None).unwrap();
+    assert!(queued(&ns).is_empty());
+}
+
+#[test]
+fn commit_queues_replaced_versions_on_their_nodes() {
+    let ns = setup();
+    let f = file(&ns, ROOT_INO, "f");
+    let l = f.layout();
+    ns.commit(
+        f.ino,
+        100,
+        &[StripeInfo { index: 1, version: 3, len: 100, written_len: 100, missing: 0b010 }],
+        None,
+    )
+    .unwrap();
+    ns.commit(f.ino, 100, &[stripe(1, 4, 100)], None).unwrap();
+    let mut shards = queued(&ns);
+    shards.sort_by_key(|s| s.index);
+    let want: Vec<GcShard> = [0u32, 2]
+        .iter()
+        .map(|&index| GcShard {
+            node: f.placement[l.position(1, index)],
+            ino: f.ino,
+            stripe: 1,
+            index,
+            version: 3,
+        })
+        .collect();
+    assert_eq!(shards, want, "shard 1 was missing, so only 0 and 2 are collected");
+    assert_eq!(ns.pending_gc().unwrap(), 2);
+}
+
+#[test]
+fn commit_validates_stripes() {
+    let ns = setup();
+    let f = file(&ns, ROOT_INO, "f");
+    let bad = [
+        stripe(0, 0, 10),
+        StripeInfo { index: 0, version: 1, len: 11, written_len: 10, missing: 0 },
+        stripe(0, 1, STRIPE + 1),
+        StripeInfo { index: 0, version: 1, len: 1, written_len: 1, missing: 0b1000 },
+        StripeInfo { index: 0, version: 1, len: 1, written_len: 1, missing: 0b011 },
+        stripe(1 << 48, 1, 1),
+    ];
+    for s in bad {
+        assert_eq!(kind(ns.commit(f.ino, 0, &[s], None)), ErrorKind::InvalidArgument, "{s:?}");
+    }
+    assert_eq!(
+        kind(ns.commit(f.ino, 0, &[stripe(0, 1, 1), stripe(0, 2, 1)], None)),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(kind(ns.commit(f.ino, u64::MAX, &[], None)), ErrorKind::TooBig);
+    let bad_time = Timespec { sec: 0, nsec: 1_000_000_000 };
+    assert_eq!(kind(ns.commit(f.ino, 0, &[], Some(&bad_time))), ErrorKind::InvalidArgument);
+    assert_eq!(kind(ns.commit(ROOT_INO, 0, &[], None)), ErrorKind::IsDir);
+    assert_eq!(kind(ns.commit(999, 0, &[], None)), ErrorKind::NotFound);
+    assert!(ns.open_file(f.ino).unwrap().1.is_empty(), "nothing was written by a rejected commit");
+}
+
+#[test]
+fn open_pages_stripes() {
+    let ns = setup();
+    let f = file(&ns, ROOT_INO, "f");
+    let all: Vec<StripeInfo> = (0..5000).map(|i| stripe(i, 1, STRIPE)).collect();
+    ns.commit(f.ino, 5000 * STRIPE, &all, None).unwrap();
+    let (_, first, more) = ns.open_file(f.ino).unwrap();
+    assert_eq!(first.len(), 4096);
+    assert!(more);
+    let (rest, more) = ns.list_stripes(f.ino, 4096, 0).unwrap();
+    assert_eq!(rest.len(), 904);
+    assert!(!more);
+    assert_eq!(rest[0].index, 4096);
+    let (some, more) = ns.list_stripes(f.ino, 10, 3).unwrap();
+    assert_eq!(some.iter().map(|s| s.index).collect::<Vec<_>>(), vec![10, 11, 12]);
+    assert!(more);
+    assert_eq!(kind(ns.list_stripes(ROOT_INO, 0, 0)), ErrorKind::InvalidArgument);
+}
+
+#[test]
+fn truncate_down_drops_and_clamps_stripes() {
+    let ns = setup();
+    let f = file(&ns, ROOT_INO, "f");
+    let stripes: Vec<StripeInfo> = (0..4).map(|i| stripe(i, 2, STRIPE)).collect();
+    ns.commit(f.ino, 4 * STRIPE, &stripes, None).unwrap();
+    // Up: only the size changes.
+    assert_eq!(truncate(&ns, f.ino, 10 * STRIPE).size, 10 * STRIPE);
+    assert_eq!(ns.open_file(f.ino).unwrap().1.len(), 4);
+    // Down into stripe 1.
+    let out = truncate(&ns, f.ino, STRIPE + 5);
+    assert_eq!(out.size, STRIPE + 5);
+    let (_, left, _) = ns.open_file(f.ino).unwrap();
+    assert_eq!(
+        left,
+        vec![
+            stripe(0, 2, STRIPE),
+            StripeInfo { index: 1, version: 2, len: 5, written_len: STRIPE, missing: 0 }
+        ]
+    );
+    let q = queued(&ns);
+    assert_eq!(q.len(), 2 * 3, "stripes 2 and 3, three shards each");
+    assert!(q.iter().all(|s| s.stripe >= 2 && s.version == 2 && f.placement.contains(&s.node)));
+    assert_eq!(ns.stats().logical_bytes, (STRIPE + 5) as i64);
+    // Exactly at a stripe edge: stripe 1 goes, stripe 0 stays whole.
+    truncate(&ns, f.ino, STRIPE);
+    assert_eq!(ns.open_file(f.ino).unwrap().1, vec![stripe(0, 2, STRIPE)]);
+    truncate(&ns, f.ino, 0);
+    assert!(ns.open_file(f.ino).unwrap().1.is_empty());
+    assert_eq!(queued(&ns).len(), 4 * 3);
+    assert_eq!(ns.stats().logical_bytes, 0);
+    let (fifo, _) = ns.create(&super::tests::new(ROOT_INO, "p", schema::S_IFIFO | 0o600), 0, false).unwrap();
+    let r = ns.setattr(&SetAttrRequest { ino: fifo.ino, size: Some(0), ..Default::default() });
+    assert_eq!(kind(r), ErrorKind::InvalidArgument);
+}
+
+#[test]
+fn unlink_queues_every_stored_shard() {
+    let ns = setup();
+    let f = file(&ns, ROOT_INO, "f");
+    let stripes = vec![
+        stripe(0, 7, STRIPE),
+        StripeInfo { index: 1, version: 7, len: 10, written_len: 10, missing: 0b100 },
+    ];
+    ns.commit(f.ino, STRIPE + 10, &stripes, None).unwrap();
+    ns.unlink(ROOT_INO, b"f").unwrap();
+    let q = queued(&ns);
+    assert_eq!(q.len(), 5);
+    let l = layout();
+    for s in &q {
+        assert_eq!(s.node, f.placement[l.position(s.stripe, s.index)]);
+    }
+    assert!(ns.store.scan(Cf::Stripes, &[], &[], 10).unwrap().is_empty());
+    assert_eq!(ns.stats().logical_bytes, 0);
+}

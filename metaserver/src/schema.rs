@@ -1,0 +1,395 @@
+//! Key and value encodings of everything the metaserver persists.
+//!
+//! Keys are big-endian integers (so they sort numerically) followed by names: a dentry key is
+//! `parent ino ‖ name`, so one directory is one contiguous key range and readdir is a range scan;
+//! stripe and xattr keys are prefixed by the inode the same way. Every value is one
+//! format-version byte ([`FORMAT_VERSION`]) followed by a prost message, so a later release can
+//! tell this release's records apart and migrate them; a value with an unknown version is a
+//! `Corrupt` error, never a silent misread.
+
+use cairn_common::{CairnError, Layout, Result};
+use cairn_proto::Timespec;
+use prost::Message;
+
+/// Version byte written in front of every value.
+pub const FORMAT_VERSION: u8 = 1;
+
+// ---------------------------------------------------------------- keys
+
+pub fn ino_key(ino: u64) -> Vec<u8> {
+    ino.to_be_bytes().to_vec()
+}
+
+/// `parent ‖ name`: the key of one directory entry (or, with `name` empty, the start of the
+/// directory's key range).
+pub fn dentry_key(parent: u64, name: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + name.len());
+    k.extend_from_slice(&parent.to_be_bytes());
+    k.extend_from_slice(name);
+    k
+}
+
+/// `ino ‖ name` of one extended attribute.
+pub fn xattr_key(ino: u64, name: &[u8]) -> Vec<u8> {
+    dentry_key(ino, name)
+}
+
+/// The name part of a dentry or xattr key.
+pub fn name_of(key: &[u8]) -> &[u8] {
+    key.get(8..).unwrap_or(&[])
+}
+
+/// The exclusive end of every key prefixed by `ino` (dentries, xattrs, stripes).
+pub fn prefix_end(ino: u64) -> Vec<u8> {
+    match ino.checked_add(1) {
+        Some(next) => next.to_be_bytes().to_vec(),
+        None => Vec::new(),
+    }
+}
+
+pub fn stripe_key(ino: u64, stripe: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(16);
+    k.extend_from_slice(&ino.to_be_bytes());
+    k.extend_from_slice(&stripe.to_be_bytes());
+    k
+}
+
+/// The stripe index of a stripe key.
+pub fn stripe_of(key: &[u8]) -> Result<u64> {
+    let bytes: [u8; 8] = key
+        .get(8..16)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| CairnError::corrupt(format!("stripe key of {} bytes", key.len())))?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
+pub fn node_key(id: u32) -> Vec<u8> {
+    id.to_be_bytes().to_vec()
+}
+
+pub fn node_of(key: &[u8]) -> Result<u32> {
+    let bytes: [u8; 4] =
+        key.try_into().map_err(|_| CairnError::corrupt(format!("node key of {} bytes", key.len())))?;
+    Ok(u32::from_be_bytes(bytes))
+}
+
+/// `epoch ‖ seq`: unique across restarts because the epoch is bumped at every open.
+pub fn gc_key(epoch: u64, seq: u64) -> Vec<u8> {
+    stripe_key(epoch, seq)
+}
+
+/// Keys of the counters column family.
+pub mod counter {
+    /// First inode number not yet reserved.
+    pub const INO_RESERVED: &[u8] = b"ino_reserved";
+    /// Epoch of garbage-collection keys, bumped at every open.
+    pub const GC_EPOCH: &[u8] = b"gc_epoch";
+    /// First client id not yet handed out.
+    pub const NEXT_CLIENT: &[u8] = b"next_client";
+    /// Prefix of the sharded statistics counters (`stats/NN`).
+    pub const STATS_PREFIX: &[u8] = b"stats/";
+    /// Next node id to assign.
+    pub const NEXT_NODE: &[u8] = b"next_node";
+}
+
+// ---------------------------------------------------------------- values
+
+/// An inode: attributes, layout and (regular files) placement group.
+#[derive(Clone, PartialEq, Message)]
+pub struct Inode {
+    #[prost(uint64, tag = "1")]
+    pub ino: u64,
+    #[prost(uint32, tag = "2")]
+    pub mode: u32,
+    #[prost(uint32, tag = "3")]
+    pub nlink: u32,
+    #[prost(uint32, tag = "4")]
+    pub uid: u32,
+    #[prost(uint32, tag = "5")]
+    pub gid: u32,
+    #[prost(uint32, tag = "6")]
+    pub rdev: u32,
+    #[prost(uint64, tag = "7")]
+    pub size: u64,
+    #[prost(int64, tag = "8")]
+    pub atime_sec: i64,
+    #[prost(uint32, tag = "9")]
+    pub atime_nsec: u32,
+    #[prost(int64, tag = "10")]
+    pub mtime_sec: i64,
+    #[prost(uint32, tag = "11")]
+    pub mtime_nsec: u32,
+    #[prost(int64, tag = "12")]
+    pub ctime_sec: i64,
+    #[prost(uint32, tag = "13")]
+    pub ctime_nsec: u32,
+    #[prost(int64, tag = "14")]
+    pub crtime_sec: i64,
+    #[prost(uint32, tag = "15")]
+    pub crtime_nsec: u32,
+    #[prost(uint32, tag = "16")]
+    pub k: u32,
+    #[prost(uint32, tag = "17")]
+    pub m: u32,
+    #[prost(uint32, tag = "18")]
+    pub unit: u32,
+    /// Ordered chunkserver ids (regular files only); stripe s uses it rotated left by s.
+    #[prost(uint32, repeated, tag = "19")]
+    pub placement: Vec<u32>,
+    /// Parent directory (directories only; used by the rename cycle check).
+    #[prost(uint64, tag = "20")]
+    pub parent: u64,
+}
+
+pub const S_IFMT: u32 = libc_consts::S_IFMT;
+pub const S_IFDIR: u32 = libc_consts::S_IFDIR;
+pub const S_IFREG: u32 = libc_consts::S_IFREG;
+pub const S_IFLNK: u32 = libc_consts::S_IFLNK;
+pub const S_IFIFO: u32 = libc_consts::S_IFIFO;
+pub const S_IFCHR: u32 = libc_consts::S_IFCHR;
+pub const S_IFBLK: u32 = libc_consts::S_IFBLK;
+pub const S_IFSOCK: u32 = libc_consts::S_IFSOCK;
+pub const S_ISGID: u32 = 0o2000;
+
+/// The Linux values of the file type bits (as in stat(2); identical on every Linux arch).
+mod libc_consts {
+    pub const S_IFMT: u32 = 0o170000;
+    pub const S_IFSOCK: u32 = 0o140000;
+    pub const S_IFLNK: u32 = 0o120000;
+    pub const S_IFREG: u32 = 0o100000;
+    pub const S_IFBLK: u32 = 0o060000;
+    pub const S_IFDIR: u32 = 0o040000;
+    pub const S_IFCHR: u32 = 0o020000;
+    pub const S_IFIFO: u32 = 0o010000;
+}
+
+impl Inode {
+    pub fn kind(&self) -> u32 {
+        self.mode & S_IFMT
+    }
+    pub fn is_dir(&self) -> bool {
+        self.kind() == S_IFDIR
+    }
+    pub fn is_reg(&self) -> bool {
+        self.kind() == S_IFREG
+    }
+    pub fn is_symlink(&self) -> bool {
+        self.kind() == S_IFLNK
+    }
+
+    pub fn layout(&self) -> Layout {
+        Layout { k: self.k, m: self.m, unit: self.unit }
+    }
+
+    pub fn set_layout(&mut self, l: Layout) {
+        self.k = l.k;
+        self.m = l.m;
+        self.unit = l.unit;
+    }
+
+    pub fn set_atime(&mut self, t: &Timespec) {
+        (self.atime_sec, self.atime_nsec) = (t.sec, t.nsec);
+    }
+    pub fn set_mtime(&mut self, t: &Timespec) {
+        (self.mtime_sec, self.mtime_nsec) = (t.sec, t.nsec);
+    }
+    pub fn set_ctime(&mut self, t: &Timespec) {
+        (self.ctime_sec, self.ctime_nsec) = (t.sec, t.nsec);
+    }
+
+    /// A fresh inode with every time set to `now`.
+    pub fn new(ino: u64, mode: u32, uid: u32, gid: u32, now: &Timespec) -> Inode {
+        Inode {
+            ino,
+            mode,
+            nlink: 1,
+            uid,
+            gid,
+            atime_sec: now.sec,
+            atime_nsec: now.nsec,
+            mtime_sec: now.sec,
+            mtime_nsec: now.nsec,
+            ctime_sec: now.sec,
+            ctime_nsec: now.nsec,
+            crtime_sec: now.sec,
+            crtime_nsec: now.nsec,
+            ..Default::default()
+        }
+    }
+
+    pub fn to_attr(&self) -> cairn_proto::Attr {
+        let ts = |sec, nsec| Some(Timespec { sec, nsec });
+        cairn_proto::Attr {
+            ino: self.ino,
+            size: self.size,
+            mode: self.mode,
+            nlink: self.nlink,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: self.rdev,
+            atime: ts(self.atime_sec, self.atime_nsec),
+            mtime: ts(self.mtime_sec, self.mtime_nsec),
+            ctime: ts(self.ctime_sec, self.ctime_nsec),
+            crtime: ts(self.crtime_sec, self.crtime_nsec),
+        }
+    }
+}
+
+/// A directory entry: the child's inode and file type (so plain readdir needs no inode reads).
+#[derive(Clone, PartialEq, Message)]
+pub struct Dentry {
+    #[prost(uint64, tag = "1")]
+    pub ino: u64,
+    #[prost(uint32, tag = "2")]
+    pub kind: u32,
+}
+
+/// One committed stripe of a file.
+#[derive(Clone, PartialEq, Message)]
+pub struct Stripe {
+    #[prost(uint64, tag = "1")]
+    pub version: u64,
+    #[prost(uint64, tag = "2")]
+    pub len: u64,
+    #[prost(uint64, tag = "3")]
+    pub written_len: u64,
+    #[prost(uint32, tag = "4")]
+    pub missing: u32,
+}
+
+/// A registered chunkserver.
+#[derive(Clone, PartialEq, Message)]
+pub struct Node {
+    #[prost(string, tag = "1")]
+    pub uuid: String,
+    #[prost(string, tag = "2")]
+    pub addr: String,
+}
+
+/// One shard to delete from one chunkserver.
+#[derive(Clone, PartialEq, Eq, Hash, Message)]
+pub struct GcShard {
+    #[prost(uint32, tag = "1")]
+    pub node: u32,
+    #[prost(uint64, tag = "2")]
+    pub ino: u64,
+    #[prost(uint64, tag = "3")]
+    pub stripe: u64,
+    #[prost(uint32, tag = "4")]
+    pub index: u32,
+    #[prost(uint64, tag = "5")]
+    pub version: u64,
+}
+
+/// Shards waiting for deletion, written in the same batch that made them garbage.
+#[derive(Clone, PartialEq, Message)]
+pub struct GcEntry {
+    #[prost(message, repeated, tag = "1")]
+    pub shards: Vec<GcShard>,
+}
+
+/// A symlink target.
+#[derive(Clone, PartialEq, Message)]
+pub struct SymlinkTarget {
+    #[prost(bytes = "vec", tag = "1")]
+    pub target: Vec<u8>,
+}
+
+/// An extended attribute value.
+#[derive(Clone, PartialEq, Message)]
+pub struct XattrValue {
+    #[prost(bytes = "vec", tag = "1")]
+    pub value: Vec<u8>,
+}
+
+/// A single counter (inode reservation, epochs, ids).
+#[derive(Clone, PartialEq, Message)]
+pub struct Counter {
+    #[prost(uint64, tag = "1")]
+    pub value: u64,
+}
+
+/// One shard of the statistics counters; the totals are the sums over all shards (a shard may
+/// be negative on its own).
+#[derive(Clone, Copy, PartialEq, Message)]
+pub struct Stats {
+    #[prost(sint64, tag = "1")]
+    pub files: i64,
+    #[prost(sint64, tag = "2")]
+    pub directories: i64,
+    #[prost(sint64, tag = "3")]
+    pub logical_bytes: i64,
+    #[prost(sint64, tag = "4")]
+    pub inodes: i64,
+}
+
+impl Stats {
+    pub fn add(&mut self, d: &Stats) {
+        self.files += d.files;
+        self.directories += d.directories;
+        self.logical_bytes += d.logical_bytes;
+        self.inodes += d.inodes;
+    }
+    pub fn is_zero(&self) -> bool {
+        *self == Stats::default()
+    }
+}
+
+/// Encode a value: version byte then the message.
+pub fn encode<M: Message>(m: &M) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + m.encoded_len());
+    out.push(FORMAT_VERSION);
+    m.encode(&mut out).expect("a Vec grows as needed");
+    out
+}
+
+/// Decode a value written by [`encode`]; `what` names the record in errors.
+pub fn decode<M: Message + Default>(what: &str, bytes: &[u8]) -> Result<M> {
+    match bytes.first() {
+        None => Err(CairnError::corrupt(format!("empty {what} record"))),
+        Some(&FORMAT_VERSION) => M::decode(&bytes[1..])
+            .map_err(|e| CairnError::corrupt(format!("cannot decode {what} record: {e}"))),
+        Some(v) => Err(CairnError::corrupt(format!(
+            "{what} record has format version {v}; this metaserver reads version {FORMAT_VERSION} \
+             (written by a newer release?)"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_round_trip_and_unknown_versions_are_corrupt() {
+        let mut inode = Inode::new(42, S_IFREG | 0o644, 1, 2, &Timespec { sec: -5, nsec: 7 });
+        inode.placement = vec![3, 1, 2];
+        inode.set_layout(Layout::default());
+        let bytes = encode(&inode);
+        assert_eq!(bytes[0], FORMAT_VERSION);
+        assert_eq!(decode::<Inode>("inode", &bytes).unwrap(), inode);
+        let mut future = bytes.clone();
+        future[0] = 2;
+        let err = decode::<Inode>("inode", &future).unwrap_err();
+        assert_eq!(err.kind(), cairn_common::ErrorKind::Corrupt);
+        assert!(err.message().contains("format version 2"), "{err}");
+        assert!(decode::<Inode>("inode", &[]).is_err());
+        assert!(decode::<Inode>("inode", &[1, 0xff, 0xff]).is_err());
+        let gc = GcEntry { shards: vec![GcShard { node: 1, ino: 2, stripe: 3, index: 4, version: 5 }] };
+        assert_eq!(decode::<GcEntry>("gc", &encode(&gc)).unwrap(), gc);
+        let s = Stats { files: -3, directories: 1, logical_bytes: -100, inodes: 0 };
+        assert_eq!(decode::<Stats>("stats", &encode(&s)).unwrap(), s);
+    }
+
+    #[test]
+    fn keys_sort_by_number_then_name() {
+        assert!(dentry_key(1, b"zzz") < dentry_key(2, b""));
+        assert!(dentry_key(256, b"a") > dentry_key(255, b"zz"));
+        assert!(dentry_key(5, b"a") < dentry_key(5, b"a\0"));
+        assert!(stripe_key(1, 255) < stripe_key(1, 256));
+        assert_eq!(stripe_of(&stripe_key(9, 77)).unwrap(), 77);
+        assert_eq!(name_of(&dentry_key(9, b"hello")), b"hello");
+        assert_eq!(prefix_end(u64::MAX), Vec::<u8>::new());
+        assert_eq!(node_of(&node_key(7)).unwrap(), 7);
+    }
+}

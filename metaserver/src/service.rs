@@ -1,0 +1,252 @@
+//! The `Meta` gRPC service: converts requests to namespace and registry calls and results back
+//! to proto. Store work runs on tokio's blocking pool; every error leaves as a `tonic::Status`
+//! built from a `CairnError`, so clients see the exact kind. Inputs are validated here or in the
+//! namespace before use; a panic in a handler is caught by the blocking pool and answered as an
+//! internal error instead of taking the server down.
+
+use std::sync::Arc;
+
+use cairn_common::{CairnError, Result};
+use cairn_proto::meta_server::Meta;
+use cairn_proto::*;
+use tonic::{Request, Response, Status};
+
+use crate::namespace::{file_info, Namespace, NewEntry};
+
+pub struct MetaService {
+    ns: Arc<Namespace>,
+}
+
+impl MetaService {
+    pub fn new(ns: Arc<Namespace>) -> MetaService {
+        MetaService { ns }
+    }
+
+    async fn run<T, F>(&self, f: F) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Namespace) -> Result<T> + Send + 'static,
+    {
+        let ns = self.ns.clone();
+        match tokio::task::spawn_blocking(move || f(&ns)).await {
+            Ok(result) => result.map_err(Status::from),
+            Err(e) => Err(CairnError::internal(format!("request failed: {e}")).into()),
+        }
+    }
+}
+
+fn check_ino(ino: u64) -> Result<u64> {
+    if ino == 0 {
+        return Err(CairnError::invalid("inode 0"));
+    }
+    Ok(ino)
+}
+
+fn attr_reply(inode: crate::schema::Inode) -> AttrReply {
+    AttrReply { attr: Some(inode.to_attr()) }
+}
+
+#[tonic::async_trait]
+impl Meta for MetaService {
+    async fn lookup(&self, req: Request<LookupRequest>) -> Result<Response<AttrReply>, Status> {
+        let r = req.into_inner();
+        let inode = self.run(move |ns| ns.lookup(check_ino(r.parent)?, &r.name)).await?;
+        Ok(Response::new(attr_reply(inode)))
+    }
+
+    async fn get_attr(&self, req: Request<InoRequest>) -> Result<Response<AttrReply>, Status> {
+        let ino = req.into_inner().ino;
+        let inode = self.run(move |ns| ns.getattr(check_ino(ino)?)).await?;
+        Ok(Response::new(attr_reply(inode)))
+    }
+
+    async fn set_attr(&self, req: Request<SetAttrRequest>) -> Result<Response<AttrReply>, Status> {
+        let r = req.into_inner();
+        check_ino(r.ino)?;
+        let inode = self.run(move |ns| ns.setattr(&r)).await?;
+        Ok(Response::new(attr_reply(inode)))
+    }
+
+    async fn create(&self, req: Request<CreateRequest>) -> Result<Response<CreateReply>, Status> {
+        let r = req.into_inner();
+        let (inode, created) = self
+            .run(move |ns| {
+                let new = NewEntry {
+                    parent: check_ino(r.parent)?,
+                    name: &r.name,
+                    mode: r.mode,
+                    uid: r.uid,
+                    gid: r.gid,
+                };
+                ns.create(&new, r.rdev, r.exclusive)
+            })
+            .await?;
+        Ok(Response::new(CreateReply { file: Some(file_info(&inode)), created }))
+    }
+
+    async fn mkdir(&self, req: Request<MkdirRequest>) -> Result<Response<AttrReply>, Status> {
+        let r = req.into_inner();
+        let inode = self
+            .run(move |ns| {
+                ns.mkdir(&NewEntry {
+                    parent: check_ino(r.parent)?,
+                    name: &r.name,
+                    mode: r.mode,
+                    uid: r.uid,
+                    gid: r.gid,
+                })
+            })
+            .await?;
+        Ok(Response::new(attr_reply(inode)))
+    }
+
+    async fn unlink(&self, req: Request<RemoveRequest>) -> Result<Response<RemoveReply>, Status> {
+        let r = req.into_inner();
+        self.run(move |ns| ns.unlink(check_ino(r.parent)?, &r.name)).await?;
+        Ok(Response::new(RemoveReply {}))
+    }
+
+    async fn rmdir(&self, req: Request<RemoveRequest>) -> Result<Response<RemoveReply>, Status> {
+        let r = req.into_inner();
+        self.run(move |ns| ns.rmdir(check_ino(r.parent)?, &r.name)).await?;
+        Ok(Response::new(RemoveReply {}))
+    }
+
+    async fn rename(&self, req: Request<RenameRequest>) -> Result<Response<RenameReply>, Status> {
+        let r = req.into_inner();
+        self.run(move |ns| {
+            ns.rename(check_ino(r.parent)?, &r.name, check_ino(r.new_parent)?, &r.new_name, r.flags)
+        })
+        .await?;
+        Ok(Response::new(RenameReply {}))
+    }
+
+    async fn link(&self, req: Request<LinkRequest>) -> Result<Response<AttrReply>, Status> {
+        let r = req.into_inner();
+        let inode =
+            self.run(move |ns| ns.link(check_ino(r.ino)?, check_ino(r.new_parent)?, &r.new_name)).await?;
+        Ok(Response::new(attr_reply(inode)))
+    }
+
+    async fn symlink(&self, req: Request<SymlinkRequest>) -> Result<Response<AttrReply>, Status> {
+        let r = req.into_inner();
+        let inode = self
+            .run(move |ns| {
+                let new =
+                    NewEntry { parent: check_ino(r.parent)?, name: &r.name, mode: 0, uid: r.uid, gid: r.gid };
+                ns.symlink(&new, &r.target)
+            })
+            .await?;
+        Ok(Response::new(attr_reply(inode)))
+    }
+
+    async fn readlink(&self, req: Request<InoRequest>) -> Result<Response<ReadlinkReply>, Status> {
+        let ino = req.into_inner().ino;
+        let target = self.run(move |ns| ns.readlink(check_ino(ino)?)).await?;
+        Ok(Response::new(ReadlinkReply { target }))
+    }
+
+    async fn read_dir(&self, req: Request<ReadDirRequest>) -> Result<Response<ReadDirReply>, Status> {
+        let r = req.into_inner();
+        let (entries, more) =
+            self.run(move |ns| ns.readdir(check_ino(r.ino)?, &r.after, r.limit, r.plus)).await?;
+        Ok(Response::new(ReadDirReply { entries, more }))
+    }
+
+    async fn stat_fs(&self, _req: Request<Empty>) -> Result<Response<StatFsReply>, Status> {
+        Ok(Response::new(self.run(|ns| ns.statfs()).await?))
+    }
+
+    async fn get_xattr(&self, req: Request<XattrRequest>) -> Result<Response<XattrReply>, Status> {
+        let r = req.into_inner();
+        let value = self.run(move |ns| ns.get_xattr(check_ino(r.ino)?, &r.name)).await?;
+        Ok(Response::new(XattrReply { value }))
+    }
+
+    async fn set_xattr(&self, req: Request<SetXattrRequest>) -> Result<Response<Empty>, Status> {
+        let r = req.into_inner();
+        self.run(move |ns| ns.set_xattr(check_ino(r.ino)?, &r.name, &r.value, r.flags)).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn list_xattr(&self, req: Request<InoRequest>) -> Result<Response<ListXattrReply>, Status> {
+        let ino = req.into_inner().ino;
+        let names = self.run(move |ns| ns.list_xattr(check_ino(ino)?)).await?;
+        Ok(Response::new(ListXattrReply { names }))
+    }
+
+    async fn remove_xattr(&self, req: Request<XattrRequest>) -> Result<Response<Empty>, Status> {
+        let r = req.into_inner();
+        self.run(move |ns| ns.remove_xattr(check_ino(r.ino)?, &r.name)).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn open(&self, req: Request<InoRequest>) -> Result<Response<OpenReply>, Status> {
+        let ino = req.into_inner().ino;
+        let (inode, stripes, more) = self.run(move |ns| ns.open_file(check_ino(ino)?)).await?;
+        Ok(Response::new(OpenReply { file: Some(file_info(&inode)), stripes, more }))
+    }
+
+    async fn list_stripes(
+        &self,
+        req: Request<ListStripesRequest>,
+    ) -> Result<Response<ListStripesReply>, Status> {
+        let r = req.into_inner();
+        let (stripes, more) = self.run(move |ns| ns.list_stripes(check_ino(r.ino)?, r.from, r.limit)).await?;
+        Ok(Response::new(ListStripesReply { stripes, more }))
+    }
+
+    async fn commit(&self, req: Request<CommitRequest>) -> Result<Response<AttrReply>, Status> {
+        let r = req.into_inner();
+        let inode =
+            self.run(move |ns| ns.commit(check_ino(r.ino)?, r.size, &r.stripes, r.mtime.as_ref())).await?;
+        Ok(Response::new(attr_reply(inode)))
+    }
+
+    async fn register_client(&self, _req: Request<Empty>) -> Result<Response<RegisterClientReply>, Status> {
+        let client_id = self.run(|ns| ns.register_client()).await?;
+        Ok(Response::new(RegisterClientReply { client_id }))
+    }
+
+    async fn register_chunk(
+        &self,
+        req: Request<RegisterChunkRequest>,
+    ) -> Result<Response<RegisterChunkReply>, Status> {
+        let r = req.into_inner();
+        let node_id = self.run(move |ns| ns.registry().register(&r.uuid, &r.addr, r.tiers, r.pid)).await?;
+        tracing::info!(node_id, "chunkserver registered");
+        Ok(Response::new(RegisterChunkReply { node_id }))
+    }
+
+    async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<Response<HeartbeatReply>, Status> {
+        let r = req.into_inner();
+        self.run(move |ns| ns.registry().heartbeat(r.node_id, &r.addr, r.tiers, r.pid)).await?;
+        Ok(Response::new(HeartbeatReply {}))
+    }
+
+    async fn list_nodes(&self, _req: Request<Empty>) -> Result<Response<ListNodesReply>, Status> {
+        Ok(Response::new(ListNodesReply { nodes: self.ns.registry().nodes() }))
+    }
+
+    async fn cluster_status(&self, _req: Request<Empty>) -> Result<Response<ClusterStatusReply>, Status> {
+        let reply = self
+            .run(|ns| {
+                let stats = ns.stats();
+                let root = ns.getattr(cairn_common::ROOT_INO)?.layout();
+                Ok(ClusterStatusReply {
+                    nodes: ns.registry().nodes(),
+                    files: stats.files.max(0) as u64,
+                    directories: stats.directories.max(0) as u64,
+                    logical_bytes: stats.logical_bytes.max(0) as u64,
+                    default_layout: Some(root.into()),
+                    pending_gc: ns.pending_gc()?,
+                })
+            })
+            .await?;
+        Ok(Response::new(reply))
+    }
+}
+
+#[cfg(test)]
+#[path = "service_tests.rs"]
+mod tests;

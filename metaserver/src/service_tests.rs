@@ -1,0 +1,171 @@
+//! The gRPC service end to end: a real server on 127.0.0.1:0 and a tonic client.
+
+use std::time::Duration;
+
+use cairn_common::config::MetaConfig;
+use cairn_common::{CairnError, ErrorKind, ROOT_INO};
+use cairn_proto::meta_client::MetaClient;
+use cairn_proto::*;
+use tonic::transport::Channel;
+
+async fn start(
+    config: MetaConfig,
+) -> (MetaClient<Channel>, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<cairn_common::Result<()>>)
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(crate::serve(config, listener, async move {
+        let _ = rx.await;
+    }));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let client = loop {
+        match MetaClient::connect(format!("http://{addr}")).await {
+            Ok(c) => break c,
+            Err(_) if server.is_finished() => panic!("server stopped: {:?}", server.await.unwrap()),
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("cannot connect: {e}"),
+        }
+    };
+    (client, tx, server)
+}
+
+fn config(dir: &std::path::Path) -> MetaConfig {
+    MetaConfig {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.to_path_buf(),
+        ec: "2+1".into(),
+        unit: 4096,
+        sync_writes: false,
+        gc_interval_ms: 50,
+        ..MetaConfig::default()
+    }
+}
+
+fn kind(status: tonic::Status) -> ErrorKind {
+    CairnError::from(status).kind()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_the_namespace_over_grpc() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, stop, server) = start(config(dir.path())).await;
+
+    for i in 0..3 {
+        let req = RegisterChunkRequest {
+            uuid: format!("u{i}"),
+            addr: format!("127.0.0.1:{}", 7000 + i),
+            tiers: vec![],
+            pid: 1,
+        };
+        let id = c.register_chunk(req).await.unwrap().into_inner().node_id;
+        c.heartbeat(HeartbeatRequest { node_id: id, ..Default::default() }).await.unwrap();
+    }
+    let err = c.heartbeat(HeartbeatRequest { node_id: 99, ..Default::default() }).await.unwrap_err();
+    assert_eq!(kind(err), ErrorKind::NotFound);
+
+    let d = c
+        .mkdir(MkdirRequest { parent: ROOT_INO, name: b"d".to_vec(), mode: 0o755, uid: 1, gid: 1 })
+        .await
+        .unwrap()
+        .into_inner()
+        .attr
+        .unwrap();
+    let created = c
+        .create(CreateRequest {
+            parent: d.ino,
+            name: b"f".to_vec(),
+            mode: 0o100644,
+            exclusive: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(created.created);
+    let file = created.file.unwrap();
+    assert_eq!(file.placement.len(), 3);
+    assert_eq!(file.layout.unwrap(), Layout { k: 2, m: 1, unit: 4096 });
+    let ino = file.attr.unwrap().ino;
+
+    let stripe = StripeInfo { index: 0, version: 1, len: 100, written_len: 100, missing: 0 };
+    let attr = c
+        .commit(CommitRequest { ino, size: 100, stripes: vec![stripe], mtime: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .attr
+        .unwrap();
+    assert_eq!(attr.size, 100);
+    let open = c.open(InoRequest { ino }).await.unwrap().into_inner();
+    assert_eq!(open.stripes, vec![stripe]);
+
+    let page = c.read_dir(ReadDirRequest { ino: d.ino, after: vec![], limit: 10, plus: true }).await.unwrap();
+    let page = page.into_inner();
+    assert_eq!(page.entries.len(), 1);
+    assert_eq!(page.entries[0].attr.as_ref().unwrap().size, 100);
+
+    // Bad input is a clear error, never a crash.
+    let err = c.get_attr(InoRequest { ino: 0 }).await.unwrap_err();
+    assert_eq!(kind(err), ErrorKind::InvalidArgument);
+    let err = c.lookup(LookupRequest { parent: ROOT_INO, name: vec![b'a'; 300] }).await.unwrap_err();
+    assert_eq!(kind(err), ErrorKind::NameTooLong);
+    let err = c.lookup(LookupRequest { parent: ROOT_INO, name: b"nope".to_vec() }).await.unwrap_err();
+    assert_eq!(kind(err), ErrorKind::NotFound);
+    let err = c.rmdir(RemoveRequest { parent: ROOT_INO, name: b"d".to_vec() }).await.unwrap_err();
+    assert_eq!(kind(err), ErrorKind::NotEmpty);
+    let err = c.get_xattr(XattrRequest { ino, name: b"user.x".to_vec() }).await.unwrap_err();
+    assert_eq!(kind(err), ErrorKind::NoData);
+    let bad = SetAttrRequest { ino, atime: Some(Timespec { sec: 1, nsec: u32::MAX }), ..Default::default() };
+    assert_eq!(kind(c.set_attr(bad).await.unwrap_err()), ErrorKind::InvalidArgument);
+    let huge = StripeInfo {
+        index: u64::MAX,
+        version: u64::MAX,
+        len: u64::MAX,
+        written_len: u64::MAX,
+        missing: u32::MAX,
+    };
+    let err =
+        c.commit(CommitRequest { ino, size: u64::MAX, stripes: vec![huge], mtime: None }).await.unwrap_err();
+    assert!(matches!(kind(err), ErrorKind::InvalidArgument | ErrorKind::TooBig));
+
+    let status = c.cluster_status(Empty {}).await.unwrap().into_inner();
+    assert_eq!((status.files, status.directories, status.logical_bytes), (1, 2, 100));
+    assert_eq!(status.nodes.len(), 3);
+    assert!(status.nodes.iter().all(|n| n.up));
+    let fs = c.stat_fs(Empty {}).await.unwrap().into_inner();
+    assert_eq!(fs.files, 3);
+    let a = c.register_client(Empty {}).await.unwrap().into_inner().client_id;
+    let b = c.register_client(Empty {}).await.unwrap().into_inner().client_id;
+    assert_ne!(a, b);
+
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+
+    // A restarted server has it all.
+    let (mut c, stop, server) = start(config(dir.path())).await;
+    let f = c.lookup(LookupRequest { parent: d.ino, name: b"f".to_vec() }).await.unwrap().into_inner();
+    assert_eq!(f.attr.unwrap().size, 100);
+    let nodes = c.list_nodes(Empty {}).await.unwrap().into_inner().nodes;
+    assert_eq!(nodes.len(), 3);
+    assert!(nodes.iter().all(|n| !n.up), "down until they heartbeat");
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_database_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let _held = crate::store::RocksStore::open(dir.path(), false).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let err = crate::serve(config(dir.path()), listener, std::future::pending()).await.unwrap_err();
+    assert!(err.message().contains("cannot open metadata database"), "{err}");
+
+    let mut bad = config(dir.path());
+    bad.ec = "9+9".into();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    assert!(crate::serve(bad, listener, std::future::pending()).await.is_err());
+}

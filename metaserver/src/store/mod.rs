@@ -1,0 +1,101 @@
+//! The metadata store: an ordered key-value store with column families and atomic batches.
+//! Everything the metaserver persists goes through [`MetaStore`], so the backend (RocksDB today;
+//! a Raft-replicated or partitioned store later) is a change of this module only. Invariants every
+//! backend keeps: keys sort bytewise within a column family, `scan` returns pairs in key order,
+//! and `write` applies all of a [`Batch`] or none of it.
+
+mod memory;
+mod rocks;
+#[cfg(test)]
+mod tests;
+
+pub use memory::MemoryStore;
+pub use rocks::RocksStore;
+
+use cairn_common::Result;
+
+/// Column families: one key space per kind of record (see `schema.rs` for the encodings).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Cf {
+    Inodes,
+    Dentries,
+    Xattrs,
+    Symlinks,
+    Stripes,
+    Nodes,
+    Counters,
+    Gc,
+}
+
+impl Cf {
+    pub const ALL: [Cf; 8] =
+        [Cf::Inodes, Cf::Dentries, Cf::Xattrs, Cf::Symlinks, Cf::Stripes, Cf::Nodes, Cf::Counters, Cf::Gc];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Cf::Inodes => "inodes",
+            Cf::Dentries => "dentries",
+            Cf::Xattrs => "xattrs",
+            Cf::Symlinks => "symlinks",
+            Cf::Stripes => "stripes",
+            Cf::Nodes => "nodes",
+            Cf::Counters => "counters",
+            Cf::Gc => "gc",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One change in a batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    Put { cf: Cf, key: Vec<u8>, value: Vec<u8> },
+    Delete { cf: Cf, key: Vec<u8> },
+}
+
+/// Changes applied atomically by [`MetaStore::write`], in order (a later op on the same key wins).
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    ops: Vec<Op>,
+}
+
+impl Batch {
+    pub fn new() -> Batch {
+        Batch::default()
+    }
+
+    pub fn put(&mut self, cf: Cf, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) {
+        self.ops.push(Op::Put { cf, key: key.into(), value: value.into() });
+    }
+
+    pub fn delete(&mut self, cf: Cf, key: impl Into<Vec<u8>>) {
+        self.ops.push(Op::Delete { cf, key: key.into() });
+    }
+
+    pub fn ops(&self) -> &[Op] {
+        &self.ops
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+}
+
+/// An ordered key-value store with column families.
+pub trait MetaStore: Send + Sync + 'static {
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>>;
+
+    /// Pairs with `start <= key < end` in key order, at most `limit` of them. An empty `end`
+    /// means "to the end of the column family".
+    fn scan(&self, cf: Cf, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
+
+    /// Apply every op of `batch` atomically.
+    fn write(&self, batch: Batch) -> Result<()>;
+}

@@ -1,0 +1,8 @@
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto/cairn.proto");
+    tonic_prost_build::configure()
+        .bytes(".cairn.v1.WriteShardRequest.data")
+        .bytes(".cairn.v1.ReadShardReply.data")
+        .compile_protos(&["proto/cairn.proto"], &["proto"])?;
+    Ok(())
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Run the pjdfstest crate against a fresh Cairn mount and print the pass count.
+# Usage: scripts/pjdfstest.sh [path/to/cairn]   (default target/debug/cairn)
+# Full log: target/pjdfstest.log. Exits non-zero only if the suite could not run at all:
+# making every case pass is tracked in the issues, and failures are printed, not hidden.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+cairn=${1:-target/debug/cairn}
+command -v pjdfstest >/dev/null || cargo install --locked pjdfstest@0.2.2 || exit 1
+work=$(mktemp -d /tmp/cairn-pjd.XXXXXX)
+mkdir -p "$work/mnt"
+"$cairn" up --data-dir "$work/data" --mount "$work/mnt" --meta-port 0 > "$work/up.out" 2>&1 &
+up=$!
+cleanup() {
+  kill -TERM $up 2>/dev/null; wait $up 2>/dev/null
+  mountpoint -q "$work/mnt" && umount -l "$work/mnt"
+  rm -rf "$work"
+}
+trap cleanup EXIT
+for _ in $(seq 1 600); do grep -q '^ready:' "$work/up.out" && break; kill -0 $up 2>/dev/null || break; sleep 0.1; done
+if ! grep -q '^ready:' "$work/up.out"; then
+  echo "pjdfstest: cairn up did not start:"; cat "$work/up.out"; exit 1
+fi
+mkdir -p "$work/mnt/pjd" && chmod 0777 "$work/mnt/pjd"
+log=target/pjdfstest.log
+config="$PWD/tests/pjdfstest/pjdfstest.toml"
+(cd "$work/mnt/pjd" && timeout 900 pjdfstest -c "$config" -p "$work/mnt/pjd") > "$log" 2>&1
+summary=$(grep '^Summary:' "$log" | tail -1)
+if [ -z "$summary" ]; then
+  echo "pjdfstest: no summary (see $log):"; tail -20 "$log"; exit 1
+fi
+echo "pjdfstest failures:"; grep -E '\s(FAILED|failed)$' "$log" | sed 's/  */ /g' | head -100
+passed=$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$summary")
+total=$(sed -E 's/.* ([0-9]+) total.*/\1/' <<<"$summary")
+echo "pjdfstest on a Cairn mount: $passed of $total cases pass ($summary)"

@@ -1,0 +1,296 @@
+//! End-to-end tests on a real local cluster: `cairn up` with six chunkserver processes and
+//! EC 4+2, a real FUSE mount, files written and read through the kernel.
+
+mod support;
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+
+use support::{kill9, random_bytes, sha256, Cluster};
+
+const UNIT: usize = 1 << 20;
+const K: usize = 4;
+
+fn sizes() -> Vec<usize> {
+    vec![0, 1, UNIT - 1, UNIT, K * UNIT + 1, 3 * UNIT + 12345]
+}
+
+#[test]
+fn files_round_trip_byte_exact_and_cost_k_plus_m_over_k() {
+    let cluster = Cluster::start(6, "4+2", 1024);
+    for (i, size) in sizes().into_iter().enumerate() {
+        let data = random_bytes(size, i as u64);
+        let path = cluster.mnt.join(format!("file-{size}"));
+        fs::write(&path, &data).unwrap();
+        let back = fs::read(&path).unwrap();
+        assert_eq!(back.len(), size, "size of {size}-byte file");
+        assert_eq!(sha256(&back), sha256(&data), "content of {size}-byte file");
+        assert_eq!(fs::metadata(&path).unwrap().len(), size as u64);
+    }
+
+    // 100 MiB of random data: the shards stored for it are ≈ (k+m)/k of it.
+    let before = cluster.stored_bytes();
+    let big = random_bytes(100 << 20, 99);
+    let path = cluster.mnt.join("big.bin");
+    let mut f = fs::File::create(&path).unwrap();
+    for chunk in big.chunks(1 << 20) {
+        f.write_all(chunk).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    let stored = cluster.stored_bytes() - before;
+    let ratio = stored as f64 / big.len() as f64;
+    assert!((1.49..1.52).contains(&ratio), "stored {stored} bytes for {} (ratio {ratio:.3})", big.len());
+
+    let mut back = Vec::new();
+    fs::File::open(&path).unwrap().read_to_end(&mut back).unwrap();
+    assert_eq!(sha256(&back), sha256(&big));
+
+    // Random reads in the middle of stripes.
+    use std::os::unix::fs::FileExt;
+    let f = fs::File::open(&path).unwrap();
+    for (off, len) in
+        [(5 * UNIT as u64 - 3, 10usize), (17 * UNIT as u64 + 4096, 200_000), ((100 << 20) - 7, 7)]
+    {
+        let mut buf = vec![0u8; len];
+        f.read_exact_at(&mut buf, off).unwrap();
+        assert_eq!(&buf[..], &big[off as usize..off as usize + len], "read at {off}");
+    }
+}
+
+#[test]
+fn every_file_survives_losing_m_chunkservers() {
+    let cluster = Cluster::start(6, "4+2", 1024);
+    let mut files = Vec::new();
+    for (i, size) in sizes().into_iter().chain([20 << 20]).enumerate() {
+        let data = random_bytes(size, 100 + i as u64);
+        let path = cluster.mnt.join(format!("f{i}"));
+        fs::write(&path, &data).unwrap();
+        files.push((path, sha256(&data), size));
+    }
+    let pids = cluster.chunk_pids();
+    // One chunkserver dies: writes still succeed (degraded), every file reads back.
+    kill9(pids[0]);
+    let late = random_bytes(6 * UNIT + 77, 7);
+    let late_path = cluster.mnt.join("written-degraded");
+    fs::write(&late_path, &late).unwrap();
+    files.push((late_path, sha256(&late), late.len()));
+    // A second one dies: m = 2 shards of every stripe may be gone; all data is still there.
+    kill9(pids[3]);
+    for (path, hash, size) in &files {
+        let back = fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        assert_eq!(back.len(), *size, "{}", path.display());
+        assert_eq!(&sha256(&back), hash, "{}", path.display());
+    }
+}
+
+#[test]
+fn corrupted_shard_is_never_returned_as_data() {
+    let cluster = Cluster::start(6, "4+2", 1024);
+    let data = random_bytes(2 * UNIT + 5, 3);
+    let path = cluster.mnt.join("victim");
+    fs::write(&path, &data).unwrap();
+    // Flip one byte in every data shard 0 on disk (the header is 4 KiB, data follows).
+    let mut flipped = 0;
+    for shard in cluster.shard_files() {
+        let name = shard.file_name().unwrap().to_string_lossy().to_string();
+        if name.split('-').nth(2) == Some("00") {
+            let mut bytes = fs::read(&shard).unwrap();
+            let at = bytes.len() - 1;
+            bytes[at] ^= 0xff;
+            fs::write(&shard, bytes).unwrap();
+            flipped += 1;
+        }
+    }
+    assert!(flipped >= 1);
+    let back = fs::read(&path).unwrap();
+    assert_eq!(sha256(&back), sha256(&data));
+}
+
+#[test]
+fn namespace_survives_a_restart() {
+    let mut cluster = Cluster::start(6, "4+2", 1024);
+    let m = cluster.mnt.clone();
+    fs::create_dir_all(m.join("a/b/c")).unwrap();
+    let data = random_bytes(UNIT * 5 + 3, 11);
+    fs::write(m.join("a/b/c/data.bin"), &data).unwrap();
+    std::os::unix::fs::symlink("b/c/data.bin", m.join("a/link")).unwrap();
+    fs::hard_link(m.join("a/b/c/data.bin"), m.join("a/hard")).unwrap();
+    fs::set_permissions(m.join("a/b"), std::os::unix::fs::PermissionsExt::from_mode(0o750)).unwrap();
+    let ino = fs::metadata(m.join("a/hard")).unwrap().ino();
+
+    cluster.stop();
+    cluster.restart();
+
+    assert_eq!(sha256(&fs::read(m.join("a/b/c/data.bin")).unwrap()), sha256(&data));
+    assert_eq!(fs::read_link(m.join("a/link")).unwrap().to_str(), Some("b/c/data.bin"));
+    assert_eq!(sha256(&fs::read(m.join("a/link")).unwrap()), sha256(&data));
+    let md = fs::metadata(m.join("a/hard")).unwrap();
+    assert_eq!((md.ino(), md.nlink()), (ino, 2));
+    assert_eq!(fs::metadata(m.join("a/b")).unwrap().mode() & 0o7777, 0o750);
+    // New inodes after the restart do not reuse old numbers.
+    fs::write(m.join("new"), b"x").unwrap();
+    assert_ne!(fs::metadata(m.join("new")).unwrap().ino(), ino);
+}
+
+#[test]
+fn directory_operations() {
+    let cluster = Cluster::start(6, "4+2", 1024);
+    let m = cluster.mnt.clone();
+    fs::create_dir_all(m.join("x/y/z")).unwrap();
+    fs::create_dir(m.join("other")).unwrap();
+    fs::write(m.join("x/y/z/f"), b"hello").unwrap();
+    fs::write(m.join("other/target"), b"old").unwrap();
+    // Rename over an existing file, across directories.
+    fs::rename(m.join("x/y/z/f"), m.join("other/target")).unwrap();
+    assert_eq!(fs::read(m.join("other/target")).unwrap(), b"hello");
+    assert!(!m.join("x/y/z/f").exists());
+    // Rename a directory across parents: link counts follow.
+    fs::rename(m.join("x/y"), m.join("other/y")).unwrap();
+    assert!(m.join("other/y/z").is_dir());
+    assert_eq!(fs::metadata(m.join("x")).unwrap().nlink(), 2);
+    assert_eq!(fs::metadata(m.join("other")).unwrap().nlink(), 3);
+    // A directory cannot move into itself; a non-empty directory is not removed.
+    assert_eq!(
+        fs::rename(m.join("other"), m.join("other/y/inside")).unwrap_err().raw_os_error(),
+        Some(libc::EINVAL)
+    );
+    assert_eq!(fs::remove_dir(m.join("other")).unwrap_err().raw_os_error(), Some(libc::ENOTEMPTY));
+    // Hard links share data and count.
+    fs::hard_link(m.join("other/target"), m.join("x/alias")).unwrap();
+    assert_eq!(fs::metadata(m.join("x/alias")).unwrap().nlink(), 2);
+    fs::remove_file(m.join("other/target")).unwrap();
+    assert_eq!(fs::read(m.join("x/alias")).unwrap(), b"hello");
+    assert_eq!(fs::metadata(m.join("x/alias")).unwrap().nlink(), 1);
+    // Symlinks.
+    std::os::unix::fs::symlink("../x/alias", m.join("other/sym")).unwrap();
+    assert_eq!(fs::read(m.join("other/sym")).unwrap(), b"hello");
+    assert!(fs::symlink_metadata(m.join("other/sym")).unwrap().file_type().is_symlink());
+    // Bad names get errno, not a hang.
+    let long = "n".repeat(256);
+    assert_eq!(fs::write(m.join(&long), b"").unwrap_err().raw_os_error(), Some(libc::ENAMETOOLONG));
+    fs::write(m.join("n".repeat(255)), b"ok").unwrap();
+    // A directory of 10,000 entries lists completely.
+    let big = m.join("many");
+    fs::create_dir(&big).unwrap();
+    for i in 0..10_000 {
+        fs::File::create(big.join(format!("entry-{i:05}"))).unwrap();
+    }
+    let mut names: Vec<String> =
+        fs::read_dir(&big).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names.len(), 10_000);
+    assert_eq!(names[0], "entry-00000");
+    assert_eq!(names[9_999], "entry-09999");
+    for i in (0..10_000).step_by(2) {
+        fs::remove_file(big.join(format!("entry-{i:05}"))).unwrap();
+    }
+    assert_eq!(fs::read_dir(&big).unwrap().count(), 5_000);
+}
+
+#[test]
+fn overwrite_truncate_and_append() {
+    let cluster = Cluster::start(6, "4+2", 1024);
+    let path = cluster.mnt.join("f");
+    let mut model = random_bytes(3 * UNIT + 100, 5);
+    fs::write(&path, &model).unwrap();
+    use std::os::unix::fs::FileExt;
+    // Overwrite in the middle of a stripe (copy-on-write of that stripe).
+    let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let patch = random_bytes(5000, 6);
+    f.write_all_at(&patch, UNIT as u64 + 10).unwrap();
+    model[UNIT + 10..UNIT + 10 + 5000].copy_from_slice(&patch);
+    drop(f);
+    assert_eq!(sha256(&fs::read(&path).unwrap()), sha256(&model));
+    // Truncate down into a stripe, then up: the cut bytes read back as zeros.
+    let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(UNIT as u64 + 7).unwrap();
+    f.set_len(2 * UNIT as u64).unwrap();
+    drop(f);
+    model.truncate(UNIT + 7);
+    model.resize(2 * UNIT, 0);
+    assert_eq!(sha256(&fs::read(&path).unwrap()), sha256(&model));
+    // Append, and a sparse write far past the end.
+    let mut f = fs::OpenOptions::new().append(true).open(&path).unwrap();
+    f.write_all(b"tail").unwrap();
+    model.extend_from_slice(b"tail");
+    drop(f);
+    let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(b"far", 40 * UNIT as u64).unwrap();
+    drop(f);
+    model.resize(40 * UNIT, 0);
+    model.extend_from_slice(b"far");
+    assert_eq!(sha256(&fs::read(&path).unwrap()), sha256(&model));
+}
+
+#[test]
+fn admin_commands_report_the_cluster() {
+    let cluster = Cluster::start(6, "4+2", 1024);
+    fs::write(cluster.mnt.join("f"), random_bytes(4 * UNIT, 1)).unwrap();
+    let out = cluster.cli(&["df", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let df: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(df["ec"], "4+2");
+    let tiers = df["tiers"].as_array().unwrap();
+    assert_eq!(tiers.len(), 12, "an ssd and an hdd tier per chunkserver");
+    assert!(tiers.iter().any(|t| t["tier"] == "hdd"));
+    let used: u64 = tiers.iter().filter(|t| t["tier"] == "ssd").map(|t| t["used"].as_u64().unwrap()).sum();
+    assert!(used >= 6 * UNIT as u64, "new shards land on ssd ({used} bytes)");
+    assert_eq!(df["usable_capacity"].as_u64().unwrap(), df["raw_capacity"].as_u64().unwrap() / 6 * 4);
+
+    let out = cluster.cli(&["status", "--json"]);
+    assert!(out.status.success());
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(st["nodes_up"], 6);
+    assert_eq!(st["files"], 1);
+    assert_eq!(st["logical_bytes"], 4 * UNIT as u64);
+
+    // Human-readable output too.
+    let out = cluster.cli(&["df"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("usable"));
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    // No metaserver: a clear message and a non-zero exit, quickly.
+    let out = std::process::Command::new(support::CAIRN)
+        .args(["status", "--meta", "127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach metaserver"));
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let out = std::process::Command::new(support::CAIRN)
+        .args(["mount", "--meta", "127.0.0.1:1", mnt.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(!support::is_mounted(&mnt));
+    // A malformed config names the file and the problem.
+    let cfg = dir.path().join("meta.toml");
+    fs::write(&cfg, "listen = 7\n").unwrap();
+    let out = std::process::Command::new(support::CAIRN)
+        .args(["meta", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("meta.toml") && err.contains("listen"), "{err}");
+    fs::write(&cfg, "typo = 1\n").unwrap();
+    let out = std::process::Command::new(support::CAIRN)
+        .args(["meta", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("typo"));
+    // Too few chunkservers for the layout.
+    let out = std::process::Command::new(support::CAIRN)
+        .args(["up", "--data-dir", dir.path().join("d").to_str().unwrap(), "--mount", mnt.to_str().unwrap()])
+        .args(["--chunkservers", "3", "--meta-port", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs at least 6 chunkservers"));
+}

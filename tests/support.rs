@@ -1,0 +1,229 @@
+//! Test harness: a real local cluster started with `cairn up` (metaserver and chunkservers as
+//! separate processes on 127.0.0.1, a real FUSE mount in a temp dir). Every wait polls with a
+//! deadline; nothing sleeps as synchronisation.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub const CAIRN: &str = env!("CARGO_BIN_EXE_cairn");
+
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub role: String,
+    pub id: String,
+    pub addr: String,
+    pub pid: u32,
+}
+
+pub struct Cluster {
+    pub root: tempfile::TempDir,
+    pub data: PathBuf,
+    pub mnt: PathBuf,
+    pub nodes: Vec<Node>,
+    pub meta_addr: String,
+    up: Option<Child>,
+    args: Vec<String>,
+}
+
+impl Cluster {
+    /// Start `cairn up` with `chunkservers` nodes and the given EC spec, and wait until ready.
+    pub fn start(chunkservers: u32, ec: &str, unit_kib: u32) -> Cluster {
+        let root = tempfile::Builder::new().prefix("cairn-test-").tempdir_in("/tmp").expect("tempdir");
+        let data = root.path().join("data");
+        let mnt = root.path().join("mnt");
+        let args = vec![
+            "up".to_string(),
+            "--data-dir".into(),
+            data.display().to_string(),
+            "--mount".into(),
+            mnt.display().to_string(),
+            "--chunkservers".into(),
+            chunkservers.to_string(),
+            "--ec".into(),
+            ec.into(),
+            "--unit-kib".into(),
+            unit_kib.to_string(),
+            "--meta-port".into(),
+            "0".into(),
+        ];
+        let mut cluster =
+            Cluster { root, data, mnt, nodes: Vec::new(), meta_addr: String::new(), up: None, args };
+        cluster.restart();
+        cluster
+    }
+
+    /// (Re)start `cairn up` on this cluster's data dir.
+    pub fn restart(&mut self) {
+        assert!(self.up.is_none(), "cluster already running");
+        let mut child = Command::new(CAIRN)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn cairn up");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut nodes = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = match rx.recv_timeout(left) {
+                Ok(line) => line,
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("cairn up did not get ready; logs in {}", self.data.join("logs").display());
+                }
+            };
+            if line.starts_with("ready:") {
+                self.meta_addr =
+                    line.split("metaserver ").nth(1).and_then(|s| s.split(',').next()).unwrap().to_string();
+                break;
+            }
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.len() >= 4 && ["meta", "chunk", "mount"].contains(&cols[0]) {
+                nodes.push(Node {
+                    role: cols[0].into(),
+                    id: cols[1].into(),
+                    addr: cols[2].into(),
+                    pid: cols[3].parse().expect("pid"),
+                });
+            }
+        }
+        self.nodes = nodes;
+        self.up = Some(child);
+    }
+
+    /// Stop `cairn up` with SIGTERM and wait until it has unmounted and exited.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.up.take() else { return };
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                assert!(status.success(), "cairn up exited with {status}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "cairn up did not stop");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(!is_mounted(&self.mnt), "mount left behind");
+    }
+
+    pub fn chunk_pids(&self) -> Vec<u32> {
+        self.nodes.iter().filter(|n| n.role == "chunk").map(|n| n.pid).collect()
+    }
+
+    pub fn pid_of(&self, role: &str) -> u32 {
+        self.nodes.iter().find(|n| n.role == role).expect("role").pid
+    }
+
+    /// Run `cairn <args>` against this cluster's metaserver.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(CAIRN).args(args).env("CAIRN_META", &self.meta_addr).output().expect("run cairn")
+    }
+
+    /// Bytes of all shard files (headers included) under the chunkservers' data dirs.
+    pub fn stored_bytes(&self) -> u64 {
+        fn walk(p: &Path) -> u64 {
+            let Ok(rd) = std::fs::read_dir(p) else { return 0 };
+            rd.filter_map(Result::ok)
+                .map(|e| {
+                    let md = e.metadata().expect("metadata");
+                    if md.is_dir() {
+                        walk(&e.path())
+                    } else if e.file_name().to_string_lossy().ends_with(".shard") {
+                        md.len()
+                    } else {
+                        0
+                    }
+                })
+                .sum()
+        }
+        walk(&self.data)
+    }
+
+    /// Paths of every shard file.
+    pub fn shard_files(&self) -> Vec<PathBuf> {
+        fn walk(p: &Path, out: &mut Vec<PathBuf>) {
+            let Ok(rd) = std::fs::read_dir(p) else { return };
+            for e in rd.filter_map(Result::ok) {
+                if e.path().is_dir() {
+                    walk(&e.path(), out);
+                } else if e.file_name().to_string_lossy().ends_with(".shard") {
+                    out.push(e.path());
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.data, &mut out);
+        out
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.up.take() {
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+        }
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+    }
+}
+
+pub fn is_mounted(p: &Path) -> bool {
+    let Ok(canon) = p.canonicalize() else { return false };
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|info| info.lines().any(|l| l.split(' ').nth(4) == canon.to_str()))
+        .unwrap_or(false)
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
+pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+pub fn sha256(data: &[u8]) -> String {
+    use sha2::Digest;
+    format!("{:x}", sha2::Sha256::digest(data))
+}
+
+pub fn kill9(pid: u32) {
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Path::new(&format!("/proc/{pid}/status")).exists()
+        && std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .map(|s| !s.contains("State:\tZ"))
+            .unwrap_or(false)
+    {
+        assert!(Instant::now() < deadline, "process {pid} did not die");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
