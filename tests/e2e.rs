@@ -228,15 +228,31 @@ fn overwrite_truncate_and_append() {
 fn admin_commands_report_the_cluster() {
     let cluster = Cluster::start(6, "4+2", 1024);
     fs::write(cluster.mnt.join("f"), random_bytes(4 * UNIT, 1)).unwrap();
-    let out = cluster.cli(&["df", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let df: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Usage reaches the metaserver with the next heartbeats: poll with a deadline.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let df = loop {
+        let out = cluster.cli(&["df", "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let df: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let ssd_used: u64 = df["tiers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["tier"] == "ssd")
+            .map(|t| t["used"].as_u64().unwrap())
+            .sum();
+        if ssd_used >= 6 * UNIT as u64 {
+            break df;
+        }
+        assert!(std::time::Instant::now() < deadline, "new shards never showed on the ssd tier: {df}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
     assert_eq!(df["ec"], "4+2");
     let tiers = df["tiers"].as_array().unwrap();
     assert_eq!(tiers.len(), 12, "an ssd and an hdd tier per chunkserver");
-    assert!(tiers.iter().any(|t| t["tier"] == "hdd"));
-    let used: u64 = tiers.iter().filter(|t| t["tier"] == "ssd").map(|t| t["used"].as_u64().unwrap()).sum();
-    assert!(used >= 6 * UNIT as u64, "new shards land on ssd ({used} bytes)");
+    let hdd_used: u64 =
+        tiers.iter().filter(|t| t["tier"] == "hdd").map(|t| t["used"].as_u64().unwrap()).sum();
+    assert_eq!(hdd_used, 0, "nothing destages to hdd yet");
     assert_eq!(df["usable_capacity"].as_u64().unwrap(), df["raw_capacity"].as_u64().unwrap() / 6 * 4);
 
     let out = cluster.cli(&["status", "--json"]);

@@ -63,7 +63,10 @@ pub async fn serve(
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let served = tonic::transport::Server::builder()
         .add_service(service)
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
         .await;
     heartbeat.abort();
     served.map_err(|e| CairnError::io(format!("chunk gRPC server on {local}: {e}")))?;

@@ -65,7 +65,10 @@ pub async fn serve_namespace(
         .max_encoding_message_size(cairn_common::MAX_MESSAGE_BYTES);
     let result = tonic::transport::Server::builder()
         .add_service(service)
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
         .await
         .map_err(|e| CairnError::io(format!("metaserver: {e}")));
     // Wait for the gc task to go, so the namespace (and the database lock) is released when
