@@ -310,3 +310,92 @@ fn bad_input_gets_clear_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs at least 6 chunkservers"));
 }
+
+#[test]
+fn metaserver_killed_and_restarted_under_a_live_mount() {
+    let cluster = Cluster::start(6, "4+2", 1024);
+    let m = cluster.mnt.clone();
+    let data = random_bytes(3 * UNIT + 9, 21);
+    fs::create_dir(m.join("d")).unwrap();
+    fs::write(m.join("d/before"), &data).unwrap();
+    kill9(cluster.pid_of("meta"));
+    // The mount answers with an error while the metaserver is gone: it does not hang.
+    assert!(fs::metadata(m.join("d/absent")).is_err());
+    let config = cluster.data.join("meta/meta.toml");
+    let mut meta = std::process::Command::new(support::CAIRN)
+        .args(["meta", "--config", config.to_str().unwrap()])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    // Poll until the same mount, without remounting, sees the namespace again.
+    let back = loop {
+        if let Ok(back) = fs::read(m.join("d/before")) {
+            break back;
+        }
+        assert!(std::time::Instant::now() < deadline, "mount did not recover after metaserver restart");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(sha256(&back), sha256(&data));
+    // Writes work again once the chunkservers have heartbeated to the new metaserver.
+    let after = random_bytes(UNIT + 1, 22);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while fs::write(m.join("d/after"), &after).is_err() {
+        assert!(std::time::Instant::now() < deadline, "writes did not recover");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(sha256(&fs::read(m.join("d/after")).unwrap()), sha256(&after));
+    let _ = meta.kill();
+    let _ = meta.wait();
+}
+
+#[test]
+fn full_disk_is_enospc_and_loses_nothing_acknowledged() {
+    // The whole cluster lives on a 400 MiB tmpfs; chunkservers keep 64 MiB free by default.
+    let dir = tempfile::Builder::new().prefix("cairn-full-").tempdir_in("/tmp").unwrap();
+    let fsdir = dir.path().join("fs");
+    fs::create_dir(&fsdir).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=400m", "tmpfs", fsdir.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(ok.success(), "mount tmpfs (tests run as root)");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(fsdir.clone());
+    let cluster = Cluster::start_in(&fsdir, 6, "4+2", 1024);
+    let m = cluster.mnt.clone();
+    let keep = random_bytes(2 * UNIT, 31);
+    fs::write(m.join("keep"), &keep).unwrap();
+
+    let mut f = fs::File::create(m.join("too-big")).unwrap();
+    let chunk = random_bytes(UNIT, 32);
+    let mut error = None;
+    for _ in 0..1024 {
+        if let Err(e) = f.write_all(&chunk) {
+            error = Some(e);
+            break;
+        }
+    }
+    let error = error.or_else(|| f.sync_all().err()).expect("writing 1 GiB to 400 MiB must fail");
+    assert_eq!(error.raw_os_error(), Some(libc::ENOSPC), "{error}");
+    drop(f);
+    // What was acknowledged before is intact.
+    assert_eq!(sha256(&fs::read(m.join("keep")).unwrap()), sha256(&keep));
+    // Removing the partial file frees its shards (garbage collection), and writes work again.
+    fs::remove_file(m.join("too-big")).unwrap();
+    let small = random_bytes(UNIT, 33);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match fs::write(m.join("after"), &small) {
+            Ok(()) => break,
+            Err(e) => assert!(std::time::Instant::now() < deadline, "space never came back: {e}"),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    assert_eq!(sha256(&fs::read(m.join("after")).unwrap()), sha256(&small));
+}

@@ -33,7 +33,12 @@ pub struct Cluster {
 impl Cluster {
     /// Start `cairn up` with `chunkservers` nodes and the given EC spec, and wait until ready.
     pub fn start(chunkservers: u32, ec: &str, unit_kib: u32) -> Cluster {
-        let root = tempfile::Builder::new().prefix("cairn-test-").tempdir_in("/tmp").expect("tempdir");
+        Cluster::start_in(Path::new("/tmp"), chunkservers, ec, unit_kib)
+    }
+
+    /// Like [`Cluster::start`], with the cluster's directories under `parent`.
+    pub fn start_in(parent: &Path, chunkservers: u32, ec: &str, unit_kib: u32) -> Cluster {
+        let root = tempfile::Builder::new().prefix("cairn-test-").tempdir_in(parent).expect("tempdir");
         let data = root.path().join("data");
         let mnt = root.path().join("mnt");
         let args = vec![

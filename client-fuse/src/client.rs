@@ -243,12 +243,20 @@ impl Client {
         let Some(ino) = self.handles.lock().remove(&fh) else {
             return result;
         };
-        let mut files = self.files.lock();
-        if let Some(o) = files.get_mut(&ino) {
-            o.handles -= 1;
-            if o.handles == 0 {
-                files.remove(&ino);
+        let last = {
+            let mut files = self.files.lock();
+            match files.get_mut(&ino) {
+                Some(o) if o.handles > 1 => {
+                    o.handles -= 1;
+                    None
+                }
+                Some(_) => files.remove(&ino).map(|o| o.file),
+                None => None,
             }
+        };
+        if let (Some(file), Err(e)) = (last, &result) {
+            tracing::warn!(ino, "last close failed ({e}); discarding what could not be committed");
+            file.abandon(&self.nodes).await;
         }
         result
     }

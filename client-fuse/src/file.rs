@@ -316,6 +316,33 @@ impl OpenFile {
         Ok(Some(attr))
     }
 
+    /// Give up on what could not be committed (the last handle closed after a failed flush):
+    /// drop the buffers and delete the shards of stripes written but never committed, which
+    /// nothing else references. Best effort: a chunkserver that cannot be reached keeps them
+    /// as orphans.
+    pub async fn abandon(&self, nodes: &Arc<Nodes>) {
+        let mut inner = self.inner.lock().await;
+        inner.dirty.clear();
+        inner.size_dirty = false;
+        let mut by_node: BTreeMap<u32, Vec<cairn_common::ShardId>> = BTreeMap::new();
+        for info in std::mem::take(&mut inner.uncommitted).into_values() {
+            inner.stripes.remove(&info.index);
+            for index in 0..self.geo.layout.width() {
+                if info.missing & (1 << index) == 0 && self.geo.layout.shard_len(index, info.written_len) > 0
+                {
+                    let id = self.geo.shard(info.index, index, info.version);
+                    by_node.entry(self.geo.node(info.index, index)).or_default().push(id);
+                }
+            }
+        }
+        let deletes = by_node.into_iter().map(|(node, ids)| nodes.delete_shards(node, ids));
+        for result in join_all(deletes).await {
+            if let Err(e) = result {
+                tracing::warn!(ino = self.geo.ino, "could not delete uncommitted shards: {e}");
+            }
+        }
+    }
+
     /// Apply a truncate the metaserver has done: drop stripes past the end and clamp the last.
     pub async fn truncated(&self, size: u64) {
         let layout = self.geo.layout;

@@ -65,6 +65,13 @@ impl Nodes {
         Ok(())
     }
 
+    /// Delete shards from one chunkserver; returns how many existed.
+    pub async fn delete_shards(&self, node: u32, ids: Vec<ShardId>) -> Result<u32> {
+        let mut c = self.client(node).await?;
+        let req = cairn_proto::DeleteShardsRequest { ids: ids.into_iter().map(Into::into).collect() };
+        Ok(c.delete_shards(req).await.map_err(|s| node_error(node, s))?.into_inner().deleted)
+    }
+
     /// Read `len` bytes (0 = to the end) at `offset` of a shard.
     pub async fn read_shard(&self, node: u32, id: ShardId, offset: u64, len: u64) -> Result<Bytes> {
         let mut c = self.client(node).await?;

@@ -72,16 +72,25 @@ pub async fn write_stripe(
         async move { (index, nodes.write_shard(geo.node(stripe, index), id, s).await) }
     });
     let mut missing = 0u32;
+    let mut stored = Vec::new();
     let mut first_error = None;
     for (index, result) in join_all(writes).await {
-        if let Err(e) = result {
-            tracing::warn!(ino = geo.ino, stripe, index, "shard write failed: {e}");
-            missing |= 1 << index;
-            first_error.get_or_insert(e);
+        match result {
+            Ok(()) => stored.push(index),
+            Err(e) => {
+                tracing::warn!(ino = geo.ino, stripe, index, "shard write failed: {e}");
+                missing |= 1 << index;
+                first_error.get_or_insert(e);
+            }
         }
     }
     let tolerated = layout.m.saturating_sub(1);
     if missing.count_ones() > tolerated {
+        // This version will never be committed: its stored shards are garbage now.
+        let deletes = stored.iter().map(|&index| {
+            nodes.delete_shards(geo.node(stripe, index), vec![geo.shard(stripe, index, version)])
+        });
+        join_all(deletes).await;
         let e = first_error.unwrap_or_else(|| CairnError::internal("shard write failed"));
         // A full disk stays ENOSPC for the application; anything else is an I/O error.
         let kind = if e.kind() == ErrorKind::NoSpace { ErrorKind::NoSpace } else { ErrorKind::Io };
