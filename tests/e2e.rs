@@ -399,3 +399,52 @@ fn full_disk_is_enospc_and_loses_nothing_acknowledged() {
     }
     assert_eq!(sha256(&fs::read(m.join("after")).unwrap()), sha256(&small));
 }
+
+fn sh(dir: &std::path::Path, script: &str) -> String {
+    let out = std::process::Command::new("bash").arg("-ec").arg(script).current_dir(dir).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "script failed:\n{script}\n{text}");
+    text
+}
+
+#[test]
+fn real_tools_work_on_the_mount() {
+    let cluster = Cluster::start(6, "4+2", 1024);
+    let m = cluster.mnt.clone();
+    let src = cluster.root.path().join("src");
+    fs::create_dir_all(src.join("tree/deep/er")).unwrap();
+    for i in 0..50 {
+        fs::write(src.join(format!("tree/deep/f{i}")), random_bytes(i * 37_000, i as u64)).unwrap();
+    }
+    fs::write(src.join("tree/deep/er/big"), random_bytes(9 * UNIT + 5, 77)).unwrap();
+    std::os::unix::fs::symlink("deep/f3", src.join("tree/link")).unwrap();
+    fs::hard_link(src.join("tree/deep/f4"), src.join("tree/hard")).unwrap();
+    let (s, d) = (src.display(), m.display());
+    // cp -r, then tar c | tar x (symlinks and hard links preserved), compared with diff -r.
+    sh(&m, &format!("cp -a {s}/tree {d}/copied && diff -r {s}/tree {d}/copied"));
+    sh(&m, &format!("mkdir {d}/untarred && tar -C {s} -cf - tree | tar -C {d}/untarred -xf - && diff -r {s}/tree {d}/untarred/tree"));
+    sh(&m, &format!("test -L {d}/untarred/tree/link && test $(stat -c %h {d}/untarred/tree/hard) = 2"));
+    // fio writes with checksums and verifies them on read-back.
+    let fio = sh(&m, "fio --name=verify --directory=. --rw=randwrite --bs=64k --size=24m --verify=crc32c --do_verify=1 --iodepth=1 --output-format=normal");
+    assert!(fio.contains("verify"), "{fio}");
+    // Python: write, read, seek, append.
+    sh(
+        &m,
+        r#"python3 - <<'PY'
+import os, hashlib
+data = os.urandom(3_000_001)
+with open("py.bin", "wb") as f:
+    f.write(data)
+with open("py.bin", "rb") as f:
+    assert hashlib.sha256(f.read()).digest() == hashlib.sha256(data).digest()
+    f.seek(1_048_570)
+    assert f.read(20) == data[1_048_570:1_048_590]
+with open("py.bin", "ab") as f:
+    f.write(b"more")
+assert os.path.getsize("py.bin") == len(data) + 4
+os.makedirs("a/b", exist_ok=True)
+os.rename("py.bin", "a/b/moved.bin")
+assert sorted(os.listdir("a/b")) == ["moved.bin"]
+PY"#,
+    );
+}
