@@ -8,7 +8,11 @@ cd "$(dirname "$0")/.."
 cairn=${1:-target/debug/cairn}
 command -v pjdfstest >/dev/null || cargo install --locked pjdfstest@0.2.2 || exit 1
 work=$(mktemp -d /tmp/cairn-pjd.XXXXXX)
-mkdir -p "$work/mnt"
+# mktemp -d makes a 0700 directory: the suite's non-root users (nobody, daemon) must be able
+# to reach the mount through it, or every case that stats a path as them fails with EACCES.
+# "$work/other" is on another file system: the secondary fs of the EXDEV cases.
+chmod 0711 "$work"
+mkdir -p "$work/mnt" "$work/other"
 "$cairn" up --data-dir "$work/data" --mount "$work/mnt" --meta-port 0 > "$work/up.out" 2>&1 &
 up=$!
 cleanup() {
@@ -24,7 +28,7 @@ fi
 mkdir -p "$work/mnt/pjd" && chmod 0777 "$work/mnt/pjd"
 log=target/pjdfstest.log
 config="$PWD/tests/pjdfstest/pjdfstest.toml"
-(cd "$work/mnt/pjd" && timeout 900 pjdfstest -c "$config" -p "$work/mnt/pjd") > "$log" 2>&1
+(cd "$work/mnt/pjd" && timeout 900 pjdfstest -c "$config" -p "$work/mnt/pjd" -s "$work/other") > "$log" 2>&1
 summary=$(grep '^Summary:' "$log" | tail -1)
 if [ -z "$summary" ]; then
   echo "pjdfstest: no summary (see $log):"; tail -20 "$log"; exit 1

@@ -38,6 +38,11 @@ impl Cluster {
 
     /// Like [`Cluster::start`], with the cluster's directories under `parent`.
     pub fn start_in(parent: &Path, chunkservers: u32, ec: &str, unit_kib: u32) -> Cluster {
+        Cluster::start_with(parent, chunkservers, ec, unit_kib, &[])
+    }
+
+    /// Like [`Cluster::start_in`], with extra `cairn up` arguments.
+    pub fn start_with(parent: &Path, chunkservers: u32, ec: &str, unit_kib: u32, extra: &[&str]) -> Cluster {
         let root = tempfile::Builder::new().prefix("cairn-test-").tempdir_in(parent).expect("tempdir");
         let data = root.path().join("data");
         let mnt = root.path().join("mnt");
@@ -56,6 +61,7 @@ impl Cluster {
             "--meta-port".into(),
             "0".into(),
         ];
+        let args: Vec<String> = args.into_iter().chain(extra.iter().map(|s| s.to_string())).collect();
         let mut cluster =
             Cluster { root, data, mnt, nodes: Vec::new(), meta_addr: String::new(), up: None, args };
         cluster.restart();
@@ -230,5 +236,65 @@ pub fn kill9(pid: u32) {
     {
         assert!(Instant::now() < deadline, "process {pid} did not die");
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A second client: `cairn mount` of the same cluster at another mount point.
+pub struct Mount {
+    pub dir: PathBuf,
+    pub child: Option<Child>,
+}
+
+impl Mount {
+    pub fn new(cluster: &Cluster, name: &str) -> Mount {
+        let dir = cluster.root.path().join(name);
+        std::fs::create_dir_all(&dir).expect("mount dir");
+        let child = Command::new(CAIRN)
+            .args(["mount", "--meta", &cluster.meta_addr, dir.to_str().expect("utf8")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn cairn mount");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !is_mounted(&dir) {
+            assert!(Instant::now() < deadline, "second mount did not appear");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Mount { dir, child: Some(child) }
+    }
+
+    /// Kill the client process without unmounting (a crashed client).
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if is_mounted(&self.dir) {
+            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        }
+    }
+}
+
+/// Poll `f` until it returns true, failing with `what` after `secs` seconds.
+pub fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -3,9 +3,10 @@
 //!
 //! The pieces, bottom up: [`engine`] does positional disk I/O (io_uring, or pread/pwrite);
 //! [`shard`] is the versioned on-disk format with per-block BLAKE3 hashes; [`store`] places,
-//! indexes, reads and verifies shard files; [`service`] is the gRPC layer; [`heartbeat`] keeps
-//! the node registered with the metaserver. [`serve`] wires them together on a listener and
-//! [`run`] is what `cairn chunk` calls.
+//! indexes, reads and verifies shard files; [`policy`] decides which shards change tier and
+//! [`mover`] moves them, crash-safely; [`service`] is the gRPC layer; [`heartbeat`] keeps the
+//! node registered with the metaserver; [`metrics`] names the exported metrics. [`serve`]
+//! wires them together on a listener and [`run`] is what `cairn chunk` calls.
 
 use std::future::Future;
 use std::sync::atomic::AtomicU32;
@@ -18,16 +19,22 @@ use cairn_proto::chunk_server::ChunkServer;
 
 pub mod engine;
 pub mod heartbeat;
+pub mod metrics;
+pub mod mover;
+pub mod policy;
 pub mod service;
 pub mod shard;
 pub mod store;
 
 pub use engine::{IoEngine, PreadEngine, UringEngine};
+pub use mover::{MoveOutcome, PassReport, PromoteSummary};
+pub use policy::{Clock, ManualClock, SystemClock, TierPolicy};
 pub use service::ChunkService;
 pub use store::{ShardStore, StoreOptions, Tier};
 
 /// Serve the chunkserver on `listener` until `shutdown` completes: open the store with the
-/// configured engine, register and heartbeat with the metaserver, answer `Chunk` RPCs.
+/// configured engine, start the tier mover, register and heartbeat with the metaserver, answer
+/// `Chunk` RPCs.
 pub async fn serve(
     config: ChunkConfig,
     listener: tokio::net::TcpListener,
@@ -57,6 +64,7 @@ pub async fn serve(
     )?;
     tracing::info!(addr = %local, advertise, uuid, engine = store.engine_name(), "chunkserver serving");
     let heartbeat = tokio::spawn(heartbeat.run());
+    let mover = mover::spawn(store.clone(), Duration::from_millis(config.mover_interval_ms));
 
     let service = ChunkServer::new(ChunkService::new(store, node_id))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -69,6 +77,8 @@ pub async fn serve(
         )
         .await;
     heartbeat.abort();
+    // A move cut short here leaves a temp file or two copies; the next open settles both.
+    mover.abort();
     served.map_err(|e| CairnError::io(format!("chunk gRPC server on {local}: {e}")))?;
     tracing::info!("chunkserver stopped");
     Ok(())

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use cairn_common::{CairnError, Result, ShardId};
 use cairn_proto::chunk_server::Chunk;
 use cairn_proto::{
-    ChunkStatReply, DeleteShardsReply, DeleteShardsRequest, Empty, ReadShardReply, ReadShardRequest,
-    WriteShardReply, WriteShardRequest,
+    ChunkStatReply, DeleteShardsReply, DeleteShardsRequest, Empty, PromoteReply, PromoteRequest,
+    ReadShardReply, ReadShardRequest, WriteShardReply, WriteShardRequest,
 };
 use tonic::{Request, Response, Status};
 
@@ -18,6 +18,8 @@ use crate::store::ShardStore;
 
 /// Most ids one DeleteShards request may carry.
 pub const MAX_DELETE_IDS: usize = 100_000;
+/// Most ids one Promote request may carry.
+pub const MAX_PROMOTE_IDS: usize = 100_000;
 
 /// The chunkserver's gRPC service.
 pub struct ChunkService {
@@ -83,6 +85,25 @@ impl Chunk for ChunkService {
         let ids = req.ids.iter().map(|id| shard_id(Some(id))).collect::<Result<Vec<_>>>()?;
         let deleted = self.store.delete(&ids).await?;
         Ok(Response::new(DeleteShardsReply { deleted }))
+    }
+
+    async fn promote(&self, request: Request<PromoteRequest>) -> Result<Response<PromoteReply>, Status> {
+        let req = request.into_inner();
+        if req.ids.len() > MAX_PROMOTE_IDS {
+            return Err(CairnError::invalid(format!(
+                "{} shard ids in one promote, at most {MAX_PROMOTE_IDS} allowed",
+                req.ids.len()
+            ))
+            .into());
+        }
+        let ids = req.ids.iter().map(|id| shard_id(Some(id))).collect::<Result<Vec<_>>>()?;
+        let done = self.store.promote(&ids).await?;
+        Ok(Response::new(PromoteReply {
+            promoted: done.promoted,
+            already: done.already,
+            missing: done.missing,
+            bytes: done.bytes,
+        }))
     }
 
     async fn stat(&self, _request: Request<Empty>) -> Result<Response<ChunkStatReply>, Status> {

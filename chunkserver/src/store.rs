@@ -14,11 +14,18 @@
 //!   Rewriting an existing id (an idempotent retry) replaces its file and its accounting.
 //! - New shards go to SSD directories (rotating, skipping full ones) and only fall back to HDD
 //!   directories when no SSD directory has room; "room" is `statvfs` free space above
-//!   `reserve_bytes`.
+//!   `reserve_bytes`, and on SSD also the directory's share of `ssd_capacity` not yet used.
+//!   Only when every directory is full is a write `NoSpace`.
 //! - Reads verify the header and every block they return; a checksum mismatch is an
 //!   `ErrorKind::Corrupt` error, never data.
+//! - Writes, deletes and tier moves of one shard id are serialised by a per-id claim; reads
+//!   take none. A read resolves the path from the index and, if the file vanished because a
+//!   move switched it to another directory meanwhile, resolves it again.
+//! - The index keeps each shard's last access (from the injected [`Clock`]; the file's mtime at
+//!   open) and the recent HDD reads of HDD shards, which the mover (`mover.rs`) turns into
+//!   demotions and promotions following the [`TierPolicy`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::io;
 use std::mem::MaybeUninit;
@@ -32,8 +39,11 @@ use cairn_common::checksum::BLOCK_SIZE;
 use cairn_common::config::ChunkConfig;
 use cairn_common::{CairnError, Result, ShardId};
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 
 use crate::engine::IoEngine;
+use crate::mover::RateLimiter;
+use crate::policy::{system_ms, Clock, HotTracker, SystemClock, TierPolicy};
 use crate::shard::{self, HEADER_ALIGN, MAX_SHARD_BYTES};
 
 /// Checksumming more than this many bytes moves to the blocking pool, off the async workers.
@@ -65,6 +75,10 @@ pub struct StoreOptions {
     pub sync: bool,
     /// Bytes left free on each directory's filesystem.
     pub reserve_bytes: u64,
+    /// SSD capacity, watermarks and the promotion rule.
+    pub policy: TierPolicy,
+    /// Most bytes per second copied between tiers.
+    pub mover_rate_bytes: u64,
 }
 
 impl StoreOptions {
@@ -74,41 +88,53 @@ impl StoreOptions {
             hdd_dirs: config.hdd_dirs.clone(),
             sync: config.sync,
             reserve_bytes: config.reserve_bytes,
+            policy: TierPolicy::from_config(config),
+            mover_rate_bytes: config.mover_rate_bytes,
         }
     }
 }
 
 /// One configured data directory.
 #[derive(Debug)]
-struct TierDir {
-    tier: Tier,
+pub(crate) struct TierDir {
+    pub(crate) tier: Tier,
     /// The directory as configured (what `statvfs` and `cairn df` look at).
     root: PathBuf,
     /// `{root}/shards`, parent of the 256 bucket directories.
-    shards: PathBuf,
+    pub(crate) shards: PathBuf,
 }
 
+/// What the index knows about one directory: usage (the sum over its shards) and counters
+/// since start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct DirUsage {
-    bytes: u64,
-    shards: u64,
+pub(crate) struct DirUsage {
+    pub(crate) bytes: u64,
+    pub(crate) shards: u64,
+    pub(crate) reads: u64,
+    pub(crate) read_bytes: u64,
+    pub(crate) promotions: u64,
+    pub(crate) demotions: u64,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Location {
-    dir: usize,
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Location {
+    pub(crate) dir: usize,
     /// Bytes of the whole file, header included.
-    file_len: u64,
+    pub(crate) file_len: u64,
+    /// Last read or write, in [`Clock`] milliseconds.
+    pub(crate) last_access: u64,
 }
 
 #[derive(Debug, Default)]
-struct Index {
-    shards: HashMap<ShardId, Location>,
-    usage: Vec<DirUsage>,
+pub(crate) struct Index {
+    pub(crate) shards: HashMap<ShardId, Location>,
+    pub(crate) usage: Vec<DirUsage>,
+    /// Recent HDD reads of HDD shards.
+    pub(crate) hot: HotTracker,
 }
 
 impl Index {
-    fn insert(&mut self, id: ShardId, loc: Location) -> Option<Location> {
+    pub(crate) fn insert(&mut self, id: ShardId, loc: Location) -> Option<Location> {
         let old = self.shards.insert(id, loc);
         if let Some(old) = old {
             self.forget(old);
@@ -132,21 +158,74 @@ impl Index {
     }
 }
 
+/// Shard ids with a write, delete or move in progress. Whoever holds an id's claim is the only
+/// one changing its file and its index entry.
+#[derive(Default)]
+struct Claims {
+    busy: Mutex<HashSet<ShardId>>,
+    released: Notify,
+}
+
+/// The claim on one shard id; dropping it lets the next writer, deleter or mover in.
+pub(crate) struct Claim<'a> {
+    claims: &'a Claims,
+    id: ShardId,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.claims.busy.lock().remove(&self.id);
+        self.claims.released.notify_waiters();
+    }
+}
+
+impl Claims {
+    fn try_claim(&self, id: ShardId) -> Option<Claim<'_>> {
+        self.busy.lock().insert(id).then_some(Claim { claims: self, id })
+    }
+
+    async fn claim(&self, id: ShardId) -> Claim<'_> {
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            if let Some(claim) = self.try_claim(id) {
+                return claim;
+            }
+            released.await;
+        }
+    }
+}
+
 /// Shard files on SSD and HDD directories, read and written through an [`IoEngine`].
 pub struct ShardStore {
-    engine: Arc<dyn IoEngine>,
-    dirs: Vec<TierDir>,
-    index: Mutex<Index>,
+    pub(crate) engine: Arc<dyn IoEngine>,
+    pub(crate) dirs: Vec<TierDir>,
+    pub(crate) index: Mutex<Index>,
     sync: bool,
     reserve_bytes: u64,
     next_ssd: AtomicUsize,
     next_hdd: AtomicUsize,
+    pub(crate) policy: TierPolicy,
+    pub(crate) clock: Arc<dyn Clock>,
+    claims: Claims,
+    /// Shared by every copy between tiers (mover and `Promote`).
+    pub(crate) limiter: RateLimiter,
 }
 
 impl ShardStore {
-    /// Create the directory structure where missing, remove partial writes and index every
-    /// shard file found.
+    /// Create the directory structure where missing, remove partial writes, index every shard
+    /// file found and settle shards left in two directories by an interrupted move.
     pub async fn open(options: StoreOptions, engine: Arc<dyn IoEngine>) -> Result<ShardStore> {
+        ShardStore::open_with_clock(options, engine, Arc::new(SystemClock)).await
+    }
+
+    /// [`ShardStore::open`] with the clock that times accesses (tests pass a manual one).
+    pub async fn open_with_clock(
+        options: StoreOptions,
+        engine: Arc<dyn IoEngine>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<ShardStore> {
         let dirs: Vec<TierDir> = (options.ssd_dirs.iter().map(|d| (Tier::Ssd, d)))
             .chain(options.hdd_dirs.iter().map(|d| (Tier::Hdd, d)))
             .map(|(tier, root)| TierDir { tier, root: root.clone(), shards: root.join("shards") })
@@ -154,10 +233,26 @@ impl ShardStore {
         if dirs.is_empty() {
             return Err(CairnError::invalid("the chunkserver needs at least one ssd or hdd directory"));
         }
-        let (dirs, index) = tokio::task::spawn_blocking(move || scan(&dirs).map(|index| (dirs, index)))
-            .await
-            .map_err(|e| CairnError::internal(format!("shard scan task failed: {e}")))??;
-        for (dir, usage) in dirs.iter().zip(&index.usage) {
+        let (dirs, (index, duplicates)) =
+            tokio::task::spawn_blocking(move || scan(&dirs).map(|scanned| (dirs, scanned)))
+                .await
+                .map_err(|e| CairnError::internal(format!("shard scan task failed: {e}")))??;
+        let store = ShardStore {
+            engine,
+            dirs,
+            index: Mutex::new(index),
+            sync: options.sync,
+            reserve_bytes: options.reserve_bytes,
+            next_ssd: AtomicUsize::new(0),
+            next_hdd: AtomicUsize::new(0),
+            policy: options.policy,
+            clock,
+            claims: Claims::default(),
+            limiter: RateLimiter::new(options.mover_rate_bytes),
+        };
+        store.settle_duplicates(duplicates).await;
+        let usage = store.index.lock().usage.clone();
+        for (dir, usage) in store.dirs.iter().zip(&usage) {
             tracing::info!(
                 tier = dir.tier.as_str(),
                 dir = %dir.root.display(),
@@ -166,15 +261,7 @@ impl ShardStore {
                 "shard directory opened"
             );
         }
-        Ok(ShardStore {
-            engine,
-            dirs,
-            index: Mutex::new(index),
-            sync: options.sync,
-            reserve_bytes: options.reserve_bytes,
-            next_ssd: AtomicUsize::new(0),
-            next_hdd: AtomicUsize::new(0),
-        })
+        Ok(store)
     }
 
     /// The I/O engine's name, for logs.
@@ -182,7 +269,7 @@ impl ShardStore {
         self.engine.name()
     }
 
-    fn path(&self, dir: usize, id: &ShardId) -> PathBuf {
+    pub(crate) fn path(&self, dir: usize, id: &ShardId) -> PathBuf {
         self.dirs[dir].shards.join(id.bucket()).join(id.file_name())
     }
 
@@ -192,34 +279,112 @@ impl ShardStore {
         Some(self.path(loc.dir, id))
     }
 
-    /// Bytes free for shards in directory `dir`: free space above the reserve.
-    fn room(&self, dir: usize) -> io::Result<u64> {
-        Ok(disk_space(&self.dirs[dir].root)?.available.saturating_sub(self.reserve_bytes))
+    /// The tier shard `id` is stored on, if it is.
+    pub fn tier_of(&self, id: &ShardId) -> Option<Tier> {
+        let loc = self.index.lock().shards.get(id).copied()?;
+        Some(self.dirs[loc.dir].tier)
     }
 
-    /// Choose the directory for a new file of `need` bytes: the shard's current directory if
+    pub(crate) fn location(&self, id: &ShardId) -> Option<Location> {
+        self.index.lock().shards.get(id).copied()
+    }
+
+    pub(crate) fn has_tier(&self, tier: Tier) -> bool {
+        self.dirs.iter().any(|d| d.tier == tier)
+    }
+
+    /// Wait for the claim on `id` (see [`Claims`]).
+    pub(crate) async fn claim(&self, id: ShardId) -> Claim<'_> {
+        self.claims.claim(id).await
+    }
+
+    /// The claim on `id` if nobody holds it.
+    pub(crate) fn try_claim(&self, id: ShardId) -> Option<Claim<'_>> {
+        self.claims.try_claim(id)
+    }
+
+    /// SSD directory `dir`'s share of `ssd_capacity` (the last one takes the remainder);
+    /// `None` for HDD directories and when no capacity is configured.
+    fn ssd_share(&self, dir: usize) -> Option<u64> {
+        let capacity = self.policy.ssd_capacity?;
+        if self.dirs[dir].tier != Tier::Ssd {
+            return None;
+        }
+        let ssd: Vec<usize> = (0..self.dirs.len()).filter(|&d| self.dirs[d].tier == Tier::Ssd).collect();
+        let each = capacity / ssd.len() as u64;
+        Some(if ssd.last() == Some(&dir) { capacity - each * (ssd.len() as u64 - 1) } else { each })
+    }
+
+    /// Bytes free for shards in directory `dir` holding `used` bytes: free space above the
+    /// reserve, and on SSD no more than what is left of the directory's capacity share.
+    fn room(&self, dir: usize, used: u64) -> io::Result<u64> {
+        let free = disk_space(&self.dirs[dir].root)?.available.saturating_sub(self.reserve_bytes);
+        Ok(match self.ssd_share(dir) {
+            Some(share) => free.min(share.saturating_sub(used)),
+            None => free,
+        })
+    }
+
+    /// Bytes used and the capacity the watermarks apply to, summed over the directories of
+    /// `tier`. Without a configured capacity, a directory's capacity is what it holds plus its
+    /// room, so other data on the filesystem counts against the tier.
+    pub(crate) fn tier_fill(&self, tier: Tier) -> (u64, u64) {
+        let usage = self.index.lock().usage.clone();
+        let (mut used, mut capacity) = (0u64, 0u64);
+        for (d, dir) in self.dirs.iter().enumerate().filter(|(_, dir)| dir.tier == tier) {
+            let u = usage[d].bytes;
+            used += u;
+            capacity += match self.ssd_share(d) {
+                Some(share) => share,
+                None => {
+                    u + self.room(d, u).unwrap_or_else(|e| {
+                        tracing::warn!(dir = %dir.root.display(), "statvfs failed: {e}");
+                        0
+                    })
+                }
+            };
+        }
+        (used, capacity)
+    }
+
+    /// The directories of `tier`, starting at the next one in its rotation.
+    pub(crate) fn rotation(&self, tier: Tier) -> Vec<usize> {
+        let next = match tier {
+            Tier::Ssd => &self.next_ssd,
+            Tier::Hdd => &self.next_hdd,
+        };
+        let of_tier: Vec<usize> = (0..self.dirs.len()).filter(|&d| self.dirs[d].tier == tier).collect();
+        if of_tier.is_empty() {
+            return of_tier;
+        }
+        let start = next.fetch_add(1, Ordering::Relaxed) % of_tier.len();
+        of_tier[start..].iter().chain(&of_tier[..start]).copied().collect()
+    }
+
+    /// Choose a directory for a new file of `need` bytes: the shard's current directory if
     /// it is being rewritten, then SSD directories in rotation, then HDD directories.
     fn pick_dir(&self, id: &ShardId, need: u64, current: Option<usize>) -> Result<usize> {
-        let rotated = |tier: Tier, next: &AtomicUsize| -> Vec<usize> {
-            let of_tier: Vec<usize> = (0..self.dirs.len()).filter(|&d| self.dirs[d].tier == tier).collect();
-            if of_tier.is_empty() {
-                return of_tier;
-            }
-            let start = next.fetch_add(1, Ordering::Relaxed) % of_tier.len();
-            of_tier[start..].iter().chain(&of_tier[..start]).copied().collect()
-        };
-        let candidates = current
-            .into_iter()
-            .chain(rotated(Tier::Ssd, &self.next_ssd))
-            .chain(rotated(Tier::Hdd, &self.next_hdd));
+        let candidates: Vec<usize> =
+            current.into_iter().chain(self.rotation(Tier::Ssd)).chain(self.rotation(Tier::Hdd)).collect();
+        self.pick_dir_from(id, need, &candidates)
+    }
+
+    /// The first of `candidates` with room for `need` bytes, or a `NoSpace` error that says
+    /// how much room each had.
+    pub(crate) fn pick_dir_from(&self, id: &ShardId, need: u64, candidates: &[usize]) -> Result<usize> {
+        let usage = self.index.lock().usage.clone();
         let mut report = Vec::new();
-        for dir in candidates {
-            match self.room(dir) {
+        for &dir in candidates {
+            match self.room(dir, usage[dir].bytes) {
                 Ok(room) if room >= need => return Ok(dir),
                 Ok(room) => report.push(format!(
-                    "{} {} has {room} bytes free above the reserve",
+                    "{} {} has room for {room} bytes{}",
                     self.dirs[dir].tier.as_str(),
-                    self.dirs[dir].root.display()
+                    self.dirs[dir].root.display(),
+                    match self.ssd_share(dir) {
+                        Some(share) => format!(" (capacity share {share}, reserve kept)"),
+                        None => " above the reserve".into(),
+                    }
                 )),
                 Err(e) => {
                     tracing::warn!(dir = %self.dirs[dir].root.display(), "statvfs failed: {e}");
@@ -252,6 +417,7 @@ impl ShardStore {
             off_thread(data.len(), move || shard::encode_header(&id, &data)).await?
         };
         let file_len = (header.len() + data.len()) as u64;
+        let _claim = self.claims.claim(id).await;
         let current = self.index.lock().shards.get(&id).map(|loc| loc.dir);
         let dir = self.pick_dir(&id, file_len, current)?;
         let path = self.path(dir, &id);
@@ -277,7 +443,12 @@ impl ShardStore {
             self.fsync_dir(bucket).await?;
         }
 
-        let old = self.index.lock().insert(id, Location { dir, file_len });
+        let last_access = self.clock.now_ms();
+        let old = {
+            let mut index = self.index.lock();
+            index.hot.forget(&id);
+            index.insert(id, Location { dir, file_len, last_access })
+        };
         if let Some(old) = old.filter(|old| old.dir != dir) {
             // The previous copy lived in another directory: remove it, or it would come back at
             // the next open as a duplicate.
@@ -314,7 +485,7 @@ impl ShardStore {
         Ok(())
     }
 
-    async fn fsync_dir(&self, dir: &Path) -> Result<()> {
+    pub(crate) async fn fsync_dir(&self, dir: &Path) -> Result<()> {
         let ctx = || format!("fsync directory {}", dir.display());
         let handle = tokio::fs::File::open(dir).await.map_err(|e| CairnError::from_io(&ctx(), &e))?;
         let handle = Arc::new(handle.into_std().await);
@@ -325,25 +496,69 @@ impl ShardStore {
     /// byte verified. Returns the bytes and the shard's data length.
     pub async fn read(&self, id: ShardId, offset: u64, len: u64) -> Result<(Bytes, u64)> {
         id.validate()?;
-        let loc = self.index.lock().shards.get(&id).copied();
-        let Some(loc) = loc else {
-            return Err(CairnError::not_found(format!("shard {id} is not on this chunkserver")));
-        };
-        let path = self.path(loc.dir, &id);
+        let (loc, path, file) = self.open_for_read(&id).await?;
+        let (data, data_len) = self.read_open(&id, &path, file, offset, len).await?;
+        self.note_read(&id, loc.dir, data.len() as u64);
+        Ok((data, data_len))
+    }
+
+    /// Resolve and open the file of shard `id`. A file that vanished after the lookup was moved
+    /// to another tier or deleted: look again, so a read racing a move never fails.
+    async fn open_for_read(&self, id: &ShardId) -> Result<(Location, PathBuf, Arc<std::fs::File>)> {
+        let mut loc = self.location(id);
+        for _ in 0..4 {
+            let Some(found) = loc else { break };
+            let path = self.path(found.dir, id);
+            match tokio::fs::File::open(&path).await {
+                Ok(f) => return Ok((found, path, Arc::new(f.into_std().await))),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    let again = self.location(id);
+                    if again.map(|l| l.dir) == Some(found.dir) {
+                        return Err(CairnError::not_found(format!(
+                            "shard {id} is not on this chunkserver (file gone)"
+                        )));
+                    }
+                    loc = again;
+                }
+                Err(e) => {
+                    return Err(CairnError::from_io(&format!("open shard file {}", path.display()), &e))
+                }
+            }
+        }
+        Err(CairnError::not_found(format!("shard {id} is not on this chunkserver")))
+    }
+
+    /// Count a read of `bytes` from directory `dir`: its last access, the directory's
+    /// counters, and on HDD the promotion history.
+    fn note_read(&self, id: &ShardId, dir: usize, bytes: u64) {
+        let now = self.clock.now_ms();
+        let mut guard = self.index.lock();
+        let index = &mut *guard;
+        if let Some(loc) = index.shards.get_mut(id) {
+            loc.last_access = loc.last_access.max(now);
+            if self.dirs[loc.dir].tier == Tier::Hdd {
+                index.hot.record(&self.policy, *id, now);
+            }
+        }
+        let u = &mut index.usage[dir];
+        u.reads += 1;
+        u.read_bytes += bytes;
+    }
+
+    async fn read_open(
+        &self,
+        id: &ShardId,
+        path: &Path,
+        file: Arc<std::fs::File>,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Bytes, u64)> {
+        let id = *id;
         let io_err =
             |what: &str, e: io::Error| CairnError::from_io(&format!("{what} {}", path.display()), &e);
-        let file = match tokio::fs::File::open(&path).await {
-            Ok(f) => Arc::new(f.into_std().await),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(CairnError::not_found(format!(
-                    "shard {id} is not on this chunkserver (file gone)"
-                )));
-            }
-            Err(e) => return Err(io_err("open shard file", e)),
-        };
         let prefix =
             self.engine.read_at(file.clone(), 0, HEADER_ALIGN).await.map_err(|e| io_err("read", e))?;
-        let header = shard::parse_header(&prefix, &id).map_err(|e| corrupt(&path, e))?;
+        let header = shard::parse_header(&prefix, &id).map_err(|e| corrupt(path, e))?;
         let data_len = header.data_len;
         if offset > data_len {
             return Err(CairnError::invalid(format!(
@@ -372,7 +587,7 @@ impl ShardStore {
             let blocks = blocks.clone();
             off_thread(data.len(), move || (header.verify(&blocks, &hashes, &data), data)).await?
         };
-        verified.map_err(|e| corrupt(&path, e))?;
+        verified.map_err(|e| corrupt(path, e))?;
         let first = blocks.start as u64 * BLOCK_SIZE as u64;
         Ok((Bytes::from(data).slice((offset - first) as usize..(end - first) as usize), data_len))
     }
@@ -384,7 +599,14 @@ impl ShardStore {
         }
         let mut deleted = 0;
         for id in ids {
-            let Some(loc) = self.index.lock().remove(id) else { continue };
+            let _claim = self.claims.claim(*id).await;
+            let Some(loc) = ({
+                let mut index = self.index.lock();
+                index.hot.forget(id);
+                index.remove(id)
+            }) else {
+                continue;
+            };
             let path = self.path(loc.dir, id);
             match tokio::fs::remove_file(&path).await {
                 Ok(()) => deleted += 1,
@@ -399,24 +621,34 @@ impl ShardStore {
         Ok(deleted)
     }
 
-    /// Capacity and usage of every directory, SSD first.
+    /// Capacity, usage and counters of every directory, SSD first.
     pub fn usage(&self) -> Vec<cairn_proto::TierUsage> {
         let usage = self.index.lock().usage.clone();
         self.dirs
             .iter()
             .zip(usage)
-            .map(|(dir, used)| {
+            .enumerate()
+            .map(|(d, (dir, used))| {
                 let space = disk_space(&dir.root).unwrap_or_else(|e| {
                     tracing::warn!(dir = %dir.root.display(), "statvfs failed: {e}");
                     DiskSpace::default()
                 });
+                let fs_free = space.available.saturating_sub(self.reserve_bytes);
+                let (capacity, free) = match self.ssd_share(d) {
+                    Some(share) => (share, fs_free.min(share.saturating_sub(used.bytes))),
+                    None => (space.capacity, fs_free),
+                };
                 cairn_proto::TierUsage {
                     name: dir.tier.as_str().into(),
                     path: dir.root.display().to_string(),
-                    capacity: space.capacity,
-                    free: space.available.saturating_sub(self.reserve_bytes),
+                    capacity,
+                    free,
                     used: used.bytes,
                     shards: used.shards,
+                    reads: used.reads,
+                    read_bytes: used.read_bytes,
+                    promotions: used.promotions,
+                    demotions: used.demotions,
                 }
             })
             .collect()
@@ -430,7 +662,10 @@ fn corrupt(path: &Path, e: CairnError) -> CairnError {
 }
 
 /// Run CPU-heavy work (checksums) on the blocking pool when it covers more than a little data.
-async fn off_thread<T: Send + 'static>(bytes: usize, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+pub(crate) async fn off_thread<T: Send + 'static>(
+    bytes: usize,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T> {
     if bytes <= INLINE_HASH_BYTES {
         return Ok(f());
     }
@@ -466,22 +701,35 @@ fn disk_space(path: &Path) -> io::Result<DiskSpace> {
     })
 }
 
-/// Create the bucket directories and index the shard files of every directory.
-fn scan(dirs: &[TierDir]) -> Result<Index> {
-    let mut index = Index { shards: HashMap::new(), usage: vec![DirUsage::default(); dirs.len()] };
+/// Create the bucket directories and index the shard files of every directory. A shard found
+/// in a second directory (a move interrupted between rename and delete) is not indexed but
+/// returned, for `ShardStore::settle_duplicates`; directories are scanned SSD first, so the
+/// indexed copy is an SSD one when there is one.
+fn scan(dirs: &[TierDir]) -> Result<(Index, Vec<(ShardId, Location)>)> {
+    let mut index = Index {
+        shards: HashMap::new(),
+        usage: vec![DirUsage::default(); dirs.len()],
+        hot: HotTracker::default(),
+    };
+    let mut duplicates = Vec::new();
     for (d, dir) in dirs.iter().enumerate() {
         for bucket in 0..=255u8 {
             let bucket_dir = dir.shards.join(format!("{bucket:02x}"));
             std::fs::create_dir_all(&bucket_dir).map_err(|e| {
                 CairnError::from_io(&format!("cannot create shard directory {}", bucket_dir.display()), &e)
             })?;
-            scan_bucket(&mut index, d, &bucket_dir)?;
+            scan_bucket(&mut index, &mut duplicates, d, &bucket_dir)?;
         }
     }
-    Ok(index)
+    Ok((index, duplicates))
 }
 
-fn scan_bucket(index: &mut Index, dir: usize, bucket_dir: &Path) -> Result<()> {
+fn scan_bucket(
+    index: &mut Index,
+    duplicates: &mut Vec<(ShardId, Location)>,
+    dir: usize,
+    bucket_dir: &Path,
+) -> Result<()> {
     let ctx = |e: io::Error| CairnError::from_io(&format!("cannot list {}", bucket_dir.display()), &e);
     for entry in std::fs::read_dir(bucket_dir).map_err(ctx)? {
         let entry = entry.map_err(ctx)?;
@@ -507,15 +755,13 @@ fn scan_bucket(index: &mut Index, dir: usize, bucket_dir: &Path) -> Result<()> {
             tracing::warn!(path = %path.display(), "ignoring a shard name that is not a regular file");
             continue;
         }
-        if let Some(first) = index.shards.get(&id) {
-            tracing::warn!(
-                path = %path.display(),
-                "shard {id} is also in directory #{}; ignoring this copy",
-                first.dir
-            );
+        let last_access = meta.modified().map(system_ms).unwrap_or(0);
+        let loc = Location { dir, file_len: meta.len(), last_access };
+        if index.shards.contains_key(&id) {
+            duplicates.push((id, loc));
             continue;
         }
-        index.insert(id, Location { dir, file_len: meta.len() });
+        index.insert(id, loc);
     }
     Ok(())
 }

@@ -26,6 +26,8 @@ fn options(ssd: &[&Path], hdd: &[&Path]) -> StoreOptions {
         hdd_dirs: hdd.iter().map(|p| p.to_path_buf()).collect(),
         sync: true,
         reserve_bytes: 0,
+        policy: crate::policy::TierPolicy::default(),
+        mover_rate_bytes: 1 << 30,
     }
 }
 

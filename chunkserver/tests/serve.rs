@@ -74,7 +74,10 @@ fake_meta! {
     set_xattr(SetXattrRequest) -> Empty;
     list_xattr(InoRequest) -> ListXattrReply;
     remove_xattr(XattrRequest) -> Empty;
-    open(InoRequest) -> OpenReply;
+    open(OpenRequest) -> OpenReply;
+    release(ReleaseRequest) -> Empty;
+    client_heartbeat(ClientHeartbeatRequest) -> ClientHeartbeatReply;
+    lock(LockRequest) -> LockReply;
     list_stripes(ListStripesRequest) -> ListStripesReply;
     commit(CommitRequest) -> AttrReply;
     register_client(Empty) -> RegisterClientReply;
@@ -113,6 +116,9 @@ fn config(root: &Path, meta: SocketAddr, engine: IoEngineKind) -> ChunkConfig {
         sync: true,
         reserve_bytes: 0,
         heartbeat_ms: 50,
+        mover_interval_ms: 50,
+        mover_rate_bytes: 1 << 30,
+        ..ChunkConfig::default()
     }
 }
 
@@ -292,6 +298,76 @@ async fn serves_while_the_metaserver_is_down_and_registers_when_it_comes() {
     chunk.stop().await;
 }
 
+/// A chunkserver with a 2 MiB SSD tier: writes past it land on HDD, the background mover
+/// demotes below the low watermark, `Promote` brings named shards back until SSD is full, and
+/// `Stat` shows the moves and the reads per tier.
+async fn tiers_over_grpc(engine: IoEngineKind) {
+    let root = tempfile::tempdir().unwrap();
+    let (_meta, meta_addr) = fake_meta().await;
+    let mut cfg = config(root.path(), meta_addr, engine);
+    cfg.ssd_capacity = Some(2 << 20);
+    let chunk = start_chunk(cfg).await;
+    let mut client = chunk.client().await;
+
+    // 252 KiB + a 4 KiB header: 256 KiB files, 8 fit in 2 MiB.
+    let shard = |n: u32| -> Bytes { (0..252 << 10).map(|i: u32| (i % 241) as u8 ^ n as u8).collect() };
+    let mut tiers = Vec::new();
+    for n in 0..10 {
+        let reply = client.write_shard(WriteShardRequest { id: Some(sid(20, n)), data: shard(n) }).await;
+        tiers.push(reply.unwrap().into_inner().tier);
+    }
+    // The first 8 fill the SSD tier; the mover may already have made room for the last two.
+    assert!(tiers[..8].iter().all(|t| t == "ssd"), "{tiers:?}");
+
+    // Full SSD is above 90%: the mover demotes down to 75% (6 shards) on its own, least
+    // recently written first.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let stat = loop {
+        let stat = client.stat(Empty {}).await.unwrap().into_inner();
+        if stat.tiers[0].shards <= 6 {
+            break stat;
+        }
+        assert!(Instant::now() < deadline, "the mover never demoted: {:?}", stat.tiers);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!((stat.tiers[0].capacity, stat.tiers[0].shards + stat.tiers[1].shards), (2 << 20, 10));
+    assert!(stat.tiers[0].demotions >= 2, "{:?}", stat.tiers);
+    assert_eq!(stat.tiers[0].demotions, stat.tiers[1].demotions);
+    for n in 0..10 {
+        let read = client.read_shard(ReadShardRequest { id: Some(sid(20, n)), offset: 0, len: 0 }).await;
+        assert!(read.unwrap().into_inner().data == shard(n), "shard {n}");
+    }
+    let stat = client.stat(Empty {}).await.unwrap().into_inner();
+    assert_eq!(stat.tiers[0].reads + stat.tiers[1].reads, 10);
+    assert_eq!(stat.tiers[1].read_bytes, stat.tiers[1].reads * (252 << 10));
+
+    // Warmup: one HDD shard comes back; asking for all of them fills SSD and says so.
+    let reply = client
+        .promote(PromoteRequest { ids: vec![sid(20, 0), sid(20, 0), sid(99, 0)] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((reply.promoted, reply.already, reply.missing, reply.bytes), (1, 1, 1, 256 << 10));
+    let all = PromoteRequest { ids: (0..10).map(|n| sid(20, n)).collect() };
+    let r = client.promote(all).await;
+    let err = CairnError::from(r.unwrap_err());
+    assert_eq!(err.kind(), ErrorKind::NoSpace, "{err}");
+    assert!(err.message().contains("SSD tier is full"), "{err}");
+    let hostile = cairn_proto::ShardId { ino: 0, stripe: 1, index: 200, version: 1 };
+    assert_eq!(kind(client.promote(PromoteRequest { ids: vec![hostile] }).await), ErrorKind::InvalidArgument);
+    chunk.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiers_over_grpc_uring() {
+    tiers_over_grpc(IoEngineKind::Uring).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiers_over_grpc_pread() {
+    tiers_over_grpc(IoEngineKind::Pread).await;
+}
+
 #[tokio::test]
 async fn bad_configs_are_clear_errors() {
     let root = tempfile::tempdir().unwrap();
@@ -315,6 +391,12 @@ async fn bad_configs_are_clear_errors() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let err = cairn_chunk::serve(no_dirs, listener, std::future::pending()).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+
+    let mut watermarks = config(root.path(), meta, IoEngineKind::Pread);
+    watermarks.ssd_low_watermark = 0.95;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let err = cairn_chunk::serve(watermarks, listener, std::future::pending()).await.unwrap_err();
+    assert!(err.message().contains("watermark"), "{err}");
 
     // A data directory that cannot be created (a file is in the way).
     std::fs::write(root.path().join("file"), b"").unwrap();

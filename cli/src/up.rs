@@ -35,6 +35,9 @@ pub struct UpArgs {
     /// Metaserver port; 0 picks a free one (fixed when the cluster is first created).
     #[arg(long, default_value_t = 9400)]
     meta_port: u16,
+    /// How long a silent client keeps its locks and open files, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    client_lease_ms: u64,
 }
 
 /// What must stay the same across runs on one data dir.
@@ -154,6 +157,7 @@ async fn up(args: UpArgs) -> Result<()> {
         data_dir: meta_dir.join("db"),
         ec: cluster.ec.clone(),
         unit: cluster.unit,
+        client_lease_ms: args.client_lease_ms,
         ..MetaConfig::default()
     };
     let meta_toml = meta_dir.join("meta.toml");

@@ -3,12 +3,12 @@
 //! `OpenFile` shared by all its handles, so two descriptors of one file see each other's
 //! writes; the last release commits and forgets it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_common::{CairnError, Layout, Result};
+use cairn_common::{CairnError, ErrorKind, Layout, Result};
 use cairn_proto as p;
 use parking_lot::Mutex;
 
@@ -31,6 +31,15 @@ impl Default for ClientOptions {
     }
 }
 
+/// What an open tells the FUSE layer.
+pub struct OpenOutcome {
+    pub fh: u64,
+    /// The file did not change since this client last opened it: the kernel may keep its pages.
+    pub keep_cache: bool,
+    /// The file changed since this client last saw it: the kernel's cached attributes are stale.
+    pub changed: bool,
+}
+
 struct Opened {
     file: Arc<OpenFile>,
     handles: usize,
@@ -42,7 +51,11 @@ pub struct Client {
     pub options: ClientOptions,
     versions: Versions,
     next_fh: AtomicU64,
-    files: Mutex<HashMap<u64, Opened>>,
+    files: Arc<Mutex<HashMap<u64, Opened>>>,
+    /// Inodes on which this client took locks, with the lock owners, so a close releases them
+    /// without asking the metaserver on every close.
+    lock_owners: Mutex<HashMap<u64, HashSet<u64>>>,
+    client_id: u32,
     handles: Mutex<HashMap<u64, u64>>,
     dirs: Mutex<HashMap<u64, Arc<DirHandle>>>,
     /// (mtime, size) of each inode when this client last opened it, for FOPEN_KEEP_CACHE.
@@ -55,13 +68,17 @@ impl Client {
         let client_id = meta.register_client(p::Empty {}).await?.client_id;
         let nodes = Arc::new(Nodes::new(meta.clone()));
         nodes.refresh().await?;
+        let files: Arc<Mutex<HashMap<u64, Opened>>> = Arc::new(Mutex::new(HashMap::new()));
+        tokio::spawn(session_heartbeat(meta.clone(), client_id, files.clone()));
         Ok(Client {
             meta,
             nodes,
             options,
             versions: Versions::new(client_id),
             next_fh: AtomicU64::new(1),
-            files: Mutex::new(HashMap::new()),
+            files,
+            lock_owners: Mutex::new(HashMap::new()),
+            client_id,
             handles: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             seen: Mutex::new(HashMap::new()),
@@ -117,7 +134,9 @@ impl Client {
         Ok(self.local_view(attr).await)
     }
 
-    pub async fn create(&self, req: p::CreateRequest, open: bool) -> Result<(p::Attr, u64)> {
+    pub async fn create(&self, mut req: p::CreateRequest, open: bool) -> Result<(p::Attr, u64)> {
+        req.client_id = self.client_id;
+        req.open = open;
         let reply = self.meta.create(req).await?;
         let info = reply.file.ok_or_else(|| CairnError::internal("create: no file info"))?;
         let attr = need(info.attr)?;
@@ -126,8 +145,8 @@ impl Client {
         }
         if !reply.created {
             // O_CREAT without O_EXCL on an existing file: an ordinary open.
-            let (fh, _) = self.open(attr.ino, false).await?;
-            return Ok((self.local_view(attr).await, fh));
+            let opened = self.open(attr.ino, false).await?;
+            return Ok((self.local_view(attr).await, opened.fh));
         }
         let fh = self.register_open(info, Vec::new(), false).await?;
         Ok((attr, fh))
@@ -164,10 +183,9 @@ impl Client {
     }
 
     /// Open a regular file: fetch its layout, placement and stripe records (close-to-open:
-    /// every open sees the newest commit). Returns the handle and whether the kernel may keep
-    /// its page cache (the file did not change since this client last opened it).
-    pub async fn open(&self, ino: u64, truncate: bool) -> Result<(u64, bool)> {
-        let reply = self.meta.open(p::InoRequest { ino }).await?;
+    /// every open sees the newest commit).
+    pub async fn open(&self, ino: u64, truncate: bool) -> Result<OpenOutcome> {
+        let reply = self.meta.open(p::OpenRequest { ino, client_id: self.client_id }).await?;
         let info = reply.file.ok_or_else(|| CairnError::internal("open: no file info"))?;
         let attr = need(info.attr)?;
         let mut stripes = reply.stripes;
@@ -180,9 +198,10 @@ impl Client {
         }
         let mtime = attr.mtime.unwrap_or_default();
         let stamp = (mtime.sec, mtime.nsec, attr.size);
-        let keep_cache = !truncate && self.seen.lock().insert(ino, stamp) == Some(stamp);
+        let previous = self.seen.lock().insert(ino, stamp);
+        let keep_cache = !truncate && previous == Some(stamp);
         let fh = self.register_open(info, stripes, true).await?;
-        Ok((fh, keep_cache))
+        Ok(OpenOutcome { fh, keep_cache, changed: previous.is_some_and(|p| p != stamp) })
     }
 
     async fn register_open(
@@ -254,11 +273,95 @@ impl Client {
                 None => None,
             }
         };
-        if let (Some(file), Err(e)) = (last, &result) {
-            tracing::warn!(ino, "last close failed ({e}); discarding what could not be committed");
-            file.abandon(&self.nodes).await;
+        if let Some(file) = last {
+            if let Err(e) = &result {
+                tracing::warn!(ino, "last close failed ({e}); discarding what could not be committed");
+                file.abandon(&self.nodes).await;
+            }
+            // The metaserver drops our locks on the file, and frees it if it was unlinked.
+            self.lock_owners.lock().remove(&ino);
+            let release = self.meta.release(p::ReleaseRequest { client_id: self.client_id, ino }).await;
+            if let Err(e) = release {
+                tracing::warn!(ino, "release: {e} (the session lease will clean up)");
+            }
         }
         result
+    }
+
+    /// fallocate(2). Mode 0 (posix_fallocate) extends the file to `offset + length` if it is
+    /// shorter; space is not reserved ahead (shards are written on demand), so what it
+    /// guarantees is the size, not that a later write cannot hit ENOSPC. Other modes
+    /// (punch hole, collapse, zero range) are EOPNOTSUPP, which tools handle by falling back.
+    pub async fn fallocate(&self, ino: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
+        if mode != 0 {
+            return Err(CairnError::new(ErrorKind::NotSupported, format!("fallocate mode {mode:#x}")));
+        }
+        let end = offset
+            .checked_add(length)
+            .ok_or_else(|| CairnError::new(ErrorKind::TooBig, "offset + length overflows"))?;
+        let size = self.getattr(ino).await?.size;
+        let mut req = p::SetAttrRequest { ino, ..Default::default() };
+        if end > size {
+            req.size = Some(end);
+        } else {
+            req.ctime = Some(cairn_common::time::now());
+        }
+        self.setattr(req).await.map(|_| ())
+    }
+
+    /// F_GETLK: the first conflicting lock, or `None`.
+    pub async fn getlk(
+        &self,
+        ino: u64,
+        owner: u64,
+        range: (u64, u64),
+        typ: u32,
+        pid: u32,
+    ) -> Result<Option<p::LockReply>> {
+        let req = lock_request(self.client_id, ino, owner, range, typ, pid, true);
+        let reply = self.meta.lock(req).await?;
+        Ok((!reply.granted).then_some(reply))
+    }
+
+    /// F_SETLK / F_SETLKW (`wait`): take, change or drop a lock. A waiting request polls until
+    /// the lock is free, and gives up with EINTR if the waiting process is gone.
+    pub async fn setlk(
+        &self,
+        ino: u64,
+        owner: u64,
+        range: (u64, u64),
+        typ: u32,
+        pid: u32,
+        wait: bool,
+    ) -> Result<()> {
+        let mut delay = Duration::from_millis(5);
+        loop {
+            let req = lock_request(self.client_id, ino, owner, range, typ, pid, false);
+            if self.meta.lock(req).await?.granted {
+                if typ != libc::F_UNLCK as u32 {
+                    self.lock_owners.lock().entry(ino).or_default().insert(owner);
+                }
+                return Ok(());
+            }
+            if !wait {
+                return Err(CairnError::new(ErrorKind::WouldBlock, "lock held by another owner"));
+            }
+            if pid != 0 && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                return Err(CairnError::new(ErrorKind::Interrupted, "waiting process is gone"));
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    /// Drop every lock `owner` holds on `ino` (close of a descriptor), if it holds any.
+    pub async fn unlock_owner(&self, ino: u64, owner: u64) -> Result<()> {
+        let held = self.lock_owners.lock().get_mut(&ino).is_some_and(|owners| owners.remove(&owner));
+        if held {
+            let req = lock_request(self.client_id, ino, owner, (0, u64::MAX), libc::F_UNLCK as u32, 0, false);
+            self.meta.lock(req).await?;
+        }
+        Ok(())
     }
 
     pub async fn statfs(&self) -> Result<p::StatFsReply> {
@@ -301,6 +404,32 @@ impl Client {
     }
 }
 
+fn lock_request(
+    client_id: u32,
+    ino: u64,
+    owner: u64,
+    range: (u64, u64),
+    typ: u32,
+    pid: u32,
+    test: bool,
+) -> p::LockRequest {
+    p::LockRequest { client_id, ino, owner, pid, start: range.0, end: range.1, typ, test }
+}
+
 fn need(attr: Option<p::Attr>) -> Result<p::Attr> {
     attr.ok_or_else(|| CairnError::internal("metaserver reply without attributes"))
+}
+
+/// Renew this client's session every quarter lease, announcing every inode it has open (so a
+/// restarted metaserver learns them again, and unlinked files stay readable).
+async fn session_heartbeat(meta: MetaConn, client_id: u32, files: Arc<Mutex<HashMap<u64, Opened>>>) {
+    let mut every = Duration::from_secs(5);
+    loop {
+        tokio::time::sleep(every).await;
+        let open: Vec<u64> = files.lock().keys().copied().collect();
+        match meta.client_heartbeat(p::ClientHeartbeatRequest { client_id, open }).await {
+            Ok(reply) => every = Duration::from_millis((reply.lease_ms / 4).clamp(100, 10_000)),
+            Err(e) => tracing::warn!("session heartbeat: {e}"),
+        }
+    }
 }

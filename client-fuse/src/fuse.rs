@@ -15,8 +15,8 @@ use cairn_proto as p;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
-    TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
 };
 
 use crate::{connect_meta, Client, ClientOptions};
@@ -52,7 +52,13 @@ pub fn mount(opts: MountOptions) -> Result<()> {
         let meta = connect_meta(&opts.meta).await?;
         Client::new(meta, ClientOptions { attr_ttl: opts.attr_ttl }).await
     })?;
-    let fs = CairnFs { client: Arc::new(client), rt: rt.handle().clone(), ttl: opts.attr_ttl };
+    let notifier = Arc::new(std::sync::OnceLock::new());
+    let fs = CairnFs {
+        client: Arc::new(client),
+        notifier: notifier.clone(),
+        rt: rt.handle().clone(),
+        ttl: opts.attr_ttl,
+    };
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         MountOption::FSName(format!("cairn:{}", opts.meta)),
@@ -69,6 +75,7 @@ pub fn mount(opts: MountOptions) -> Result<()> {
     config.clone_fd = true;
     let mut session = fuser::Session::new(fs, &opts.mountpoint, &config)
         .map_err(|e| CairnError::from_io(&format!("mount {}", opts.mountpoint.display()), &e))?;
+    let _ = notifier.set(session.notifier());
     let mut unmounter = session.unmount_callable();
     rt.spawn(async move {
         wait_for_signal().await;
@@ -97,6 +104,8 @@ async fn wait_for_signal() {
 
 struct CairnFs {
     client: Arc<Client>,
+    /// Set once the session exists; used to invalidate stale kernel attributes.
+    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     rt: tokio::runtime::Handle,
     ttl: Duration,
 }
@@ -185,7 +194,13 @@ impl Filesystem for CairnFs {
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(1 << 20).or_else(|max| config.set_max_readahead(max));
         let _ = config.set_max_background(64);
-        for flag in [InitFlags::FUSE_ASYNC_DIO, InitFlags::FUSE_PARALLEL_DIROPS, InitFlags::FUSE_MAX_PAGES] {
+        for flag in [
+            InitFlags::FUSE_ASYNC_DIO,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_MAX_PAGES,
+            InitFlags::FUSE_POSIX_LOCKS,
+            InitFlags::FUSE_FLOCK_LOCKS,
+        ] {
             let _ = config.add_capabilities(flag);
         }
         Ok(())
@@ -275,6 +290,7 @@ impl Filesystem for CairnFs {
             gid: req.gid(),
             rdev,
             exclusive: true,
+            ..Default::default()
         };
         let ttl = self.ttl;
         self.spawn(|c| async move { reply_entry(ttl, reply, c.create(req, false).await.map(|(a, _)| a)) });
@@ -342,11 +358,19 @@ impl Filesystem for CairnFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let truncate = flags.0 & libc::O_TRUNC != 0;
+        let notifier = self.notifier.clone();
         self.spawn(|c| async move {
             match c.open(ino.0, truncate).await {
-                Ok((fh, keep)) => {
-                    let flags = if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
-                    reply.opened(FileHandle(fh), flags)
+                Ok(o) => {
+                    if o.changed {
+                        // Close-to-open: another client committed since we last looked, so the
+                        // kernel's cached size and times must go before this open returns.
+                        if let Some(n) = notifier.get() {
+                            let _ = n.inval_inode(ino, -1, 0);
+                        }
+                    }
+                    let flags = if o.keep_cache { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
+                    reply.opened(FileHandle(o.fh), flags)
                 }
                 Err(e) => reply.error(errno(&e)),
             }
@@ -393,28 +417,84 @@ impl Filesystem for CairnFs {
         });
     }
 
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        self.spawn(|c| async move { reply_empty(reply, c.flush(fh.0).await) });
+    fn flush(&self, _req: &Request, ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
+        self.spawn(|c| async move {
+            // close(2) of any descriptor drops the process's POSIX locks on the file.
+            let unlocked = c.unlock_owner(ino.0, lock_owner.0).await;
+            reply_empty(reply, c.flush(fh.0).await.and(unlocked))
+        });
     }
 
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.spawn(|c| async move { reply_empty(reply, c.release(fh.0).await) });
+        self.spawn(|c| async move {
+            // The last close of an open file description drops its flock lock.
+            let unlocked = match lock_owner {
+                Some(owner) => c.unlock_owner(ino.0, owner.0).await,
+                None => Ok(()),
+            };
+            reply_empty(reply, c.release(fh.0).await.and(unlocked))
+        });
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        self.spawn(|c| async move { reply_empty(reply, c.fallocate(ino.0, offset, length, mode).await) });
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        self.spawn(|c| async move {
+            match c.getlk(ino.0, lock_owner.0, (start, end), typ as u32, pid).await {
+                Ok(None) => reply.locked(start, end, libc::F_UNLCK, pid),
+                Ok(Some(l)) => reply.locked(l.start, l.end, l.typ as i32, l.pid),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn setlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.spawn(|c| async move {
+            reply_empty(reply, c.setlk(ino.0, lock_owner.0, (start, end), typ as u32, pid, sleep).await)
+        });
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
@@ -555,6 +635,7 @@ impl Filesystem for CairnFs {
             gid: req.gid(),
             rdev: 0,
             exclusive: flags & libc::O_EXCL != 0,
+            ..Default::default()
         };
         let ttl = self.ttl;
         self.spawn(|c| async move {

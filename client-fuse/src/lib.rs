@@ -11,6 +11,6 @@ mod meta;
 mod nodes;
 mod stripe;
 
-pub use client::{Client, ClientOptions};
+pub use client::{Client, ClientOptions, OpenOutcome};
 pub use fuse::{mount, MountOptions};
 pub use meta::{connect_meta, MetaConn};

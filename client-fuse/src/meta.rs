@@ -66,7 +66,10 @@ impl MetaConn {
     rpc!(set_xattr, p::SetXattrRequest, p::Empty);
     rpc!(list_xattr, p::InoRequest, p::ListXattrReply);
     rpc!(remove_xattr, p::XattrRequest, p::Empty);
-    rpc!(open, p::InoRequest, p::OpenReply);
+    rpc!(open, p::OpenRequest, p::OpenReply);
+    rpc!(release, p::ReleaseRequest, p::Empty);
+    rpc!(client_heartbeat, p::ClientHeartbeatRequest, p::ClientHeartbeatReply);
+    rpc!(lock, p::LockRequest, p::LockReply);
     rpc!(list_stripes, p::ListStripesRequest, p::ListStripesReply);
     rpc!(commit, p::CommitRequest, p::AttrReply);
     rpc!(register_client, p::Empty, p::RegisterClientReply);

@@ -27,6 +27,9 @@ pub struct MetaConfig {
     pub node_timeout_ms: u64,
     /// How often the garbage collector deletes shards of removed files and replaced stripes.
     pub gc_interval_ms: u64,
+    /// A client that stops heartbeating for this long loses its locks and its open files
+    /// (unlinked files it held open are then freed).
+    pub client_lease_ms: u64,
 }
 
 impl Default for MetaConfig {
@@ -39,6 +42,7 @@ impl Default for MetaConfig {
             sync_writes: true,
             node_timeout_ms: 10_000,
             gc_interval_ms: 2_000,
+            client_lease_ms: 30_000,
         }
     }
 }
@@ -89,6 +93,26 @@ pub struct ChunkConfig {
     /// Bytes kept free on each tier's filesystem; a write that would go below fails with ENOSPC.
     pub reserve_bytes: u64,
     pub heartbeat_ms: u64,
+    /// Most bytes of shard files Cairn keeps on the SSD tier, summed over `ssd_dirs` (split
+    /// evenly between them). Unset (the default): as much as the SSD filesystems hold above
+    /// `reserve_bytes`. When the SSD tier is full, new shards go to the HDD tier.
+    pub ssd_capacity: Option<u64>,
+    /// The mover destages least recently used shards to HDD once SSD use passes this fraction
+    /// of the SSD capacity (default 0.90)...
+    pub ssd_high_watermark: f64,
+    /// ...until SSD use is back under this fraction (default 0.75). Promotions never fill the
+    /// SSD tier past the high watermark.
+    pub ssd_low_watermark: f64,
+    /// A shard read this many times from the HDD tier within `promote_window_secs` is promoted
+    /// back to SSD (default 2: the second epoch reads from SSD); 0 turns promotion off.
+    pub promote_after_reads: u32,
+    /// The window of `promote_after_reads`, in seconds (default 600).
+    pub promote_window_secs: u64,
+    /// How often the mover checks the watermarks and the promotion candidates (default 1000).
+    pub mover_interval_ms: u64,
+    /// Most bytes per second the mover (and `cairn warmup`) copies between tiers (default
+    /// 200 MiB/s), so moves never starve client I/O.
+    pub mover_rate_bytes: u64,
 }
 
 impl Default for ChunkConfig {
@@ -105,6 +129,13 @@ impl Default for ChunkConfig {
             sync: true,
             reserve_bytes: 64 << 20,
             heartbeat_ms: 1_000,
+            ssd_capacity: None,
+            ssd_high_watermark: 0.90,
+            ssd_low_watermark: 0.75,
+            promote_after_reads: 2,
+            promote_window_secs: 600,
+            mover_interval_ms: 1_000,
+            mover_rate_bytes: 200 << 20,
         }
     }
 }
@@ -121,6 +152,30 @@ impl ChunkConfig {
         }
         if self.heartbeat_ms == 0 {
             return Err(CairnError::invalid("config: heartbeat_ms must be > 0"));
+        }
+        let (low, high) = (self.ssd_low_watermark, self.ssd_high_watermark);
+        if !(low > 0.0 && low < high && high <= 1.0) {
+            return Err(CairnError::invalid(format!(
+                "config: the SSD watermarks need 0 < ssd_low_watermark < ssd_high_watermark <= 1 \
+                 (got {low} and {high})"
+            )));
+        }
+        if self.ssd_capacity == Some(0) {
+            return Err(CairnError::invalid(
+                "config: ssd_capacity must be > 0 (leave it unset for the whole SSD)",
+            ));
+        }
+        if self.promote_after_reads > 0 && self.promote_window_secs == 0 {
+            return Err(CairnError::invalid("config: promote_window_secs must be > 0"));
+        }
+        if self.promote_after_reads > 64 {
+            return Err(CairnError::invalid("config: promote_after_reads must be at most 64"));
+        }
+        if self.mover_interval_ms == 0 {
+            return Err(CairnError::invalid("config: mover_interval_ms must be > 0"));
+        }
+        if self.mover_rate_bytes < 1 << 20 {
+            return Err(CairnError::invalid("config: mover_rate_bytes must be at least 1048576 (1 MiB/s)"));
         }
         Ok(())
     }
@@ -161,6 +216,23 @@ mod tests {
         assert!(cfg.validate().is_err());
         let cfg: ChunkConfig = toml::from_str("io_engine = \"pread\"\nqueue_depth = 8").unwrap();
         assert_eq!(cfg.io_engine, IoEngineKind::Pread);
+        for bad in [
+            "ssd_low_watermark = 0.95",
+            "ssd_high_watermark = 1.5",
+            "ssd_low_watermark = 0.0",
+            "ssd_capacity = 0",
+            "mover_interval_ms = 0",
+            "mover_rate_bytes = 10",
+            "promote_window_secs = 0",
+        ] {
+            let cfg: ChunkConfig = toml::from_str(bad).unwrap();
+            assert!(cfg.validate().is_err(), "{bad}");
+        }
+        let cfg: ChunkConfig = toml::from_str("ssd_capacity = 8388608\npromote_after_reads = 0").unwrap();
+        cfg.validate().unwrap();
+        // An unset capacity survives a round trip through TOML (as `cairn up` writes configs).
+        let text = toml::to_string(&ChunkConfig::default()).unwrap();
+        assert_eq!(toml::from_str::<ChunkConfig>(&text).unwrap(), ChunkConfig::default());
     }
 
     #[test]

@@ -27,6 +27,10 @@ pub enum ErrorKind {
     TooBig,
     CrossDevice,
     NotSupported,
+    /// A lock is held by someone else (EAGAIN).
+    WouldBlock,
+    /// A waiting operation was abandoned (EINTR).
+    Interrupted,
     /// A server or enough shards could not be reached.
     Unavailable,
     /// Stored data failed its checksum or could not be decoded.
@@ -36,7 +40,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    const ALL: [ErrorKind; 19] = [
+    const ALL: [ErrorKind; 21] = [
         ErrorKind::NotFound,
         ErrorKind::Exists,
         ErrorKind::NotDir,
@@ -52,6 +56,8 @@ impl ErrorKind {
         ErrorKind::TooBig,
         ErrorKind::CrossDevice,
         ErrorKind::NotSupported,
+        ErrorKind::WouldBlock,
+        ErrorKind::Interrupted,
         ErrorKind::Unavailable,
         ErrorKind::Corrupt,
         ErrorKind::Io,
@@ -76,6 +82,8 @@ impl ErrorKind {
             ErrorKind::TooBig => libc::E2BIG,
             ErrorKind::CrossDevice => libc::EXDEV,
             ErrorKind::NotSupported => libc::EOPNOTSUPP,
+            ErrorKind::WouldBlock => libc::EAGAIN,
+            ErrorKind::Interrupted => libc::EINTR,
             ErrorKind::Unavailable | ErrorKind::Corrupt | ErrorKind::Io | ErrorKind::Internal => libc::EIO,
         }
     }
@@ -95,6 +103,8 @@ impl ErrorKind {
             ErrorKind::NoSpace => Code::ResourceExhausted,
             ErrorKind::PermissionDenied | ErrorKind::NotPermitted => Code::PermissionDenied,
             ErrorKind::NotSupported => Code::Unimplemented,
+            ErrorKind::WouldBlock => Code::Aborted,
+            ErrorKind::Interrupted => Code::Cancelled,
             ErrorKind::Unavailable => Code::Unavailable,
             ErrorKind::Corrupt => Code::DataLoss,
             ErrorKind::Io | ErrorKind::Internal => Code::Internal,
@@ -118,6 +128,8 @@ impl ErrorKind {
             ErrorKind::TooBig => "too_big",
             ErrorKind::CrossDevice => "cross_device",
             ErrorKind::NotSupported => "not_supported",
+            ErrorKind::WouldBlock => "would_block",
+            ErrorKind::Interrupted => "interrupted",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Corrupt => "corrupt",
             ErrorKind::Io => "io",

@@ -37,6 +37,9 @@ impl Chunk for FakeChunk {
     async fn stat(&self, _: Request<Empty>) -> Result<Response<ChunkStatReply>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn promote(&self, _: Request<PromoteRequest>) -> Result<Response<PromoteReply>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
 }
 
 async fn fake_chunkserver() -> (String, FakeChunk) {

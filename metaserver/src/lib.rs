@@ -12,6 +12,7 @@ pub mod namespace;
 pub mod registry;
 pub mod schema;
 pub mod service;
+pub mod sessions;
 pub mod store;
 
 use std::future::Future;
@@ -30,12 +31,44 @@ pub use service::MetaService;
 /// Open the namespace in `config.data_dir`.
 pub fn open_namespace(config: &MetaConfig) -> Result<Namespace> {
     config.validate()?;
-    Namespace::open_rocks(
+    Ok(Namespace::open_rocks(
         &config.data_dir,
         config.sync_writes,
         config.layout()?,
         Duration::from_millis(config.node_timeout_ms),
-    )
+    )?
+    .with_client_lease(Duration::from_millis(config.client_lease_ms)))
+}
+
+/// Expire silent client sessions and free the unlinked files nobody holds open any more.
+/// Orphans left from before a restart are freed once clients had a full lease to re-announce
+/// their open files.
+async fn reap_sessions(ns: Arc<Namespace>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut swept_after_grace = false;
+    loop {
+        tick.tick().await;
+        let ns = ns.clone();
+        let sweep = !swept_after_grace && ns.sessions().past_grace();
+        let result = tokio::task::spawn_blocking(move || -> Result<()> {
+            for ino in ns.sessions().expire() {
+                ns.free_if_orphan(ino)?;
+            }
+            if sweep {
+                let freed = ns.free_orphans()?;
+                if freed > 0 {
+                    tracing::info!(freed, "freed unlinked files no client has open");
+                }
+            }
+            Ok(())
+        })
+        .await;
+        match result {
+            Ok(Ok(())) => swept_after_grace |= sweep,
+            Ok(Err(e)) => tracing::warn!("session reaper: {e}"),
+            Err(e) => tracing::warn!("session reaper: {e}"),
+        }
+    }
 }
 
 /// Serve the `Meta` service on `listener` until `shutdown` completes, with the garbage
@@ -60,6 +93,7 @@ pub async fn serve_namespace(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     let gc = tokio::spawn(Gc::new(ns.clone()).run(gc_interval));
+    let reaper = tokio::spawn(reap_sessions(ns.clone()));
     let service = MetaServer::new(MetaService::new(ns))
         .max_decoding_message_size(cairn_common::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(cairn_common::MAX_MESSAGE_BYTES);
@@ -74,7 +108,9 @@ pub async fn serve_namespace(
     // Wait for the gc task to go, so the namespace (and the database lock) is released when
     // this returns.
     gc.abort();
+    reaper.abort();
     let _ = gc.await;
+    let _ = reaper.await;
     result
 }
 

@@ -12,6 +12,7 @@ use cairn_proto::*;
 use tonic::{Request, Response, Status};
 
 use crate::namespace::{file_info, Namespace, NewEntry};
+use crate::sessions::{Lock, F_UNLCK};
 
 pub struct MetaService {
     ns: Arc<Namespace>,
@@ -78,7 +79,11 @@ impl Meta for MetaService {
                     uid: r.uid,
                     gid: r.gid,
                 };
-                ns.create(&new, r.rdev, r.exclusive)
+                let (inode, created) = ns.create(&new, r.rdev, r.exclusive)?;
+                if r.open {
+                    ns.sessions().opened(r.client_id, inode.ino);
+                }
+                Ok((inode, created))
             })
             .await?;
         Ok(Response::new(CreateReply { file: Some(file_info(&inode)), created }))
@@ -181,10 +186,64 @@ impl Meta for MetaService {
         Ok(Response::new(Empty {}))
     }
 
-    async fn open(&self, req: Request<InoRequest>) -> Result<Response<OpenReply>, Status> {
-        let ino = req.into_inner().ino;
-        let (inode, stripes, more) = self.run(move |ns| ns.open_file(check_ino(ino)?)).await?;
+    async fn open(&self, req: Request<OpenRequest>) -> Result<Response<OpenReply>, Status> {
+        let r = req.into_inner();
+        let (inode, stripes, more) = self
+            .run(move |ns| {
+                let ino = check_ino(r.ino)?;
+                // Count the open before looking: an unlink from now on keeps the file for us.
+                ns.sessions().opened(r.client_id, ino);
+                let opened = ns.open_file(ino);
+                if opened.is_err() {
+                    ns.sessions().released(r.client_id, ino);
+                }
+                opened
+            })
+            .await?;
         Ok(Response::new(OpenReply { file: Some(file_info(&inode)), stripes, more }))
+    }
+
+    async fn release(&self, req: Request<ReleaseRequest>) -> Result<Response<Empty>, Status> {
+        let r = req.into_inner();
+        self.run(move |ns| {
+            ns.sessions().released(r.client_id, check_ino(r.ino)?);
+            ns.free_if_orphan(r.ino).map(|_| ())
+        })
+        .await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn client_heartbeat(
+        &self,
+        req: Request<ClientHeartbeatRequest>,
+    ) -> Result<Response<ClientHeartbeatReply>, Status> {
+        let r = req.into_inner();
+        let sessions = self.ns.sessions();
+        sessions.heartbeat(r.client_id, Some(r.open));
+        Ok(Response::new(ClientHeartbeatReply { lease_ms: sessions.lease().as_millis() as u64 }))
+    }
+
+    async fn lock(&self, req: Request<LockRequest>) -> Result<Response<LockReply>, Status> {
+        let r = req.into_inner();
+        check_ino(r.ino)?;
+        if r.typ > F_UNLCK || r.start > r.end {
+            return Err(
+                CairnError::invalid(format!("lock: type {} range {}..={}", r.typ, r.start, r.end)).into()
+            );
+        }
+        let want =
+            Lock { client: r.client_id, owner: r.owner, pid: r.pid, start: r.start, end: r.end, typ: r.typ };
+        let sessions = self.ns.sessions();
+        sessions.heartbeat(r.client_id, None);
+        let outcome = if r.test {
+            sessions.conflict(r.ino, &want).map_or(Ok(()), Err)
+        } else {
+            sessions.set_lock(r.ino, want)
+        };
+        Ok(Response::new(match outcome {
+            Ok(()) => LockReply { granted: true, typ: F_UNLCK, ..Default::default() },
+            Err(c) => LockReply { granted: false, typ: c.typ, start: c.start, end: c.end, pid: c.pid },
+        }))
     }
 
     async fn list_stripes(

@@ -100,7 +100,7 @@ async fn serves_the_namespace_over_grpc() {
         .attr
         .unwrap();
     assert_eq!(attr.size, 100);
-    let open = c.open(InoRequest { ino }).await.unwrap().into_inner();
+    let open = c.open(OpenRequest { ino, client_id: 1 }).await.unwrap().into_inner();
     assert_eq!(open.stripes, vec![stripe]);
 
     let page = c.read_dir(ReadDirRequest { ino: d.ino, after: vec![], limit: 10, plus: true }).await.unwrap();

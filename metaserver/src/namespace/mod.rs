@@ -34,6 +34,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use crate::registry::Registry;
 use crate::schema::{self, counter, Counter, Dentry, GcEntry, GcShard, Inode, Stats, Stripe, S_IFDIR};
+use crate::sessions::Sessions;
 use crate::store::{Batch, Cf, MemoryStore, MetaStore, RocksStore};
 
 pub use attrs::{XATTR_CREATE, XATTR_REPLACE};
@@ -88,7 +89,11 @@ pub struct Namespace {
     gc_epoch: u64,
     gc_seq: AtomicU64,
     next_client: Mutex<u64>,
+    sessions: Arc<Sessions>,
 }
+
+/// How long a client that stopped heartbeating keeps its open files and locks.
+pub const DEFAULT_CLIENT_LEASE: Duration = Duration::from_secs(30);
 
 pub(crate) fn stats_key(shard: usize) -> Vec<u8> {
     let mut k = counter::STATS_PREFIX.to_vec();
@@ -172,6 +177,7 @@ impl Namespace {
             gc_epoch,
             gc_seq: AtomicU64::new(0),
             next_client: Mutex::new(next_client),
+            sessions: Arc::new(Sessions::new(DEFAULT_CLIENT_LEASE)),
         })
     }
 
@@ -226,6 +232,50 @@ impl Namespace {
         self.store.write(batch)?;
         *next += 1;
         Ok(id)
+    }
+
+    /// Use `lease` for client sessions (how long a silent client keeps its open files and locks).
+    pub fn with_client_lease(mut self, lease: Duration) -> Namespace {
+        self.sessions = Arc::new(Sessions::new(lease));
+        self
+    }
+
+    pub fn sessions(&self) -> &Arc<Sessions> {
+        &self.sessions
+    }
+
+    /// Free an unlinked file once nobody has it open: `ino` if it is an orphan, else nothing.
+    pub fn free_if_orphan(&self, ino: u64) -> Result<bool> {
+        self.locked(
+            || vec![ino],
+            || {
+                if self.store.get(Cf::Orphans, &schema::ino_key(ino))?.is_none() || self.sessions.is_open(ino)
+                {
+                    return Ok(false);
+                }
+                let mut tx = self.tx();
+                if self.try_inode(ino)?.is_some_and(|i| i.nlink == 0) {
+                    tx.destroy(ino)?;
+                }
+                tx.batch.delete(Cf::Orphans, schema::ino_key(ino));
+                tx.commit()?;
+                Ok(true)
+            },
+        )
+    }
+
+    /// Free every orphan nobody has open (after a restart's grace period, or a session expiry).
+    pub fn free_orphans(&self) -> Result<u64> {
+        let rows = self.store.scan(Cf::Orphans, &[], &[], usize::MAX)?;
+        let mut freed = 0;
+        for (key, _) in rows {
+            let ino =
+                u64::from_be_bytes(key.as_slice().try_into().map_err(|_| CairnError::corrupt("orphan key"))?);
+            if self.free_if_orphan(ino)? {
+                freed += 1;
+            }
+        }
+        Ok(freed)
     }
 
     /// Totals of the statistics counters.
@@ -355,7 +405,12 @@ impl Tx<'_> {
         inode.nlink = inode.nlink.saturating_sub(1);
         inode.set_ctime(now);
         if inode.nlink == 0 {
-            self.destroy(ino)?;
+            if inode.is_reg() && self.ns.sessions.is_open(ino) {
+                // Unlinked while open: kept (nlink 0) until the last client closes it.
+                self.batch.put(Cf::Orphans, schema::ino_key(ino), Vec::new());
+            } else {
+                self.destroy(ino)?;
+            }
         }
         Ok(())
     }

@@ -13,7 +13,7 @@ type Map = BTreeMap<Vec<u8>, Vec<u8>>;
 
 #[derive(Default)]
 pub struct MemoryStore {
-    cfs: RwLock<[Map; 8]>,
+    cfs: RwLock<[Map; Cf::ALL.len()]>,
 }
 
 impl MemoryStore {

@@ -25,11 +25,22 @@ pub enum Cf {
     Nodes,
     Counters,
     Gc,
+    /// Regular files with no links left that some client still has open.
+    Orphans,
 }
 
 impl Cf {
-    pub const ALL: [Cf; 8] =
-        [Cf::Inodes, Cf::Dentries, Cf::Xattrs, Cf::Symlinks, Cf::Stripes, Cf::Nodes, Cf::Counters, Cf::Gc];
+    pub const ALL: [Cf; 9] = [
+        Cf::Inodes,
+        Cf::Dentries,
+        Cf::Xattrs,
+        Cf::Symlinks,
+        Cf::Stripes,
+        Cf::Nodes,
+        Cf::Counters,
+        Cf::Gc,
+        Cf::Orphans,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -41,6 +52,7 @@ impl Cf {
             Cf::Nodes => "nodes",
             Cf::Counters => "counters",
             Cf::Gc => "gc",
+            Cf::Orphans => "orphans",
         }
     }
 

@@ -1,0 +1,275 @@
+//! Client sessions: which clients are alive, which files they hold open, and the byte-range
+//! locks they hold. Kept in memory only; a client renews its session with a heartbeat that
+//! carries its full set of open inodes, so after a metaserver restart every live client
+//! re-announces what it has open within one heartbeat.
+//!
+//! - **Open files**: an inode whose last link goes while some client has it open becomes an
+//!   orphan (nlink 0, recorded in `Cf::Orphans`) instead of being freed; it is freed when the
+//!   last client releases it or its session expires.
+//! - **Locks**: POSIX byte-range semantics keyed by (client, lock owner). `flock` locks arrive
+//!   from the kernel as whole-file locks owned by the open file description, so they share this
+//!   table (as on NFS, `flock` and `fcntl` locks on one file therefore conflict). A session that
+//!   expires loses its locks; locks do not survive a metaserver restart.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+pub const F_RDLCK: u32 = libc_consts::F_RDLCK;
+pub const F_WRLCK: u32 = libc_consts::F_WRLCK;
+pub const F_UNLCK: u32 = libc_consts::F_UNLCK;
+
+mod libc_consts {
+    // Linux values (asm-generic/fcntl.h).
+    pub const F_RDLCK: u32 = 0;
+    pub const F_WRLCK: u32 = 1;
+    pub const F_UNLCK: u32 = 2;
+}
+
+/// One held lock; `end` is inclusive (as FUSE sends it; `u64::MAX` = to the end of file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lock {
+    pub client: u32,
+    pub owner: u64,
+    pub pid: u32,
+    pub start: u64,
+    pub end: u64,
+    pub typ: u32,
+}
+
+impl Lock {
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.start <= end && start <= self.end
+    }
+}
+
+struct Session {
+    last_seen: Instant,
+    open: HashSet<u64>,
+    /// The client has told its full open set since this metaserver started.
+    announced: bool,
+}
+
+impl Session {
+    fn new() -> Session {
+        Session { last_seen: Instant::now(), open: HashSet::new(), announced: false }
+    }
+}
+
+pub struct Sessions {
+    lease: Duration,
+    started: Instant,
+    clients: Mutex<HashMap<u32, Session>>,
+    locks: Mutex<HashMap<u64, Vec<Lock>>>,
+}
+
+impl Sessions {
+    pub fn new(lease: Duration) -> Sessions {
+        Sessions {
+            lease,
+            started: Instant::now(),
+            clients: Mutex::new(HashMap::new()),
+            locks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// True once every client that was alive before a restart has had a full lease to
+    /// re-announce its open files: only then may orphans with no known opener be freed.
+    pub fn past_grace(&self) -> bool {
+        self.started.elapsed() > self.lease
+    }
+
+    /// Renew `client`'s session. `open` is the client's full set of open inodes; it is taken
+    /// only the first time this metaserver hears from the client (after a restart), and then
+    /// added to what open calls already told, never replacing it: a heartbeat may have been
+    /// composed before an open that reached us first.
+    pub fn heartbeat(&self, client: u32, open: Option<Vec<u64>>) {
+        let mut clients = self.clients.lock();
+        let s = clients.entry(client).or_insert_with(Session::new);
+        s.last_seen = Instant::now();
+        if let Some(open) = open {
+            if !s.announced {
+                s.open.extend(open);
+                s.announced = true;
+            }
+        }
+    }
+
+    pub fn opened(&self, client: u32, ino: u64) {
+        let mut clients = self.clients.lock();
+        let s = clients.entry(client).or_insert_with(Session::new);
+        s.last_seen = Instant::now();
+        s.open.insert(ino);
+    }
+
+    /// `client` closed its last handle on `ino`; its locks on it go too.
+    pub fn released(&self, client: u32, ino: u64) {
+        if let Some(s) = self.clients.lock().get_mut(&client) {
+            s.open.remove(&ino);
+        }
+        self.unlock_where(|l, i| i == ino && l.client == client);
+    }
+
+    pub fn is_open(&self, ino: u64) -> bool {
+        self.clients.lock().values().any(|s| s.open.contains(&ino))
+    }
+
+    /// Drop sessions whose lease ran out; returns the inodes they had open (candidates to free).
+    pub fn expire(&self) -> Vec<u64> {
+        let mut gone = Vec::new();
+        let mut dead = Vec::new();
+        self.clients.lock().retain(|id, s| {
+            if s.last_seen.elapsed() > self.lease {
+                gone.extend(s.open.iter().copied());
+                dead.push(*id);
+                false
+            } else {
+                true
+            }
+        });
+        if !dead.is_empty() {
+            tracing::info!(clients = ?dead, "client sessions expired; their open files and locks are released");
+            self.unlock_where(|l, _| dead.contains(&l.client));
+        }
+        gone
+    }
+
+    fn unlock_where(&self, drop: impl Fn(&Lock, u64) -> bool) {
+        let mut locks = self.locks.lock();
+        for (ino, held) in locks.iter_mut() {
+            held.retain(|l| !drop(l, *ino));
+        }
+        locks.retain(|_, held| !held.is_empty());
+    }
+
+    /// The first lock of another owner that conflicts with `want`, if any.
+    pub fn conflict(&self, ino: u64, want: &Lock) -> Option<Lock> {
+        let locks = self.locks.lock();
+        conflict_in(locks.get(&ino).map(Vec::as_slice).unwrap_or(&[]), want)
+    }
+
+    /// Take, change or release (`typ == F_UNLCK`) a lock. Returns the conflicting lock instead
+    /// if another owner holds one.
+    pub fn set_lock(&self, ino: u64, want: Lock) -> Result<(), Lock> {
+        let mut locks = self.locks.lock();
+        let held = locks.entry(ino).or_default();
+        if want.typ != F_UNLCK {
+            if let Some(c) = conflict_in(held, &want) {
+                return Err(c);
+            }
+        }
+        // Cut the owner's own locks out of the range, keeping the parts outside it.
+        let mut kept = Vec::with_capacity(held.len() + 2);
+        for l in held.drain(..) {
+            if l.client != want.client || l.owner != want.owner || !l.overlaps(want.start, want.end) {
+                kept.push(l);
+                continue;
+            }
+            if l.start < want.start {
+                kept.push(Lock { end: want.start - 1, ..l });
+            }
+            if l.end > want.end {
+                kept.push(Lock { start: want.end + 1, ..l });
+            }
+        }
+        if want.typ != F_UNLCK {
+            kept.push(want);
+        }
+        *held = kept;
+        if held.is_empty() {
+            locks.remove(&ino);
+        }
+        Ok(())
+    }
+
+    /// Release every lock of one owner on `ino` (close of a descriptor: POSIX semantics).
+    pub fn unlock_owner(&self, client: u32, ino: u64, owner: u64) {
+        self.unlock_where(|l, i| i == ino && l.client == client && l.owner == owner);
+    }
+}
+
+fn conflict_in(held: &[Lock], want: &Lock) -> Option<Lock> {
+    held.iter()
+        .find(|l| {
+            (l.client != want.client || l.owner != want.owner)
+                && l.overlaps(want.start, want.end)
+                && (l.typ == F_WRLCK || want.typ == F_WRLCK)
+        })
+        .copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lock(client: u32, owner: u64, start: u64, end: u64, typ: u32) -> Lock {
+        Lock { client, owner, pid: 1, start, end, typ }
+    }
+
+    #[test]
+    fn readers_share_writers_exclude() {
+        let s = Sessions::new(Duration::from_secs(30));
+        s.set_lock(1, lock(1, 1, 0, 99, F_RDLCK)).unwrap();
+        s.set_lock(1, lock(2, 1, 50, 60, F_RDLCK)).unwrap();
+        assert_eq!(s.set_lock(1, lock(2, 1, 0, 10, F_WRLCK)).unwrap_err().client, 1);
+        // Same client, other owner (another process on that mount): conflicts too.
+        assert!(s.set_lock(1, lock(1, 2, 0, 10, F_WRLCK)).is_err());
+        // No overlap: fine. Another inode: fine.
+        s.set_lock(1, lock(2, 1, 100, u64::MAX, F_WRLCK)).unwrap();
+        s.set_lock(2, lock(2, 1, 0, 10, F_WRLCK)).unwrap();
+    }
+
+    #[test]
+    fn unlock_splits_and_upgrade_replaces() {
+        let s = Sessions::new(Duration::from_secs(30));
+        s.set_lock(1, lock(1, 1, 0, 99, F_WRLCK)).unwrap();
+        s.set_lock(1, lock(1, 1, 40, 59, F_UNLCK)).unwrap();
+        assert!(s.conflict(1, &lock(2, 1, 40, 59, F_WRLCK)).is_none());
+        assert!(s.conflict(1, &lock(2, 1, 30, 39, F_RDLCK)).is_some());
+        assert!(s.conflict(1, &lock(2, 1, 60, 60, F_RDLCK)).is_some());
+        // Downgrade part of it to a read lock: others may read there now.
+        s.set_lock(1, lock(1, 1, 0, 9, F_RDLCK)).unwrap();
+        assert!(s.conflict(1, &lock(2, 1, 0, 9, F_RDLCK)).is_none());
+        assert!(s.conflict(1, &lock(2, 1, 0, 9, F_WRLCK)).is_some());
+        s.unlock_owner(1, 1, 1);
+        assert!(s.conflict(1, &lock(2, 1, 0, u64::MAX, F_WRLCK)).is_none());
+    }
+
+    #[test]
+    fn release_and_expiry_drop_locks_and_opens() {
+        let s = Sessions::new(Duration::from_millis(1));
+        s.opened(7, 100);
+        s.set_lock(100, lock(7, 1, 0, u64::MAX, F_WRLCK)).unwrap();
+        assert!(s.is_open(100));
+        s.released(7, 100);
+        assert!(!s.is_open(100));
+        assert!(s.conflict(100, &lock(8, 1, 0, 0, F_WRLCK)).is_none());
+        s.opened(7, 101);
+        s.set_lock(101, lock(7, 1, 0, 0, F_WRLCK)).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(s.expire(), vec![101]);
+        assert!(!s.is_open(101));
+        assert!(s.conflict(101, &lock(8, 1, 0, 0, F_WRLCK)).is_none());
+    }
+
+    #[test]
+    fn first_heartbeat_announces_the_open_set_later_ones_renew() {
+        let s = Sessions::new(Duration::from_secs(30));
+        // After a restart an open call can arrive before the client's first heartbeat.
+        s.opened(1, 5);
+        s.heartbeat(1, Some(vec![6, 7]));
+        assert!(s.is_open(5) && s.is_open(6) && s.is_open(7));
+        // A later heartbeat composed before an open must not undo it.
+        s.opened(1, 8);
+        s.heartbeat(1, Some(vec![5, 6, 7]));
+        assert!(s.is_open(8));
+        s.released(1, 5);
+        s.heartbeat(1, Some(vec![5, 6, 7, 8]));
+        assert!(!s.is_open(5));
+    }
+}
