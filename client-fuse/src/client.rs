@@ -134,7 +134,10 @@ impl Client {
         Ok(self.local_view(attr).await)
     }
 
-    pub async fn create(&self, mut req: p::CreateRequest, open: bool) -> Result<(p::Attr, u64)> {
+    /// Create (and with `open`, open) a file. A non-exclusive create that finds the name taken
+    /// (another client created it after the kernel's lookup) opens the existing file, and
+    /// `truncate` (O_TRUNC) then empties it, as open(2) would.
+    pub async fn create(&self, mut req: p::CreateRequest, open: bool, truncate: bool) -> Result<(p::Attr, u64)> {
         req.client_id = self.client_id;
         req.open = open;
         let reply = self.meta.create(req).await?;
@@ -145,7 +148,12 @@ impl Client {
         }
         if !reply.created {
             // O_CREAT without O_EXCL on an existing file: an ordinary open.
-            let opened = self.open(attr.ino, false).await?;
+            let opened = self.open(attr.ino, truncate).await?;
+            let attr = if truncate && attr.size > 0 {
+                self.setattr(p::SetAttrRequest { ino: attr.ino, size: Some(0), ..Default::default() }).await?
+            } else {
+                attr
+            };
             return Ok((self.local_view(attr).await, opened.fh));
         }
         let fh = self.register_open(info, Vec::new(), false).await?;

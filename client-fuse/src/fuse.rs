@@ -293,7 +293,7 @@ impl Filesystem for CairnFs {
             ..Default::default()
         };
         let ttl = self.ttl;
-        self.spawn(|c| async move { reply_entry(ttl, reply, c.create(req, false).await.map(|(a, _)| a)) });
+        self.spawn(|c| async move { reply_entry(ttl, reply, c.create(req, false, false).await.map(|(a, _)| a)) });
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
@@ -638,8 +638,9 @@ impl Filesystem for CairnFs {
             ..Default::default()
         };
         let ttl = self.ttl;
+        let truncate = flags & libc::O_TRUNC != 0;
         self.spawn(|c| async move {
-            match c.create(req, true).await {
+            match c.create(req, true, truncate).await {
                 Ok((a, fh)) => {
                     reply.created(&ttl, &to_fuse(&a), Generation(0), FileHandle(fh), FopenFlags::empty())
                 }
