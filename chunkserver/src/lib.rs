@@ -22,6 +22,7 @@ pub mod heartbeat;
 pub mod metrics;
 pub mod mover;
 pub mod policy;
+pub mod rebuild;
 pub mod service;
 pub mod shard;
 pub mod store;

@@ -9,7 +9,8 @@ use cairn_common::{CairnError, Result, ShardId};
 use cairn_proto::chunk_server::Chunk;
 use cairn_proto::{
     ChunkStatReply, DeleteShardsReply, DeleteShardsRequest, Empty, PromoteReply, PromoteRequest,
-    ReadShardReply, ReadShardRequest, WriteShardReply, WriteShardRequest,
+    ReadShardReply, ReadShardRequest, RebuildShardReply, RebuildShardRequest, WriteShardReply,
+    WriteShardRequest,
 };
 use tonic::{Request, Response, Status};
 
@@ -104,6 +105,14 @@ impl Chunk for ChunkService {
             missing: done.missing,
             bytes: done.bytes,
         }))
+    }
+
+    async fn rebuild_shard(
+        &self,
+        request: Request<RebuildShardRequest>,
+    ) -> Result<Response<RebuildShardReply>, Status> {
+        let bytes = crate::rebuild::rebuild(&self.store, request.into_inner()).await?;
+        Ok(Response::new(RebuildShardReply { bytes }))
     }
 
     async fn stat(&self, _request: Request<Empty>) -> Result<Response<ChunkStatReply>, Status> {

@@ -137,7 +137,12 @@ impl Client {
     /// Create (and with `open`, open) a file. A non-exclusive create that finds the name taken
     /// (another client created it after the kernel's lookup) opens the existing file, and
     /// `truncate` (O_TRUNC) then empties it, as open(2) would.
-    pub async fn create(&self, mut req: p::CreateRequest, open: bool, truncate: bool) -> Result<(p::Attr, u64)> {
+    pub async fn create(
+        &self,
+        mut req: p::CreateRequest,
+        open: bool,
+        truncate: bool,
+    ) -> Result<(p::Attr, u64)> {
         req.client_id = self.client_id;
         req.open = open;
         let reply = self.meta.create(req).await?;

@@ -293,7 +293,9 @@ impl Filesystem for CairnFs {
             ..Default::default()
         };
         let ttl = self.ttl;
-        self.spawn(|c| async move { reply_entry(ttl, reply, c.create(req, false, false).await.map(|(a, _)| a)) });
+        self.spawn(
+            |c| async move { reply_entry(ttl, reply, c.create(req, false, false).await.map(|(a, _)| a)) },
+        );
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {

@@ -30,6 +30,10 @@ pub struct MetaConfig {
     /// A client that stops heartbeating for this long loses its locks and its open files
     /// (unlinked files it held open are then freed).
     pub client_lease_ms: u64,
+    /// A chunkserver down for this long is replaced: its shards are rebuilt on other nodes.
+    pub rebuild_after_ms: u64,
+    /// Most bytes per second the repair rebuilds (training reads keep the rest).
+    pub repair_rate_bytes: u64,
 }
 
 impl Default for MetaConfig {
@@ -43,6 +47,8 @@ impl Default for MetaConfig {
             node_timeout_ms: 10_000,
             gc_interval_ms: 2_000,
             client_lease_ms: 30_000,
+            rebuild_after_ms: 600_000,
+            repair_rate_bytes: 100 << 20,
         }
     }
 }

@@ -40,6 +40,12 @@ impl Chunk for FakeChunk {
     async fn promote(&self, _: Request<PromoteRequest>) -> Result<Response<PromoteReply>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn rebuild_shard(
+        &self,
+        _: Request<RebuildShardRequest>,
+    ) -> Result<Response<RebuildShardReply>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
 }
 
 async fn fake_chunkserver() -> (String, FakeChunk) {

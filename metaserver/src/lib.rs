@@ -10,6 +10,7 @@
 pub mod gc;
 pub mod namespace;
 pub mod registry;
+pub mod repair;
 pub mod schema;
 pub mod service;
 pub mod sessions;
@@ -82,7 +83,31 @@ pub async fn serve(
     let ns = tokio::task::spawn_blocking(move || open_namespace(&cfg))
         .await
         .map_err(|e| CairnError::internal(format!("opening the namespace: {e}")))??;
-    serve_namespace(Arc::new(ns), Duration::from_millis(config.gc_interval_ms), listener, shutdown).await
+    let background = Background {
+        gc_interval: Duration::from_millis(config.gc_interval_ms),
+        rebuild_after: Duration::from_millis(config.rebuild_after_ms),
+        repair_rate_bytes: config.repair_rate_bytes,
+    };
+    serve_with(Arc::new(ns), background, listener, shutdown).await
+}
+
+/// Timing of the background tasks that run beside the service.
+#[derive(Clone, Copy, Debug)]
+pub struct Background {
+    pub gc_interval: Duration,
+    pub rebuild_after: Duration,
+    pub repair_rate_bytes: u64,
+}
+
+impl Default for Background {
+    fn default() -> Self {
+        let c = MetaConfig::default();
+        Background {
+            gc_interval: Duration::from_millis(c.gc_interval_ms),
+            rebuild_after: Duration::from_millis(c.rebuild_after_ms),
+            repair_rate_bytes: c.repair_rate_bytes,
+        }
+    }
 }
 
 /// Serve an already opened namespace (tests use this with an in-memory store).
@@ -92,8 +117,20 @@ pub async fn serve_namespace(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let gc = tokio::spawn(Gc::new(ns.clone()).run(gc_interval));
+    serve_with(ns, Background { gc_interval, ..Background::default() }, listener, shutdown).await
+}
+
+/// Serve `ns` with the garbage collector, the session reaper and the repair running beside.
+pub async fn serve_with(
+    ns: Arc<Namespace>,
+    background: Background,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let gc = tokio::spawn(Gc::new(ns.clone()).run(background.gc_interval));
     let reaper = tokio::spawn(reap_sessions(ns.clone()));
+    let repair = repair::Repair::new(ns.clone(), background.rebuild_after, background.repair_rate_bytes);
+    let repair = tokio::spawn(repair.run(Duration::from_secs(2)));
     let service = MetaServer::new(MetaService::new(ns))
         .max_decoding_message_size(cairn_common::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(cairn_common::MAX_MESSAGE_BYTES);
@@ -109,8 +146,10 @@ pub async fn serve_namespace(
     // this returns.
     gc.abort();
     reaper.abort();
+    repair.abort();
     let _ = gc.await;
     let _ = reaper.await;
+    let _ = repair.await;
     result
 }
 

@@ -292,6 +292,7 @@ impl Meta for MetaService {
             .run(|ns| {
                 let stats = ns.stats();
                 let root = ns.getattr(cairn_common::ROOT_INO)?.layout();
+                let repair = ns.repair_state().lock().clone();
                 Ok(ClusterStatusReply {
                     nodes: ns.registry().nodes(),
                     files: stats.files.max(0) as u64,
@@ -299,6 +300,13 @@ impl Meta for MetaService {
                     logical_bytes: stats.logical_bytes.max(0) as u64,
                     default_layout: Some(root.into()),
                     pending_gc: ns.pending_gc()?,
+                    degraded_stripes: repair.degraded_stripes,
+                    bytes_to_rebuild: repair.bytes_to_rebuild,
+                    unrecoverable_stripes: repair.unrecoverable_stripes,
+                    unrecoverable_files: repair.unrecoverable_files,
+                    shards_rebuilt: repair.shards_rebuilt,
+                    bytes_rebuilt: repair.bytes_rebuilt,
+                    rebuild_rate: repair.rate,
                 })
             })
             .await?;

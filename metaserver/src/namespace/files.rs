@@ -125,6 +125,9 @@ impl Namespace {
                         )));
                     }
                 }
+                if stripes.iter().any(|s| s.missing != 0) {
+                    self.note_degraded();
+                }
                 for s in stripes {
                     let key = schema::stripe_key(ino, s.index);
                     if let Some(old) = self.store.get(Cf::Stripes, &key)? {

@@ -16,6 +16,7 @@
 mod attrs;
 mod entries;
 mod files;
+mod heal;
 mod rename;
 #[cfg(test)]
 mod tests;
@@ -90,6 +91,8 @@ pub struct Namespace {
     gc_seq: AtomicU64,
     next_client: Mutex<u64>,
     sessions: Arc<Sessions>,
+    degraded_hint: std::sync::atomic::AtomicBool,
+    repair_state: Mutex<crate::repair::RepairState>,
 }
 
 /// How long a client that stopped heartbeating keeps its open files and locks.
@@ -178,6 +181,8 @@ impl Namespace {
             gc_seq: AtomicU64::new(0),
             next_client: Mutex::new(next_client),
             sessions: Arc::new(Sessions::new(DEFAULT_CLIENT_LEASE)),
+            degraded_hint: std::sync::atomic::AtomicBool::new(false),
+            repair_state: Mutex::new(Default::default()),
         })
     }
 

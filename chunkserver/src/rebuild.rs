@@ -1,0 +1,79 @@
+//! Rebuilding a lost shard here from its stripe's other shards. The metaserver's repair picks
+//! this node as the new home of shard `i` and names where the other shards live; this node
+//! fetches any `k` of them from its peers, decodes, and stores the result like any write (in a
+//! temp file, checksummed, fsynced, renamed). Data shards past the stripe's written length are
+//! empty and known to be zeros, so they are never fetched.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_common::codec::Codec;
+use cairn_common::{CairnError, Layout, Result, ShardId, MAX_MESSAGE_BYTES};
+use cairn_proto::chunk_client::ChunkClient;
+use cairn_proto::{ReadShardRequest, RebuildShardRequest};
+use tonic::transport::Endpoint;
+
+use crate::store::ShardStore;
+
+/// Fetch, decode and store the requested shard; returns its length.
+pub async fn rebuild(store: &Arc<ShardStore>, req: RebuildShardRequest) -> Result<u64> {
+    let id = ShardId::from(req.id.as_ref().ok_or_else(|| CairnError::invalid("rebuild: no shard id"))?);
+    id.validate()?;
+    let layout =
+        Layout::try_from(req.layout.as_ref().ok_or_else(|| CairnError::invalid("rebuild: no layout"))?)?;
+    if id.index >= layout.width() || req.written_len > layout.stripe_bytes() {
+        return Err(CairnError::invalid(format!("rebuild: shard {id} does not fit {layout}")));
+    }
+    let (k, width) = (layout.k as usize, layout.width() as usize);
+    let coded = layout.coded_len(req.written_len) as usize;
+    let mut shards: Vec<Option<Vec<u8>>> = vec![None; width];
+    for index in 0..layout.k {
+        if layout.shard_len(index, req.written_len) == 0 {
+            shards[index as usize] = Some(vec![0; coded]);
+        }
+    }
+    let fetches = req.sources.iter().filter(|s| s.index < layout.width() && s.index != id.index).map(|s| {
+        let source = ShardId { index: s.index, ..id };
+        async move { (s.index, fetch(&s.addr, source).await) }
+    });
+    for (index, result) in futures::future::join_all(fetches).await {
+        match result {
+            Ok(data) if data.len() as u64 == layout.shard_len(index, req.written_len) => {
+                let mut v = data;
+                v.resize(coded, 0);
+                shards[index as usize] = Some(v);
+            }
+            Ok(data) => {
+                tracing::warn!(%id, index, len = data.len(), "rebuild: source shard has the wrong length")
+            }
+            Err(e) => tracing::warn!(%id, index, "rebuild: source unavailable: {e}"),
+        }
+    }
+    let present = shards.iter().filter(|s| s.is_some()).count();
+    if present < k {
+        return Err(CairnError::unavailable(format!(
+            "rebuild {id}: only {present} of the {k} shards needed"
+        )));
+    }
+    Codec::new(layout.k, layout.m).reconstruct_all(&mut shards)?;
+    let mut data = shards[id.index as usize].take().expect("reconstructed");
+    data.truncate(layout.shard_len(id.index, req.written_len) as usize);
+    let len = data.len() as u64;
+    store.write(id, bytes::Bytes::from(data)).await?;
+    Ok(len)
+}
+
+async fn fetch(addr: &str, id: ShardId) -> Result<Vec<u8>> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| CairnError::invalid(format!("source address {addr:?}: {e}")))?
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(30));
+    let channel = endpoint.connect().await.map_err(|e| CairnError::unavailable(format!("{addr}: {e}")))?;
+    let mut client = ChunkClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let reply = client
+        .read_shard(ReadShardRequest { id: Some(id.into()), offset: 0, len: 0 })
+        .await
+        .map_err(CairnError::from)?
+        .into_inner();
+    Ok(reply.data.to_vec())
+}
