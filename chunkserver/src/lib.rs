@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod mover;
 pub mod policy;
 pub mod rebuild;
+pub mod scrub;
 pub mod service;
 pub mod shard;
 pub mod store;
@@ -66,6 +67,13 @@ pub async fn serve(
     tracing::info!(addr = %local, advertise, uuid, engine = store.engine_name(), "chunkserver serving");
     let heartbeat = tokio::spawn(heartbeat.run());
     let mover = mover::spawn(store.clone(), Duration::from_millis(config.mover_interval_ms));
+    let scrub = scrub::Scrub::new(
+        store.clone(),
+        &config.meta,
+        config.scrub_rate_bytes,
+        Duration::from_secs(config.scrub_interval_secs),
+    )?;
+    let scrub = tokio::spawn(scrub.run());
 
     let service = ChunkServer::new(ChunkService::new(store, node_id))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -78,6 +86,7 @@ pub async fn serve(
         )
         .await;
     heartbeat.abort();
+    scrub.abort();
     // A move cut short here leaves a temp file or two copies; the next open settles both.
     mover.abort();
     served.map_err(|e| CairnError::io(format!("chunk gRPC server on {local}: {e}")))?;

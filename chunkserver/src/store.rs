@@ -274,6 +274,13 @@ impl ShardStore {
     }
 
     /// Where shard `id` is stored, if it is.
+    /// Every shard this node holds (a snapshot).
+    pub fn shard_ids(&self) -> Vec<ShardId> {
+        let mut ids: Vec<ShardId> = self.index.lock().shards.keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
     pub fn shard_path(&self, id: &ShardId) -> Option<PathBuf> {
         let loc = self.index.lock().shards.get(id).copied()?;
         Some(self.path(loc.dir, id))

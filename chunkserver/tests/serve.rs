@@ -78,6 +78,7 @@ fake_meta! {
     release(ReleaseRequest) -> Empty;
     client_heartbeat(ClientHeartbeatRequest) -> ClientHeartbeatReply;
     lock(LockRequest) -> LockReply;
+    report_damaged(ReportDamagedRequest) -> Empty;
     list_stripes(ListStripesRequest) -> ListStripesReply;
     commit(CommitRequest) -> AttrReply;
     register_client(Empty) -> RegisterClientReply;

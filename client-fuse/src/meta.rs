@@ -75,4 +75,5 @@ impl MetaConn {
     rpc!(register_client, p::Empty, p::RegisterClientReply);
     rpc!(list_nodes, p::Empty, p::ListNodesReply);
     rpc!(cluster_status, p::Empty, p::ClusterStatusReply);
+    rpc!(report_damaged, p::ReportDamagedRequest, p::Empty);
 }

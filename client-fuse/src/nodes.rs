@@ -65,6 +65,18 @@ impl Nodes {
         Ok(())
     }
 
+    /// Tell the metaserver a shard is corrupt or gone (fire and forget): it marks the shard
+    /// missing and the repair rebuilds it.
+    pub fn report_damaged(&self, id: ShardId) {
+        let meta = self.meta.clone();
+        tokio::spawn(async move {
+            let req = cairn_proto::ReportDamagedRequest { ids: vec![id.into()] };
+            if let Err(e) = meta.report_damaged(req).await {
+                tracing::warn!(shard = %id, "could not report a damaged shard: {e}");
+            }
+        });
+    }
+
     /// Delete shards from one chunkserver; returns how many existed.
     pub async fn delete_shards(&self, node: u32, ids: Vec<ShardId>) -> Result<u32> {
         let mut c = self.client(node).await?;

@@ -144,7 +144,10 @@ pub async fn read_stripe(
         for (s, r) in segments.iter().zip(&results) {
             match r {
                 Err(e) => {
-                    tracing::warn!(ino = geo.ino, stripe = info.index, shard = s.shard, "degraded read: {e}")
+                    tracing::warn!(ino = geo.ino, stripe = info.index, shard = s.shard, "degraded read: {e}");
+                    if is_damage(e) {
+                        nodes.report_damaged(geo.shard(info.index, s.shard, info.version));
+                    }
                 }
                 Ok(d) if (d.len() as u64) < s.len => {
                     tracing::warn!(
@@ -202,7 +205,12 @@ pub async fn reconstruct(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Re
                 v.resize(coded, 0);
                 shards[index as usize] = Some(v);
             }
-            Err(e) => tracing::warn!(ino = geo.ino, stripe = info.index, index, "shard unavailable: {e}"),
+            Err(e) => {
+                tracing::warn!(ino = geo.ino, stripe = info.index, index, "shard unavailable: {e}");
+                if is_damage(&e) {
+                    nodes.report_damaged(geo.shard(info.index, index, info.version));
+                }
+            }
         }
     }
     Codec::new(layout.k, layout.m).reconstruct_data(&mut shards).map_err(|e| {
@@ -217,4 +225,10 @@ pub async fn reconstruct(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Re
         data.extend_from_slice(&shard.as_ref().expect("reconstructed")[..len]);
     }
     Ok(data)
+}
+
+/// A shard that is corrupt, or gone from a chunkserver that answers: damage to repair (as
+/// opposed to a node that is down, which the repair handles by itself).
+fn is_damage(e: &CairnError) -> bool {
+    matches!(e.kind(), ErrorKind::Corrupt | ErrorKind::NotFound)
 }

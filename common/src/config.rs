@@ -99,6 +99,10 @@ pub struct ChunkConfig {
     /// Bytes kept free on each tier's filesystem; a write that would go below fails with ENOSPC.
     pub reserve_bytes: u64,
     pub heartbeat_ms: u64,
+    /// Most bytes per second the background scrub reads to verify checksums.
+    pub scrub_rate_bytes: u64,
+    /// Pause between two full scrub passes (the first starts after this, at most a minute).
+    pub scrub_interval_secs: u64,
     /// Most bytes of shard files Cairn keeps on the SSD tier, summed over `ssd_dirs` (split
     /// evenly between them). Unset (the default): as much as the SSD filesystems hold above
     /// `reserve_bytes`. When the SSD tier is full, new shards go to the HDD tier.
@@ -135,6 +139,8 @@ impl Default for ChunkConfig {
             sync: true,
             reserve_bytes: 64 << 20,
             heartbeat_ms: 1_000,
+            scrub_rate_bytes: 20 << 20,
+            scrub_interval_secs: 86_400,
             ssd_capacity: None,
             ssd_high_watermark: 0.90,
             ssd_low_watermark: 0.75,

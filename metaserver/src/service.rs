@@ -287,6 +287,15 @@ impl Meta for MetaService {
         Ok(Response::new(ListNodesReply { nodes: self.ns.registry().nodes() }))
     }
 
+    async fn report_damaged(&self, req: Request<ReportDamagedRequest>) -> Result<Response<Empty>, Status> {
+        let ids: Vec<cairn_common::ShardId> = req.into_inner().ids.iter().map(Into::into).collect();
+        if ids.len() > 100_000 {
+            return Err(CairnError::invalid("too many shard ids in one report").into());
+        }
+        self.run(move |ns| ns.mark_damaged(&ids)).await?;
+        Ok(Response::new(Empty {}))
+    }
+
     async fn cluster_status(&self, _req: Request<Empty>) -> Result<Response<ClusterStatusReply>, Status> {
         let reply = self
             .run(|ns| {

@@ -53,4 +53,37 @@ impl Namespace {
             },
         )
     }
+
+    /// Shards found damaged (corrupt or gone): mark each missing in its stripe record if that
+    /// version is still current, so the repair rebuilds it. Returns how many were marked.
+    pub fn mark_damaged(&self, ids: &[cairn_common::ShardId]) -> Result<u32> {
+        let mut marked = 0;
+        for id in ids {
+            id.validate()?;
+            let done = self.locked(
+                || vec![id.ino],
+                || {
+                    let key = schema::stripe_key(id.ino, id.stripe);
+                    let Some(value) = self.store.get(Cf::Stripes, &key)? else { return Ok(false) };
+                    let mut record: Stripe = schema::decode("stripe", &value)?;
+                    if record.version != id.version || record.missing & (1 << id.index) != 0 {
+                        return Ok(false);
+                    }
+                    record.missing |= 1 << id.index;
+                    let mut tx = self.tx();
+                    tx.batch.put(Cf::Stripes, key, schema::encode(&record));
+                    tx.commit()?;
+                    Ok(true)
+                },
+            )?;
+            if done {
+                tracing::warn!(shard = %id, "shard reported damaged; queued for rebuild");
+                marked += 1;
+            }
+        }
+        if marked > 0 {
+            self.note_degraded();
+        }
+        Ok(marked)
+    }
 }

@@ -1,0 +1,96 @@
+//! Background scrub: re-reads every shard at a bounded rate and verifies its header and every
+//! block checksum, so corruption of data nobody reads is found before a second failure makes
+//! it unrecoverable. A damaged shard is reported to the metaserver (which marks it missing in
+//! its stripe record, so the repair rebuilds it from the other shards) and only then removed;
+//! if the report cannot be delivered the shard stays and the next pass tries again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_common::{CairnError, ErrorKind, Result, ShardId};
+use cairn_proto::meta_client::MetaClient;
+use cairn_proto::ReportDamagedRequest;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::mover::verify_file;
+use crate::store::ShardStore;
+
+pub struct Scrub {
+    store: Arc<ShardStore>,
+    meta: MetaClient<Channel>,
+    rate_bytes: u64,
+    interval: Duration,
+}
+
+/// What one pass found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ScrubPass {
+    pub checked: u64,
+    pub bytes: u64,
+    pub damaged: Vec<ShardId>,
+}
+
+impl Scrub {
+    pub fn new(store: Arc<ShardStore>, meta: &str, rate_bytes: u64, interval: Duration) -> Result<Scrub> {
+        let endpoint = Endpoint::from_shared(format!("http://{meta}"))
+            .map_err(|e| CairnError::invalid(format!("metaserver address {meta:?}: {e}")))?
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(10));
+        Ok(Scrub {
+            store,
+            meta: MetaClient::new(endpoint.connect_lazy()),
+            rate_bytes: rate_bytes.max(1 << 20),
+            interval,
+        })
+    }
+
+    pub async fn run(mut self) {
+        tokio::time::sleep(self.interval.min(Duration::from_secs(60))).await;
+        loop {
+            match self.pass().await {
+                Ok(p) if !p.damaged.is_empty() => {
+                    tracing::warn!(
+                        checked = p.checked,
+                        damaged = p.damaged.len(),
+                        "scrub pass found damaged shards"
+                    )
+                }
+                Ok(p) => tracing::debug!(checked = p.checked, bytes = p.bytes, "scrub pass clean"),
+                Err(e) => tracing::warn!("scrub pass: {e}"),
+            }
+            tokio::time::sleep(self.interval).await;
+        }
+    }
+
+    /// Verify every shard once; report and remove the damaged ones.
+    pub async fn pass(&mut self) -> Result<ScrubPass> {
+        let mut out = ScrubPass::default();
+        for id in self.store.shard_ids() {
+            let Some(path) = self.store.shard_path(&id) else { continue };
+            let file = match std::fs::File::open(&path) {
+                Ok(f) => Arc::new(f),
+                // Deleted or moved since the listing: nothing to check.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(CairnError::from_io(&format!("scrub open {}", path.display()), &e)),
+            };
+            let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+            out.checked += 1;
+            out.bytes += len;
+            match verify_file(self.store.engine.as_ref(), file, &id, None).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::Corrupt => {
+                    tracing::warn!(%id, path = %path.display(), "scrub: {e}");
+                    out.damaged.push(id);
+                }
+                Err(e) => tracing::warn!(%id, "scrub could not read the shard: {e}"),
+            }
+            tokio::time::sleep(Duration::from_secs_f64(len as f64 / self.rate_bytes as f64)).await;
+        }
+        if !out.damaged.is_empty() {
+            let req = ReportDamagedRequest { ids: out.damaged.iter().map(|id| (*id).into()).collect() };
+            self.meta.report_damaged(req).await.map_err(CairnError::from)?;
+            self.store.delete(&out.damaged).await?;
+        }
+        Ok(out)
+    }
+}
