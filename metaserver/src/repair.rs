@@ -237,7 +237,17 @@ impl Repair {
         if unrecoverable {
             state.unrecoverable_files.push(inode.ino);
         }
-        // Switch placement only if every shard of the replaced nodes now lives on the spares.
+        // Switch placement only if every shard of the replaced nodes now lives on the spares;
+        // otherwise what went to spares stays unreferenced, and only in-place heals count.
+        if !complete {
+            let moved: Vec<usize> = (0..width).filter(|&p| old[p] != new[p]).collect();
+            for (stripe, _, mask) in healed.iter_mut() {
+                for &p in &moved {
+                    *mask &= !(1 << index_at(&layout, *stripe, p));
+                }
+            }
+            healed.retain(|(_, _, mask)| *mask != 0);
+        }
         let placement = if complete { new } else { old.clone() };
         if placement != old || !healed.is_empty() {
             self.ns.apply_heal(inode.ino, &old, &placement, &healed)?;
