@@ -39,10 +39,14 @@ fn main() {
 
     let (k, m) = (4usize, 2usize);
     let codec = Codec::new(k as u32, m as u32);
-    let shards: Vec<Vec<u8>> = (0..k).map(|i| data.iter().map(|b| b.wrapping_add(i as u8)).collect()).collect();
+    let shards: Vec<Vec<u8>> =
+        (0..k).map(|i| data.iter().map(|b| b.wrapping_add(i as u8)).collect()).collect();
     let parity = codec.encode(&shards).expect("encode");
     println!("Reed-Solomon {k}+{m}, 1 MiB shards, one thread (GB/s of stripe data):");
-    println!("  encode                 {:6.2}", rate(k * MIB, || drop(codec.encode(&shards).expect("encode"))));
+    println!(
+        "  encode                 {:6.2}",
+        rate(k * MIB, || drop(codec.encode(&shards).expect("encode")))
+    );
     let all: Vec<Vec<u8>> = shards.iter().chain(parity.iter()).cloned().collect();
     let lose = |lost: &[usize]| {
         rate(k * MIB, || {

@@ -49,7 +49,8 @@ impl Dirs {
             hdd_dirs: vec![self.hdd.path().to_path_buf()],
             sync: true,
             reserve_bytes: 0,
-            policy: TierPolicy { ssd_capacity, ..TierPolicy::default() },
+            // These tests exercise the two-read rule (the default promotes on the first read).
+            policy: TierPolicy { ssd_capacity, promote_after_reads: 2, ..TierPolicy::default() },
             mover_rate_bytes: 1 << 30,
         }
     }

@@ -220,7 +220,7 @@ mod tests {
     #[test]
     fn defaults_follow_the_config() {
         let p = TierPolicy::default();
-        assert_eq!((p.high_watermark, p.low_watermark, p.promote_after_reads), (0.9, 0.75, 2));
+        assert_eq!((p.high_watermark, p.low_watermark, p.promote_after_reads), (0.9, 0.75, 1));
         assert_eq!((p.ssd_capacity, p.promote_window_ms), (None, 600_000));
     }
 

@@ -307,6 +307,8 @@ async fn tiers_over_grpc(engine: IoEngineKind) {
     let (_meta, meta_addr) = fake_meta().await;
     let mut cfg = config(root.path(), meta_addr, engine);
     cfg.ssd_capacity = Some(2 << 20);
+    // Counts below assume reads alone do not promote (the default promotes on the first read).
+    cfg.promote_after_reads = 2;
     let chunk = start_chunk(cfg).await;
     let mut client = chunk.client().await;
 

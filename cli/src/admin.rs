@@ -4,7 +4,7 @@ use cairn_common::{CairnError, Result};
 use cairn_proto as p;
 use serde_json::json;
 
-fn human(bytes: u64) -> String {
+pub fn human(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = bytes as f64;
     let mut i = 0;
@@ -23,6 +23,11 @@ async fn cluster(meta: &str) -> Result<p::ClusterStatusReply> {
     cairn_client::connect_meta(meta).await?.cluster_status(p::Empty {}).await
 }
 
+/// A tier's share of its node's shard reads (`None` when the node served none).
+fn hit_ratio(tier_reads: u64, node_reads: u64) -> Option<f64> {
+    (node_reads > 0).then(|| tier_reads as f64 / node_reads as f64)
+}
+
 pub async fn df(meta: &str, as_json: bool) -> Result<()> {
     let status = cluster(meta).await?;
     let layout = status.default_layout.ok_or_else(|| CairnError::internal("no layout in status"))?;
@@ -30,17 +35,29 @@ pub async fn df(meta: &str, as_json: bool) -> Result<()> {
     let mut raw_capacity = 0;
     let mut raw_free = 0;
     let mut used = 0;
+    let (mut reads, mut ssd_reads, mut promotions, mut demotions) = (0, 0, 0, 0);
     let mut rows = Vec::new();
     for n in &status.nodes {
+        let node_reads: u64 = n.tiers.iter().map(|t| t.reads).sum();
+        reads += node_reads;
         for t in &n.tiers {
             if n.up {
                 raw_capacity += t.capacity;
                 raw_free += t.free;
             }
             used += t.used;
+            if t.name == "ssd" {
+                ssd_reads += t.reads;
+                // A move counts in both its directories; count it once, on the SSD side.
+                promotions += t.promotions;
+                demotions += t.demotions;
+            }
             rows.push(json!({
                 "node": n.id, "addr": n.addr, "up": n.up, "tier": t.name, "path": t.path,
                 "capacity": t.capacity, "free": t.free, "used": t.used, "shards": t.shards,
+                "reads": t.reads, "read_bytes": t.read_bytes,
+                "hit_ratio": hit_ratio(t.reads, node_reads),
+                "promotions": t.promotions, "demotions": t.demotions,
             }));
         }
     }
@@ -50,18 +67,22 @@ pub async fn df(meta: &str, as_json: bool) -> Result<()> {
             "ec": format!("{k}+{m}"), "unit": layout.unit,
             "raw_capacity": raw_capacity, "raw_free": raw_free, "raw_used": used,
             "usable_capacity": usable(raw_capacity), "usable_free": usable(raw_free),
-            "logical_bytes": status.logical_bytes, "tiers": rows,
+            "logical_bytes": status.logical_bytes,
+            "reads": reads, "ssd_hit_ratio": hit_ratio(ssd_reads, reads),
+            "promotions": promotions, "demotions": demotions,
+            "tiers": rows,
         });
         println!("{}", serde_json::to_string_pretty(&out).expect("json"));
         return Ok(());
     }
     println!(
-        "{:>4}  {:<21} {:<4} {:<4} {:>10} {:>10} {:>10} {:>7}  PATH",
-        "NODE", "ADDRESS", "UP", "TIER", "SIZE", "FREE", "USED", "SHARDS"
+        "{:>4}  {:<21} {:<4} {:<4} {:>10} {:>10} {:>10} {:>7} {:>8} {:>6} {:>6} {:>6}  PATH",
+        "NODE", "ADDRESS", "UP", "TIER", "SIZE", "FREE", "USED", "SHARDS", "READS", "HIT", "PROMO", "DEMO"
     );
     for r in &rows {
+        let hit = r["hit_ratio"].as_f64().map(|h| format!("{:.0}%", h * 100.0)).unwrap_or_else(|| "-".into());
         println!(
-            "{:>4}  {:<21} {:<4} {:<4} {:>10} {:>10} {:>10} {:>7}  {}",
+            "{:>4}  {:<21} {:<4} {:<4} {:>10} {:>10} {:>10} {:>7} {:>8} {:>6} {:>6} {:>6}  {}",
             r["node"].as_u64().unwrap_or(0),
             r["addr"].as_str().unwrap_or(""),
             if r["up"].as_bool() == Some(true) { "yes" } else { "no" },
@@ -70,6 +91,10 @@ pub async fn df(meta: &str, as_json: bool) -> Result<()> {
             human(r["free"].as_u64().unwrap_or(0)),
             human(r["used"].as_u64().unwrap_or(0)),
             r["shards"].as_u64().unwrap_or(0),
+            r["reads"].as_u64().unwrap_or(0),
+            hit,
+            r["promotions"].as_u64().unwrap_or(0),
+            r["demotions"].as_u64().unwrap_or(0),
             r["path"].as_str().unwrap_or(""),
         );
     }
@@ -83,6 +108,11 @@ pub async fn df(meta: &str, as_json: bool) -> Result<()> {
         m as f64 * 100.0 / k as f64
     );
     println!("stored {} of shards for {} of file data", human(used), human(status.logical_bytes));
+    let hit = hit_ratio(ssd_reads, reads).map(|h| format!("{:.1}%", h * 100.0)).unwrap_or_else(|| "-".into());
+    println!(
+        "shard reads {reads}, served from SSD {hit}; {promotions} promotions, {demotions} demotions \
+         (HIT: the tier's share of its node's reads; counters since each chunkserver started)"
+    );
     Ok(())
 }
 
@@ -99,6 +129,13 @@ pub async fn status(meta: &str, as_json: bool) -> Result<()> {
             "nodes_up": up, "nodes_down": status.nodes.len() - up, "nodes": nodes,
             "files": status.files, "directories": status.directories,
             "logical_bytes": status.logical_bytes, "pending_gc": status.pending_gc,
+            "repair": {
+                "degraded_stripes": status.degraded_stripes, "bytes_to_rebuild": status.bytes_to_rebuild,
+                "unrecoverable_stripes": status.unrecoverable_stripes,
+                "unrecoverable_files": status.unrecoverable_files,
+                "shards_rebuilt": status.shards_rebuilt, "bytes_rebuilt": status.bytes_rebuilt,
+                "rate": status.rebuild_rate,
+            },
         });
         println!("{}", serde_json::to_string_pretty(&out).expect("json"));
         return Ok(());
@@ -127,5 +164,23 @@ pub async fn status(meta: &str, as_json: bool) -> Result<()> {
         human(status.logical_bytes),
         status.pending_gc
     );
+    let eta = match status.rebuild_rate {
+        0 => "unknown".to_string(),
+        rate => format!("{} s", status.bytes_to_rebuild / rate),
+    };
+    println!(
+        "repair: {} degraded stripes, {} to rebuild at {}/s (ETA {eta}); {} shards ({}) rebuilt since start",
+        status.degraded_stripes,
+        human(status.bytes_to_rebuild),
+        human(status.rebuild_rate),
+        status.shards_rebuilt,
+        human(status.bytes_rebuilt)
+    );
+    if status.unrecoverable_stripes > 0 {
+        println!(
+            "UNRECOVERABLE until nodes return: {} stripes, in inodes {:?}",
+            status.unrecoverable_stripes, status.unrecoverable_files
+        );
+    }
     Ok(())
 }

@@ -3,6 +3,7 @@
 
 mod admin;
 mod up;
+mod warmup;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -55,6 +56,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Move every shard of a file or directory tree to the SSD tier now, before a job reads it.
+    Warmup {
+        /// A path under a Cairn mount, or a path inside the Cairn namespace (`/datasets/x`).
+        path: PathBuf,
+        /// The metaserver's address (default: the one of the mount PATH is under, else
+        /// 127.0.0.1:9400).
+        #[arg(long, env = "CAIRN_META")]
+        meta: Option<String>,
+        /// Print the summary as JSON (and no progress bar).
+        #[arg(long)]
+        json: bool,
+    },
     /// Cluster health: nodes up/down, last heartbeat, files and bytes.
     Status {
         #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
@@ -87,6 +100,9 @@ fn main() -> ExitCode {
         }
         Command::Up(args) => up::run(args),
         Command::Df { meta, json } => runtime().and_then(|rt| rt.block_on(admin::df(&meta, json))),
+        Command::Warmup { path, meta, json } => {
+            runtime().and_then(|rt| rt.block_on(warmup::warmup(&path, meta, json)))
+        }
         Command::Status { meta, json } => runtime().and_then(|rt| rt.block_on(admin::status(&meta, json))),
     };
     match result {

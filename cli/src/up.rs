@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use cairn_common::config::{ChunkConfig, MetaConfig};
+use cairn_common::config::{ChunkConfig, IoEngineKind, MetaConfig};
 use cairn_common::{CairnError, Layout, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
@@ -38,6 +38,65 @@ pub struct UpArgs {
     /// How long a silent client keeps its locks and open files, in milliseconds.
     #[arg(long, default_value_t = 30_000)]
     client_lease_ms: u64,
+    /// How long a chunkserver may be down before its shards are rebuilt elsewhere, ms.
+    #[arg(long, default_value_t = 600_000)]
+    rebuild_after_ms: u64,
+    /// Pause between two background scrub passes of each chunkserver, seconds.
+    #[arg(long, default_value_t = 86_400)]
+    scrub_interval_secs: u64,
+    /// Cap on each chunkserver's SSD tier, e.g. `64M`, `2G` (K, M, G, T are powers of 1024);
+    /// unset: as much as the SSD filesystem holds. Shards beyond it destage to the HDD tier.
+    #[arg(long, value_parser = parse_size)]
+    ssd_capacity: Option<u64>,
+    /// Most bytes per second each chunkserver's mover (and `cairn warmup`) copies between
+    /// tiers, e.g. `200M` (the default); at least 1M.
+    #[arg(long, value_parser = parse_size)]
+    mover_rate: Option<u64>,
+    /// Disk I/O engine of every chunkserver.
+    #[arg(long, value_enum, default_value_t = Engine::Uring)]
+    io_engine: Engine,
+    /// HDD reads within the promotion window that bring a shard back to SSD (0: never).
+    #[arg(long, default_value_t = ChunkConfig::default().promote_after_reads)]
+    promote_after_reads: u32,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Engine {
+    /// io_uring on dedicated threads.
+    Uring,
+    /// pread/pwrite on a thread pool.
+    Pread,
+}
+
+impl From<Engine> for IoEngineKind {
+    fn from(e: Engine) -> Self {
+        match e {
+            Engine::Uring => IoEngineKind::Uring,
+            Engine::Pread => IoEngineKind::Pread,
+        }
+    }
+}
+
+/// Parse a byte size: a number with an optional K, M, G or T suffix (powers of 1024; `KiB`,
+/// `MB` and the like mean the same).
+pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
+    let t = text.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, suffix) = t.split_at(digits);
+    let number: u64 = number.parse().map_err(|_| format!("{text:?} is not a size like 512M or 2G"))?;
+    let shift = match suffix.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(format!("{text:?}: unknown unit (use K, M, G or T)")),
+    };
+    let bytes = number.checked_mul(1 << shift).ok_or_else(|| format!("{text:?} is too large"))?;
+    if bytes == 0 {
+        return Err("the size must be more than 0".into());
+    }
+    Ok(bytes)
 }
 
 /// What must stay the same across runs on one data dir.
@@ -158,6 +217,7 @@ async fn up(args: UpArgs) -> Result<()> {
         ec: cluster.ec.clone(),
         unit: cluster.unit,
         client_lease_ms: args.client_lease_ms,
+        rebuild_after_ms: args.rebuild_after_ms,
         ..MetaConfig::default()
     };
     let meta_toml = meta_dir.join("meta.toml");
@@ -180,8 +240,14 @@ async fn up(args: UpArgs) -> Result<()> {
             state_dir: state.clone(),
             ssd_dirs: vec![state.join("ssd")],
             hdd_dirs: vec![state.join("hdd")],
+            ssd_capacity: args.ssd_capacity,
+            io_engine: args.io_engine.into(),
+            promote_after_reads: args.promote_after_reads,
+            mover_rate_bytes: args.mover_rate.unwrap_or(ChunkConfig::default().mover_rate_bytes),
+            scrub_interval_secs: args.scrub_interval_secs,
             ..ChunkConfig::default()
         };
+        cfg.validate()?;
         std::fs::create_dir_all(&state).map_err(io_err("create", &state))?;
         let toml_path = state.join("chunk.toml");
         write_toml(&toml_path, &cfg)?;
@@ -236,8 +302,9 @@ async fn up(args: UpArgs) -> Result<()> {
     for p in &procs {
         println!("{:<6} {:>3}  {:<22} {:>8}  {}", p.role, p.id, p.addr, p.child.id().unwrap_or(0), p.data);
     }
+    let ssd = args.ssd_capacity.map(|b| format!(", SSD tier capped at {b} bytes each")).unwrap_or_default();
     println!(
-        "ready: {} mounted from metaserver {meta_addr}, EC {} over {} chunkservers (logs in {}; Ctrl-C stops)",
+        "ready: {} mounted from metaserver {meta_addr}, EC {} over {} chunkservers{ssd} (logs in {}; Ctrl-C stops)",
         mountpoint.display(),
         cluster.ec,
         args.chunkservers,
@@ -338,5 +405,23 @@ async fn stop(child: &mut Child) {
     }
     if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
         let _ = child.kill().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse_in_powers_of_1024() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("2g"), Ok(2 << 30));
+        assert_eq!(parse_size("8 KB"), Ok(8 << 10));
+        assert_eq!(parse_size("1T"), Ok(1 << 40));
+        for bad in ["", "M", "0", "0M", "12Q", "1.5G", "-1", "99999999999T"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -114,7 +114,9 @@ pub struct ChunkConfig {
     /// SSD tier past the high watermark.
     pub ssd_low_watermark: f64,
     /// A shard read this many times from the HDD tier within `promote_window_secs` is promoted
-    /// back to SSD (default 2: the second epoch reads from SSD); 0 turns promotion off.
+    /// back to SSD; 0 turns promotion off. Default 1: what an epoch reads from HDD is promoted
+    /// behind it, so the next epoch reads from SSD (bench/RESULTS.md: with 2, the speed-up only
+    /// comes in the third epoch). 2 or more resists one-off scans instead.
     pub promote_after_reads: u32,
     /// The window of `promote_after_reads`, in seconds (default 600).
     pub promote_window_secs: u64,
@@ -144,7 +146,7 @@ impl Default for ChunkConfig {
             ssd_capacity: None,
             ssd_high_watermark: 0.90,
             ssd_low_watermark: 0.75,
-            promote_after_reads: 2,
+            promote_after_reads: 1,
             promote_window_secs: 600,
             mover_interval_ms: 1_000,
             mover_rate_bytes: 200 << 20,

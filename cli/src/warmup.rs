@@ -1,0 +1,537 @@
+//! `cairn warmup PATH`: pull every shard of a file or directory tree into the SSD tier before a
+//! job reads it.
+//!
+//! The walk goes through the metaserver only (Lookup along the path, ReadDir pages, Open for
+//! each regular file), so it works without a mount and never reads file data. From each file's
+//! layout, placement and stripe records it derives the shard ids and the chunkserver of each
+//! (`placement[layout.position(stripe, index)]`, as the client does), leaving out shards a
+//! degraded write never stored (`missing`) and empty data shards. Then it sends `Promote`
+//! requests, in small batches so progress shows, to all chunkservers at once. A chunkserver
+//! whose SSD tier is full stops there (the others go on), and the command fails with a summary
+//! that says so. Files are opened under a client id of their own and released right away, so
+//! an unlink during a warmup behaves as usual.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cairn_client::MetaConn;
+use cairn_common::{CairnError, ErrorKind, Layout, Result, MAX_MESSAGE_BYTES, ROOT_INO};
+use cairn_proto as p;
+use cairn_proto::chunk_client::ChunkClient;
+use futures::stream::{self, StreamExt};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::json;
+use tonic::transport::Endpoint;
+
+use crate::admin::human;
+
+/// Most shards, and most bytes, in one `Promote` request: small enough that the progress bar
+/// moves and a full SSD stops a node soon after it filled.
+const BATCH_SHARDS: usize = 64;
+const BATCH_BYTES: u64 = 64 << 20;
+/// Directory entries per ReadDir page, and files opened at once.
+const DIR_PAGE: u32 = 1024;
+const OPEN_CONCURRENCY: usize = 32;
+
+const S_IFMT: u32 = 0o170000;
+const S_IFDIR: u32 = 0o040000;
+const S_IFREG: u32 = 0o100000;
+
+/// One shard to promote.
+struct Shard {
+    id: p::ShardId,
+    bytes: u64,
+    file: usize,
+}
+
+/// What the walk found.
+#[derive(Default)]
+struct Plan {
+    files: usize,
+    directories: usize,
+    /// Shards per chunkserver id.
+    shards: BTreeMap<u32, Vec<Shard>>,
+    /// Shards left per file, so the progress can count finished files.
+    per_file: Vec<u64>,
+    bytes: u64,
+}
+
+/// What the promotion did on one chunkserver.
+#[derive(Default)]
+struct NodeOutcome {
+    shards: u64,
+    promoted: u64,
+    promoted_bytes: u64,
+    already: u64,
+    missing: u64,
+    /// Shards of batches that failed or were never sent.
+    not_promoted: u64,
+    error: Option<CairnError>,
+}
+
+pub async fn warmup(path: &Path, meta: Option<String>, as_json: bool) -> Result<()> {
+    let (meta_addr, components, shown) = resolve(path, meta)?;
+    let conn = cairn_client::connect_meta(&meta_addr).await?;
+    let started = Instant::now();
+    let bar = if as_json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
+    };
+    bar.set_style(ProgressStyle::with_template("{spinner} walking {msg}").expect("template"));
+    bar.enable_steady_tick(Duration::from_millis(120));
+    let plan = walk(&conn, &components, &shown, &bar).await?;
+    let walked = started.elapsed();
+
+    let total_shards: u64 = plan.shards.values().map(|s| s.len() as u64).sum();
+    bar.set_length(plan.bytes);
+    bar.set_position(0);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {binary_bytes_per_sec} {msg}",
+        )
+        .expect("template"),
+    );
+    let files_done = Arc::new(AtomicU64::new(0));
+    let empty_files = plan.per_file.iter().filter(|&&n| n == 0).count() as u64;
+    files_done.fetch_add(empty_files, Ordering::Relaxed);
+    bar.set_message(format!("files {}/{}", empty_files, plan.files));
+
+    let addrs: HashMap<u32, (String, bool)> =
+        conn.list_nodes(p::Empty {}).await?.nodes.into_iter().map(|n| (n.id, (n.addr, n.up))).collect();
+    let left: Arc<Vec<AtomicU64>> = Arc::new(plan.per_file.iter().map(|&n| AtomicU64::new(n)).collect());
+    let promote_started = Instant::now();
+    let tasks = plan.shards.into_iter().map(|(node, shards)| {
+        let addr = addrs.get(&node).cloned();
+        let (bar, left, files_done, files) = (bar.clone(), left.clone(), files_done.clone(), plan.files);
+        async move {
+            let outcome = promote_node(node, addr, shards, &bar, &left, &files_done, files).await;
+            (node, outcome)
+        }
+    });
+    let outcomes: Vec<(u32, NodeOutcome)> = futures::future::join_all(tasks).await;
+    bar.finish_and_clear();
+    let elapsed = started.elapsed();
+    let promote_secs = promote_started.elapsed().as_secs_f64();
+
+    let sum = |f: fn(&NodeOutcome) -> u64| outcomes.iter().map(|(_, o)| f(o)).sum::<u64>();
+    let (promoted, promoted_bytes) = (sum(|o| o.promoted), sum(|o| o.promoted_bytes));
+    let (already, missing, not_promoted) = (sum(|o| o.already), sum(|o| o.missing), sum(|o| o.not_promoted));
+    let failures: Vec<String> = outcomes
+        .iter()
+        .filter_map(|(node, o)| {
+            let e = o.error.as_ref()?;
+            let addr = addrs.get(node).map(|(a, _)| a.as_str()).unwrap_or("?");
+            Some(format!("chunkserver {node} ({addr}): {}", e.message()))
+        })
+        .collect();
+    let full = outcomes.iter().any(|(_, o)| o.error.as_ref().is_some_and(|e| e.kind() == ErrorKind::NoSpace));
+
+    if as_json {
+        let nodes: Vec<_> = outcomes
+            .iter()
+            .map(|(node, o)| {
+                json!({
+                    "node": node, "addr": addrs.get(node).map(|(a, _)| a.clone()),
+                    "shards": o.shards, "promoted": o.promoted, "promoted_bytes": o.promoted_bytes,
+                    "already": o.already, "missing": o.missing, "not_promoted": o.not_promoted,
+                    "error": o.error.as_ref().map(|e| e.message().to_string()),
+                    "no_space": o.error.as_ref().is_some_and(|e| e.kind() == ErrorKind::NoSpace),
+                })
+            })
+            .collect();
+        let out = json!({
+            "path": shown, "files": plan.files, "directories": plan.directories,
+            "shards": total_shards, "bytes": plan.bytes,
+            "promoted": promoted, "promoted_bytes": promoted_bytes, "already": already,
+            "missing": missing, "not_promoted": not_promoted,
+            "seconds": elapsed.as_secs_f64(), "walk_seconds": walked.as_secs_f64(),
+            "ok": failures.is_empty(), "ssd_full": full, "nodes": nodes,
+        });
+        println!("{}", serde_json::to_string_pretty(&out).expect("json"));
+    } else {
+        let rate = if promote_secs > 0.0 { promoted_bytes as f64 / promote_secs } else { 0.0 };
+        println!(
+            "warmup {shown}: {} files in {} directories, {} in {total_shards} shards, {:.1} s",
+            plan.files,
+            plan.directories,
+            human(plan.bytes),
+            elapsed.as_secs_f64(),
+        );
+        println!(
+            "  promoted {promoted} shards ({} at {}/s), {already} already on SSD, {missing} missing{}",
+            human(promoted_bytes),
+            human(rate as u64),
+            if not_promoted > 0 { format!(", {not_promoted} NOT promoted") } else { String::new() }
+        );
+        for f in &failures {
+            println!("  {f}");
+        }
+    }
+    if failures.is_empty() {
+        return Ok(());
+    }
+    let kind = if full { ErrorKind::NoSpace } else { ErrorKind::Io };
+    let what = if full {
+        "the SSD tier of a chunkserver is full (free space, raise ssd_capacity, or warm up less)"
+    } else {
+        "some shards could not be promoted"
+    };
+    Err(CairnError::new(kind, format!("warmup of {shown}: {not_promoted} shards not promoted: {what}")))
+}
+
+/// Where PATH lives: the metaserver to ask and the path's components inside Cairn. A path
+/// under a mounted Cairn filesystem is taken relative to that mount (whose metaserver is used
+/// unless `--meta` says otherwise); anything else is a path inside the Cairn namespace.
+fn resolve(path: &Path, meta: Option<String>) -> Result<(String, Vec<Vec<u8>>, String)> {
+    use std::os::unix::ffi::OsStrExt;
+    let local = path.canonicalize().ok().and_then(|canon| {
+        cairn_mounts()
+            .into_iter()
+            .filter(|(mp, _)| canon.starts_with(mp))
+            .max_by_key(|(mp, _)| mp.as_os_str().len())
+            .map(|(mp, mount_meta)| (canon.strip_prefix(&mp).expect("prefix").to_path_buf(), mount_meta))
+    });
+    let (inner, meta) = match local {
+        Some((inner, mount_meta)) => (inner, meta.unwrap_or(mount_meta)),
+        None => (path.to_path_buf(), meta.unwrap_or_else(|| "127.0.0.1:9400".into())),
+    };
+    let mut components = Vec::new();
+    for c in inner.components() {
+        match c {
+            std::path::Component::Normal(name) => components.push(name.as_bytes().to_vec()),
+            std::path::Component::ParentDir if components.pop().is_none() => {
+                return Err(CairnError::invalid(format!("{} goes above the root", path.display())));
+            }
+            _ => {}
+        }
+    }
+    let shown =
+        format!("/{}", components.iter().map(|c| String::from_utf8_lossy(c)).collect::<Vec<_>>().join("/"));
+    Ok((meta, components, shown))
+}
+
+/// Mounted Cairn filesystems: (mount point, metaserver address), from `/proc/self/mountinfo`
+/// (a `cairn mount` is a FUSE filesystem with source `cairn:HOST:PORT`).
+fn cairn_mounts() -> Vec<(PathBuf, String)> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
+    info.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let mount_point = unescape(left.split(' ').nth(4)?);
+            let mut right = right.split(' ');
+            let (fstype, source) = (right.next()?, right.next()?);
+            let meta = source.strip_prefix("cairn:")?;
+            let fuse = fstype == "fuse" || fstype.starts_with("fuse.");
+            fuse.then(|| (PathBuf::from(mount_point), meta.to_string()))
+        })
+        .collect()
+}
+
+/// Undo mountinfo's octal escapes (`\040` for a space).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b))
+        {
+            let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Walk the tree at `components` and list every shard of every regular file in it.
+async fn walk(conn: &MetaConn, components: &[Vec<u8>], shown: &str, bar: &ProgressBar) -> Result<Plan> {
+    let mut ino = ROOT_INO;
+    let mut mode = S_IFDIR;
+    for name in components {
+        let attr = conn
+            .lookup(p::LookupRequest { parent: ino, name: name.clone() })
+            .await
+            .map_err(|e| CairnError::new(e.kind(), format!("{shown}: {}", e.message())))?
+            .attr
+            .ok_or_else(|| CairnError::internal("lookup: no attributes"))?;
+        ino = attr.ino;
+        mode = attr.mode;
+    }
+    let client_id = conn.register_client(p::Empty {}).await?.client_id;
+    let mut plan = Plan::default();
+    let mut seen = HashSet::new();
+    match mode & S_IFMT {
+        S_IFREG => {
+            seen.insert(ino);
+            add_file(&mut plan, open_file(conn, client_id, ino).await?);
+        }
+        S_IFDIR => {
+            let mut dirs = vec![ino];
+            while let Some(dir) = dirs.pop() {
+                plan.directories += 1;
+                let mut after = Vec::new();
+                loop {
+                    let page = conn
+                        .read_dir(p::ReadDirRequest {
+                            ino: dir,
+                            after: after.clone(),
+                            limit: DIR_PAGE,
+                            plus: false,
+                        })
+                        .await?;
+                    let mut files = Vec::new();
+                    for e in &page.entries {
+                        match e.mode & S_IFMT {
+                            S_IFDIR if e.name != b"." && e.name != b".." => dirs.push(e.ino),
+                            S_IFREG if seen.insert(e.ino) => files.push(e.ino),
+                            _ => {}
+                        }
+                    }
+                    let opened: Vec<Result<Option<Opened>>> = stream::iter(files)
+                        .map(|f| async move {
+                            match open_file(conn, client_id, f).await {
+                                Ok(o) => Ok(Some(o)),
+                                // Removed since the listing: nothing to warm.
+                                Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+                                Err(e) => Err(e),
+                            }
+                        })
+                        .buffer_unordered(OPEN_CONCURRENCY)
+                        .collect()
+                        .await;
+                    for o in opened {
+                        if let Some(o) = o? {
+                            add_file(&mut plan, o);
+                        }
+                    }
+                    bar.set_message(format!("{shown}: {} files, {}", plan.files, human(plan.bytes)));
+                    match page.entries.last() {
+                        Some(last) if page.more => after = last.name.clone(),
+                        _ => break,
+                    }
+                }
+            }
+        }
+        _ => return Err(CairnError::invalid(format!("{shown} is neither a regular file nor a directory"))),
+    }
+    Ok(plan)
+}
+
+struct Opened {
+    ino: u64,
+    layout: Layout,
+    placement: Vec<u32>,
+    stripes: Vec<p::StripeInfo>,
+}
+
+/// Open `ino` for its layout, placement and stripe records, and release it again.
+async fn open_file(conn: &MetaConn, client_id: u32, ino: u64) -> Result<Opened> {
+    let reply = conn.open(p::OpenRequest { ino, client_id }).await?;
+    let listed = async {
+        let info = reply.file.ok_or_else(|| CairnError::internal("open: no file info"))?;
+        let layout = Layout::try_from(&info.layout.ok_or_else(|| CairnError::internal("open: no layout"))?)?;
+        if info.placement.len() != layout.width() as usize {
+            return Err(CairnError::corrupt(format!(
+                "inode {ino}: placement has {} nodes for {layout}",
+                info.placement.len()
+            )));
+        }
+        let mut stripes = reply.stripes;
+        let mut more = reply.more;
+        while more {
+            let from = stripes.last().map_or(0, |s| s.index + 1);
+            let page = conn.list_stripes(p::ListStripesRequest { ino, from, limit: 4096 }).await?;
+            stripes.extend(page.stripes);
+            more = page.more;
+        }
+        Ok(Opened { ino, layout, placement: info.placement, stripes })
+    }
+    .await;
+    if let Err(e) = conn.release(p::ReleaseRequest { client_id, ino }).await {
+        tracing::debug!(ino, "release after warmup open: {e}");
+    }
+    listed
+}
+
+fn add_file(plan: &mut Plan, f: Opened) {
+    let file = plan.files;
+    plan.files += 1;
+    let mut count = 0;
+    for s in &f.stripes {
+        for index in 0..f.layout.width() {
+            let bytes = f.layout.shard_len(index, s.written_len);
+            if s.missing & (1 << index) != 0 || bytes == 0 {
+                continue;
+            }
+            let node = f.placement[f.layout.position(s.index, index)];
+            let id = p::ShardId { ino: f.ino, stripe: s.index, index, version: s.version };
+            plan.shards.entry(node).or_default().push(Shard { id, bytes, file });
+            plan.bytes += bytes;
+            count += 1;
+        }
+    }
+    plan.per_file.push(count);
+}
+
+/// Promote one chunkserver's shards, batch by batch, until done or the first error.
+async fn promote_node(
+    node: u32,
+    addr: Option<(String, bool)>,
+    shards: Vec<Shard>,
+    bar: &ProgressBar,
+    left: &[AtomicU64],
+    files_done: &AtomicU64,
+    files: usize,
+) -> NodeOutcome {
+    let mut out = NodeOutcome { shards: shards.len() as u64, ..NodeOutcome::default() };
+    let client = match addr {
+        None => Err(CairnError::unavailable(format!("chunkserver {node} is not registered"))),
+        Some((_, false)) => Err(CairnError::unavailable(format!("chunkserver {node} is down"))),
+        Some((addr, true)) => Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| CairnError::invalid(format!("chunkserver address {addr:?}: {e}")))
+            .map(|e| {
+                let channel = e
+                    .connect_timeout(Duration::from_secs(3))
+                    .timeout(Duration::from_secs(600))
+                    .connect_lazy();
+                ChunkClient::new(channel)
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            }),
+    };
+    let mut client = match client {
+        Ok(c) => c,
+        Err(e) => {
+            out.not_promoted = out.shards;
+            out.error = Some(e);
+            return out;
+        }
+    };
+    let mut rest = &shards[..];
+    while !rest.is_empty() {
+        let mut n = 0;
+        let mut bytes = 0;
+        while n < rest.len() && n < BATCH_SHARDS && (n == 0 || bytes + rest[n].bytes <= BATCH_BYTES) {
+            bytes += rest[n].bytes;
+            n += 1;
+        }
+        let (batch, after) = rest.split_at(n);
+        rest = after;
+        let req = p::PromoteRequest { ids: batch.iter().map(|s| s.id).collect() };
+        match client.promote(req).await {
+            Ok(reply) => {
+                let r = reply.into_inner();
+                out.promoted += r.promoted as u64;
+                out.already += r.already as u64;
+                out.missing += r.missing as u64;
+                out.promoted_bytes += r.bytes;
+            }
+            Err(status) => {
+                let e = CairnError::from(status);
+                // The chunkserver's message counts what this batch did before it stopped.
+                let partial = partial_counts(e.message());
+                out.promoted += partial[0];
+                out.promoted_bytes += partial[1];
+                out.already += partial[2];
+                out.missing += partial[3];
+                let counted = partial[0] + partial[2] + partial[3];
+                out.not_promoted = (batch.len() as u64).saturating_sub(counted) + rest.len() as u64;
+                out.error = Some(e);
+                return out;
+            }
+        }
+        bar.inc(bytes);
+        for s in batch {
+            if left[s.file].fetch_sub(1, Ordering::Relaxed) == 1 {
+                let done = files_done.fetch_add(1, Ordering::Relaxed) + 1;
+                bar.set_message(format!("files {done}/{files}"));
+            }
+        }
+    }
+    out
+}
+
+/// The counts in a failed `Promote`'s message ("promoted 3 shards (123 bytes), 1 already on
+/// SSD, 0 missing; ..."): promoted, bytes, already, missing; zeros where it says otherwise.
+fn partial_counts(message: &str) -> [u64; 4] {
+    let number_before = |marker: &str| -> Option<u64> {
+        let at = message.find(marker)?;
+        let head = message[..at].trim_end();
+        let digits = head.len() - head.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        head[head.len() - digits..].parse().ok()
+    };
+    let promoted = message
+        .find("promoted ")
+        .and_then(|at| message[at + 9..].split(' ').next()?.parse().ok())
+        .unwrap_or(0);
+    [
+        promoted,
+        number_before(" bytes)").unwrap_or(0),
+        number_before(" already on SSD").unwrap_or(0),
+        number_before(" missing").unwrap_or(0),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_come_back_from_a_full_ssd_message() {
+        let m = "the SSD tier is full: promoted 3 shards (12288 bytes), 2 already on SSD, 1 missing; \
+                 58 of 64 shards not looked at: 100 of 200 bytes used";
+        assert_eq!(partial_counts(m), [3, 12288, 2, 1]);
+        assert_eq!(partial_counts("connection refused"), [0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape("/mnt/with\\040space"), "/mnt/with space");
+        assert_eq!(unescape("/plain"), "/plain");
+        assert_eq!(unescape("/end\\04"), "/end\\04");
+    }
+
+    #[test]
+    fn paths_outside_a_mount_are_namespace_paths() {
+        let (meta, parts, shown) =
+            resolve(Path::new("/no-such-dir-here/data/../train"), Some("h:1".into())).unwrap();
+        assert_eq!(meta, "h:1");
+        assert_eq!(parts, vec![b"no-such-dir-here".to_vec(), b"train".to_vec()]);
+        assert_eq!(shown, "/no-such-dir-here/train");
+        assert!(resolve(Path::new("/.."), None).is_err());
+    }
+
+    #[test]
+    fn shards_skip_missing_and_empty_ones() {
+        let layout = Layout::new(4, 2, 4096).unwrap();
+        let mut plan = Plan::default();
+        let stripes = vec![
+            // One byte: data shard 0 plus two parity shards.
+            p::StripeInfo { index: 0, version: 7, len: 1, written_len: 1, missing: 0 },
+            // A full stripe whose shard 5 was never stored.
+            p::StripeInfo { index: 1, version: 8, len: 4 * 4096, written_len: 4 * 4096, missing: 1 << 5 },
+        ];
+        add_file(&mut plan, Opened { ino: 9, layout, placement: vec![10, 11, 12, 13, 14, 15], stripes });
+        let all: Vec<(u32, u64, u32)> = plan
+            .shards
+            .iter()
+            .flat_map(|(node, s)| s.iter().map(move |s| (*node, s.id.stripe, s.id.index)))
+            .collect();
+        assert_eq!(all.len(), 3 + 5);
+        // Stripe 1 is rotated by one: shard i lives on placement[(1 + i) % 6].
+        assert!(all.contains(&(12, 1, 1)));
+        assert!(!all.contains(&(10, 1, 5)));
+        assert!(all.contains(&(10, 0, 0)) && all.contains(&(14, 0, 4)) && all.contains(&(15, 0, 5)));
+        assert_eq!(plan.bytes, 1 + 2 + 2 + 4 * 4096 + 4096);
+        assert_eq!(plan.per_file, vec![8]);
+    }
+}
