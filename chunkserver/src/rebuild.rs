@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_common::codec::Codec;
+use cairn_common::codec::StripeShards;
 use cairn_common::{CairnError, Layout, Result, ShardId, MAX_MESSAGE_BYTES};
 use cairn_proto::chunk_client::ChunkClient;
 use cairn_proto::{ReadShardRequest, RebuildShardRequest};
@@ -24,40 +24,19 @@ pub async fn rebuild(store: &Arc<ShardStore>, req: RebuildShardRequest) -> Resul
     if id.index >= layout.width() || req.written_len > layout.stripe_bytes() {
         return Err(CairnError::invalid(format!("rebuild: shard {id} does not fit {layout}")));
     }
-    let (k, width) = (layout.k as usize, layout.width() as usize);
-    let coded = layout.coded_len(req.written_len) as usize;
-    let mut shards: Vec<Option<Vec<u8>>> = vec![None; width];
-    for index in 0..layout.k {
-        if layout.shard_len(index, req.written_len) == 0 {
-            shards[index as usize] = Some(vec![0; coded]);
-        }
-    }
+    let mut shards = StripeShards::new(layout, req.written_len);
     let fetches = req.sources.iter().filter(|s| s.index < layout.width() && s.index != id.index).map(|s| {
         let source = ShardId { index: s.index, ..id };
         async move { (s.index, fetch(&s.addr, source).await) }
     });
     for (index, result) in futures::future::join_all(fetches).await {
-        match result {
-            Ok(data) if data.len() as u64 == layout.shard_len(index, req.written_len) => {
-                let mut v = data;
-                v.resize(coded, 0);
-                shards[index as usize] = Some(v);
-            }
-            Ok(data) => {
-                tracing::warn!(%id, index, len = data.len(), "rebuild: source shard has the wrong length")
-            }
-            Err(e) => tracing::warn!(%id, index, "rebuild: source unavailable: {e}"),
+        if let Err(e) = result.and_then(|data| shards.add(index, &data)) {
+            tracing::warn!(%id, index, "rebuild: source unusable: {e}");
         }
     }
-    let present = shards.iter().filter(|s| s.is_some()).count();
-    if present < k {
-        return Err(CairnError::unavailable(format!(
-            "rebuild {id}: only {present} of the {k} shards needed"
-        )));
-    }
-    Codec::new(layout.k, layout.m).reconstruct_all(&mut shards)?;
-    let mut data = shards[id.index as usize].take().expect("reconstructed");
-    data.truncate(layout.shard_len(id.index, req.written_len) as usize);
+    let data = shards
+        .shard(id.index)
+        .map_err(|e| CairnError::new(e.kind(), format!("rebuild {id}: {}", e.message())))?;
     let len = data.len() as u64;
     store.write(id, bytes::Bytes::from(data)).await?;
     Ok(len)

@@ -8,7 +8,7 @@
 //! shard plus `m` parity shards, and one request to read.
 
 use bytes::Bytes;
-use cairn_common::codec::Codec;
+use cairn_common::codec::{Codec, StripeShards};
 use cairn_common::{CairnError, ErrorKind, Layout, Result, ShardId};
 use cairn_proto::StripeInfo;
 use futures::future::join_all;
@@ -169,62 +169,27 @@ pub async fn read_stripe(
 
 /// Rebuild the stripe's data (its first `written_len` bytes) from any `k` shards.
 pub async fn reconstruct(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Result<Vec<u8>> {
-    let layout = geo.layout;
-    let (k, width) = (layout.k as usize, layout.width() as usize);
-    let coded = layout.coded_len(info.written_len) as usize;
-    let mut shards: Vec<Option<Vec<u8>>> = vec![None; width];
-    // Data shards past the written length are empty, hence zeros: present without a read.
-    let mut wanted = Vec::new();
-    for index in 0..width as u32 {
-        let len = layout.shard_len(index, info.written_len);
-        if len == 0 && (index as usize) < k {
-            shards[index as usize] = Some(vec![0; coded]);
-        } else if info.missing & (1 << index) == 0 {
-            wanted.push(index);
-        }
-    }
+    let mut shards = StripeShards::new(geo.layout, info.written_len);
+    let wanted: Vec<u32> =
+        (0..geo.layout.width()).filter(|&i| shards.needs_fetch(i) && info.missing & (1 << i) == 0).collect();
     let reads = wanted.iter().map(|&index| {
         let id = geo.shard(info.index, index, info.version);
         async move { (index, nodes.read_shard(geo.node(info.index, index), id, 0, 0).await) }
     });
     for (index, result) in join_all(reads).await {
-        match result {
-            Ok(data) => {
-                let expect = layout.shard_len(index, info.written_len) as usize;
-                if data.len() != expect {
-                    tracing::warn!(
-                        ino = geo.ino,
-                        stripe = info.index,
-                        index,
-                        "shard has {} bytes, expected {expect}",
-                        data.len()
-                    );
-                    continue;
-                }
-                let mut v = data.to_vec();
-                v.resize(coded, 0);
-                shards[index as usize] = Some(v);
-            }
-            Err(e) => {
-                tracing::warn!(ino = geo.ino, stripe = info.index, index, "shard unavailable: {e}");
-                if is_damage(&e) {
-                    nodes.report_damaged(geo.shard(info.index, index, info.version));
-                }
+        if let Err(e) = result.and_then(|data| shards.add(index, &data)) {
+            tracing::warn!(ino = geo.ino, stripe = info.index, index, "shard unavailable: {e}");
+            if is_damage(&e) {
+                nodes.report_damaged(geo.shard(info.index, index, info.version));
             }
         }
     }
-    Codec::new(layout.k, layout.m).reconstruct_data(&mut shards).map_err(|e| {
+    shards.data().map_err(|e| {
         CairnError::new(
             ErrorKind::Io,
             format!("inode {} stripe {} cannot be reconstructed: {}", geo.ino, info.index, e.message()),
         )
-    })?;
-    let mut data = Vec::with_capacity(info.written_len as usize);
-    for (index, shard) in shards.iter().take(k).enumerate() {
-        let len = layout.shard_len(index as u32, info.written_len) as usize;
-        data.extend_from_slice(&shard.as_ref().expect("reconstructed")[..len]);
-    }
-    Ok(data)
+    })
 }
 
 /// A shard that is corrupt, or gone from a chunkserver that answers: damage to repair (as

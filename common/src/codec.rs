@@ -79,6 +79,64 @@ impl Codec {
     }
 }
 
+/// The shards of one stripe version gathered for decoding. Data shards past the written length
+/// are empty and known to be zeros, so they count as present without a fetch; every fetched
+/// shard is checked against its stored length and zero-padded to the coded length.
+pub struct StripeShards {
+    layout: crate::Layout,
+    written_len: u64,
+    shards: Vec<Option<Vec<u8>>>,
+}
+
+impl StripeShards {
+    pub fn new(layout: crate::Layout, written_len: u64) -> StripeShards {
+        let coded = layout.coded_len(written_len) as usize;
+        let shards = (0..layout.width())
+            .map(|i| (i < layout.k && layout.shard_len(i, written_len) == 0).then(|| vec![0; coded]))
+            .collect();
+        StripeShards { layout, written_len, shards }
+    }
+
+    /// Whether shard `index` has to be fetched (it is not a known-empty data shard).
+    pub fn needs_fetch(&self, index: u32) -> bool {
+        !(index < self.layout.k && self.layout.shard_len(index, self.written_len) == 0)
+    }
+
+    /// Add a fetched shard; a shard of the wrong length is rejected (and not used).
+    pub fn add(&mut self, index: u32, data: &[u8]) -> Result<()> {
+        let expect = self.layout.shard_len(index, self.written_len) as usize;
+        if data.len() != expect {
+            return Err(CairnError::corrupt(format!(
+                "shard {index} has {} bytes, expected {expect}",
+                data.len()
+            )));
+        }
+        let mut v = data.to_vec();
+        v.resize(self.layout.coded_len(self.written_len) as usize, 0);
+        self.shards[index as usize] = Some(v);
+        Ok(())
+    }
+
+    /// The stripe's first `written_len` bytes, decoded from any `k` shards.
+    pub fn data(mut self) -> Result<Vec<u8>> {
+        Codec::new(self.layout.k, self.layout.m).reconstruct_data(&mut self.shards)?;
+        let mut data = Vec::with_capacity(self.written_len as usize);
+        for (i, shard) in self.shards.iter().take(self.layout.k as usize).enumerate() {
+            let len = self.layout.shard_len(i as u32, self.written_len) as usize;
+            data.extend_from_slice(&shard.as_ref().expect("reconstructed")[..len]);
+        }
+        Ok(data)
+    }
+
+    /// Shard `index` as stored, rebuilt from any `k` shards.
+    pub fn shard(mut self, index: u32) -> Result<Vec<u8>> {
+        Codec::new(self.layout.k, self.layout.m).reconstruct_all(&mut self.shards)?;
+        let mut data = self.shards[index as usize].take().expect("reconstructed");
+        data.truncate(self.layout.shard_len(index, self.written_len) as usize);
+        Ok(data)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +182,33 @@ mod tests {
             vec![None, None, None, Some(data[3].clone()), Some(parity[0].clone()), Some(parity[1].clone())];
         let err = codec.reconstruct_data(&mut shards).unwrap_err();
         assert_eq!(err.kind(), crate::ErrorKind::Unavailable);
+    }
+
+    #[test]
+    fn stripe_shards_decode_a_short_stripe_from_parity() {
+        let layout = crate::Layout::new(4, 2, 4096).unwrap();
+        let data: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+        let written = data.len() as u64;
+        let coded = layout.coded_len(written) as usize;
+        let padded: Vec<Vec<u8>> = (0..4)
+            .map(|i| {
+                let mut v = data[(i * 4096).min(data.len())..((i + 1) * 4096).min(data.len())].to_vec();
+                v.resize(coded, 0);
+                v
+            })
+            .collect();
+        let parity = Codec::new(4, 2).encode(&padded).unwrap();
+        // Shards 2 and 3 are empty: only 0, 1 and the parity are stored.
+        let mut s = StripeShards::new(layout, written);
+        assert!(!s.needs_fetch(2) && !s.needs_fetch(3) && s.needs_fetch(0) && s.needs_fetch(5));
+        assert!(s.add(1, &data[..10]).is_err(), "wrong length is rejected");
+        s.add(1, &data[4096..]).unwrap();
+        s.add(4, &parity[0]).unwrap();
+        assert_eq!(s.data().unwrap(), data);
+        let mut s = StripeShards::new(layout, written);
+        s.add(4, &parity[0]).unwrap();
+        s.add(5, &parity[1]).unwrap();
+        assert_eq!(s.shard(0).unwrap(), data[..4096]);
     }
 
     #[test]
