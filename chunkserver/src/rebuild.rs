@@ -2,7 +2,9 @@
 //! this node as the new home of shard `i` and names where the other shards live; this node
 //! fetches any `k` of them from its peers, decodes, and stores the result like any write (in a
 //! temp file, checksummed, fsynced, renamed). Data shards past the stripe's written length are
-//! empty and known to be zeros, so they are never fetched.
+//! empty and known to be zeros, so they are never fetched. When a source of the same index is
+//! named (a shard moving off a draining or full node), it is copied from there instead, and
+//! decoding from the others is the fallback.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +25,17 @@ pub async fn rebuild(store: &Arc<ShardStore>, req: RebuildShardRequest) -> Resul
         Layout::try_from(req.layout.as_ref().ok_or_else(|| CairnError::invalid("rebuild: no layout"))?)?;
     if id.index >= layout.width() || req.written_len > layout.stripe_bytes() {
         return Err(CairnError::invalid(format!("rebuild: shard {id} does not fit {layout}")));
+    }
+    let want_len = layout.shard_len(id.index, req.written_len);
+    if let Some(same) = req.sources.iter().find(|s| s.index == id.index) {
+        match fetch(&same.addr, id).await {
+            Ok(data) if data.len() as u64 == want_len => {
+                store.write(id, bytes::Bytes::from(data)).await?;
+                return Ok(want_len);
+            }
+            Ok(data) => tracing::warn!(%id, got = data.len(), want_len, "copy source has the wrong length"),
+            Err(e) => tracing::warn!(%id, addr = %same.addr, "copy failed, decoding instead: {e}"),
+        }
     }
     let mut shards = StripeShards::new(layout, req.written_len);
     let fetches = req.sources.iter().filter(|s| s.index < layout.width() && s.index != id.index).map(|s| {

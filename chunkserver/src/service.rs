@@ -5,11 +5,13 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
+use cairn_common::ErrorKind;
 use cairn_common::{CairnError, Result, ShardId};
 use cairn_proto::chunk_server::Chunk;
 use cairn_proto::{
-    ChunkStatReply, DeleteShardsReply, DeleteShardsRequest, Empty, PromoteReply, PromoteRequest,
-    ReadShardReply, ReadShardRequest, RebuildShardReply, RebuildShardRequest, WriteShardReply,
+    CheckShardsReply, CheckShardsRequest, ChunkStatReply, DeleteShardsReply, DeleteShardsRequest, Empty,
+    ListShardsReply, ListShardsRequest, PromoteReply, PromoteRequest, ReadShardReply, ReadShardRequest,
+    RebuildShardReply, RebuildShardRequest, ShardCheck, ShardEntry, ShardState, WriteShardReply,
     WriteShardRequest,
 };
 use tonic::{Request, Response, Status};
@@ -21,6 +23,11 @@ use crate::store::ShardStore;
 pub const MAX_DELETE_IDS: usize = 100_000;
 /// Most ids one Promote request may carry.
 pub const MAX_PROMOTE_IDS: usize = 100_000;
+/// Most shards one ListShards reply holds, and most ids one CheckShards request may carry.
+pub const MAX_LIST_SHARDS: usize = 10_000;
+pub const MAX_CHECK_IDS: usize = 10_000;
+/// Shards verified at once by one CheckShards request.
+const CHECK_CONCURRENCY: usize = 4;
 
 /// The chunkserver's gRPC service.
 pub struct ChunkService {
@@ -113,6 +120,59 @@ impl Chunk for ChunkService {
     ) -> Result<Response<RebuildShardReply>, Status> {
         let bytes = crate::rebuild::rebuild(&self.store, request.into_inner()).await?;
         Ok(Response::new(RebuildShardReply { bytes }))
+    }
+
+    async fn list_shards(
+        &self,
+        request: Request<ListShardsRequest>,
+    ) -> Result<Response<ListShardsReply>, Status> {
+        let req = request.into_inner();
+        let after = req.after.as_ref().map(|id| shard_id(Some(id))).transpose()?;
+        let limit = if req.limit == 0 { MAX_LIST_SHARDS } else { (req.limit as usize).min(MAX_LIST_SHARDS) };
+        let store = self.store.clone();
+        let (listed, more) = tokio::task::spawn_blocking(move || store.list(after, limit))
+            .await
+            .map_err(|e| CairnError::internal(format!("list shards: {e}")))?;
+        let shards = listed
+            .into_iter()
+            .map(|(id, bytes, age_ms)| ShardEntry { id: Some(id.into()), bytes, age_ms })
+            .collect();
+        Ok(Response::new(ListShardsReply { shards, more }))
+    }
+
+    async fn check_shards(
+        &self,
+        request: Request<CheckShardsRequest>,
+    ) -> Result<Response<CheckShardsReply>, Status> {
+        use futures::stream::{self, StreamExt};
+        let req = request.into_inner();
+        if req.ids.len() > MAX_CHECK_IDS {
+            return Err(CairnError::invalid(format!(
+                "{} shard ids in one check, at most {MAX_CHECK_IDS} allowed",
+                req.ids.len()
+            ))
+            .into());
+        }
+        let ids = req.ids.iter().map(|id| shard_id(Some(id))).collect::<Result<Vec<_>>>()?;
+        let verify = req.verify;
+        let results = stream::iter(ids)
+            .map(|id| async move {
+                let (state, error) = match self.store.check(id, verify).await {
+                    Ok(()) => (ShardState::ShardOk, String::new()),
+                    Err(e) if e.kind() == ErrorKind::NotFound => {
+                        (ShardState::ShardMissing, e.message().into())
+                    }
+                    Err(e) if e.kind() == ErrorKind::Corrupt => {
+                        (ShardState::ShardCorrupt, e.message().into())
+                    }
+                    Err(e) => (ShardState::ShardUnreadable, e.message().into()),
+                };
+                ShardCheck { id: Some(id.into()), state: state as i32, error }
+            })
+            .buffered(CHECK_CONCURRENCY)
+            .collect()
+            .await;
+        Ok(Response::new(CheckShardsReply { results }))
     }
 
     async fn stat(&self, _request: Request<Empty>) -> Result<Response<ChunkStatReply>, Status> {

@@ -286,6 +286,67 @@ impl ShardStore {
         Some(self.path(loc.dir, id))
     }
 
+    /// Up to `limit` shards after `after` (all from the first when `None`), in id order, each
+    /// with its file length and the age of its file (since its last write or move).
+    pub fn list(&self, after: Option<ShardId>, limit: usize) -> (Vec<(ShardId, u64, u64)>, bool) {
+        let picked: Vec<(ShardId, Location)> = {
+            let index = self.index.lock();
+            let mut ids: Vec<(ShardId, Location)> = index
+                .shards
+                .iter()
+                .filter(|(id, _)| after.is_none_or(|a| **id > a))
+                .map(|(id, loc)| (*id, *loc))
+                .collect();
+            ids.sort_unstable_by_key(|(id, _)| *id);
+            ids.truncate(limit.saturating_add(1));
+            ids
+        };
+        let more = picked.len() > limit;
+        let now = std::time::SystemTime::now();
+        let out = picked
+            .into_iter()
+            .take(limit)
+            .map(|(id, loc)| {
+                let age = std::fs::metadata(self.path(loc.dir, &id))
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| now.duration_since(t).ok())
+                    .map_or(0, |d| d.as_millis() as u64);
+                (id, loc.file_len, age)
+            })
+            .collect();
+        (out, more)
+    }
+
+    /// Check shard `id`: `NotFound` if this node does not hold it; with `verify`, its header,
+    /// length and every block checksum are read and checked (`Corrupt` on a mismatch).
+    pub async fn check(&self, id: ShardId, verify: bool) -> Result<()> {
+        id.validate()?;
+        let Some(loc) = self.location(&id) else {
+            return Err(CairnError::not_found(format!("shard {id} is not on this chunkserver")));
+        };
+        let path = self.path(loc.dir, &id);
+        let file = match std::fs::File::open(&path) {
+            Ok(f) => Arc::new(f),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(CairnError::not_found(format!("shard {id}: file {} is gone", path.display())));
+            }
+            Err(e) => return Err(CairnError::from_io(&format!("open {}", path.display()), &e)),
+        };
+        if verify {
+            crate::mover::verify_file(self.engine.as_ref(), file, &id, Some(loc.file_len)).await?;
+        } else {
+            let on_disk = file.metadata().map_err(|e| CairnError::from_io("shard metadata", &e))?.len();
+            if on_disk != loc.file_len {
+                return Err(CairnError::corrupt(format!(
+                    "shard {id}: file has {on_disk} bytes, {} were written",
+                    loc.file_len
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The tier shard `id` is stored on, if it is.
     pub fn tier_of(&self, id: &ShardId) -> Option<Tier> {
         let loc = self.index.lock().shards.get(id).copied()?;

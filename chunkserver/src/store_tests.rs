@@ -265,6 +265,39 @@ async fn concurrent_writes_and_reads(engine: MakeEngine) {
     assert_eq!(store.usage()[0].shards, 40);
 }
 
+async fn listing_pages_in_id_order_and_check_finds_damage(engine: MakeEngine) {
+    let ssd = tempfile::tempdir().unwrap();
+    let hdd = tempfile::tempdir().unwrap();
+    let store = open(engine, &[ssd.path()], &[hdd.path()]).await;
+    for n in [5, 1, 3, 2, 4] {
+        store.write(id(n), data(3 * BLOCK_SIZE, n as u8)).await.unwrap();
+    }
+    store.move_shard(id(4), Tier::Hdd).await.unwrap();
+    let (first, more) = store.list(None, 2);
+    assert!(more);
+    assert_eq!(first.iter().map(|e| e.0).collect::<Vec<_>>(), vec![id(1), id(2)]);
+    assert!(first.iter().all(|e| e.1 > 3 * BLOCK_SIZE as u64 && e.2 < 60_000), "{first:?}");
+    let (rest, more) = store.list(Some(id(2)), 10);
+    assert!(!more);
+    assert_eq!(rest.iter().map(|e| e.0).collect::<Vec<_>>(), vec![id(3), id(4), id(5)]);
+
+    for n in 1..=5 {
+        store.check(id(n), true).await.unwrap();
+    }
+    // A flipped data byte is found only by a verifying check; a truncation by either.
+    let header_len = crate::shard::header_len_for(3 * BLOCK_SIZE as u64);
+    flip_byte(&store.shard_path(&id(4)).unwrap(), header_len + 7);
+    store.check(id(4), false).await.unwrap();
+    assert_eq!(store.check(id(4), true).await.unwrap_err().kind(), ErrorKind::Corrupt);
+    let path = store.shard_path(&id(2)).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(100).unwrap();
+    assert_eq!(store.check(id(2), false).await.unwrap_err().kind(), ErrorKind::Corrupt);
+    std::fs::remove_file(store.shard_path(&id(3)).unwrap()).unwrap();
+    assert_eq!(store.check(id(3), true).await.unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(store.check(id(9), false).await.unwrap_err().kind(), ErrorKind::NotFound);
+}
+
 macro_rules! store_tests {
     ($($case:ident),* $(,)?) => {
         mod uring_engine {
@@ -294,4 +327,5 @@ store_tests!(
     partial_writes_are_removed_at_open,
     ssd_is_preferred_and_hdd_serves_alone,
     concurrent_writes_and_reads,
+    listing_pages_in_id_order_and_check_finds_damage,
 );

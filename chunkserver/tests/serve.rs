@@ -84,6 +84,12 @@ fake_meta! {
     register_client(Empty) -> RegisterClientReply;
     list_nodes(Empty) -> ListNodesReply;
     cluster_status(Empty) -> ClusterStatusReply;
+    repair_now(Empty) -> ClusterStatusReply;
+    check_namespace(CheckNamespaceRequest) -> CheckNamespaceReply;
+    reconcile(ReconcileRequest) -> ReconcileReply;
+    drain_node(NodeRequest) -> NodeReply;
+    activate_node(NodeRequest) -> NodeReply;
+    remove_node(NodeRequest) -> Empty;
 }
 
 /// Serve the fake metaserver on `listener` in the background.

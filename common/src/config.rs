@@ -34,6 +34,12 @@ pub struct MetaConfig {
     pub rebuild_after_ms: u64,
     /// Most bytes per second the repair rebuilds (training reads keep the rest).
     pub repair_rate_bytes: u64,
+    /// Shards no file references (crashed writers, stale copies) are deleted once older than
+    /// this. Keep it well above `client_lease_ms`: a writer cut off for longer may still commit.
+    pub orphan_grace_ms: u64,
+    /// How often every chunkserver's shards are reconciled with the namespace (also whenever a
+    /// chunkserver comes back).
+    pub reconcile_interval_ms: u64,
 }
 
 impl Default for MetaConfig {
@@ -49,6 +55,8 @@ impl Default for MetaConfig {
             client_lease_ms: 30_000,
             rebuild_after_ms: 600_000,
             repair_rate_bytes: 100 << 20,
+            orphan_grace_ms: 3_600_000,
+            reconcile_interval_ms: 3_600_000,
         }
     }
 }

@@ -11,10 +11,11 @@ use super::*;
 use crate::namespace::NewEntry;
 use crate::schema::S_IFREG;
 
-/// Records every shard id it is asked to delete.
+/// Records every shard id it is asked to delete; lists the shards in `held`.
 #[derive(Clone, Default)]
 struct FakeChunk {
     deleted: Arc<Mutex<Vec<cairn_proto::ShardId>>>,
+    held: Arc<Mutex<Vec<ShardEntry>>>,
 }
 
 #[tonic::async_trait]
@@ -44,6 +45,27 @@ impl Chunk for FakeChunk {
         &self,
         _: Request<RebuildShardRequest>,
     ) -> Result<Response<RebuildShardReply>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn list_shards(
+        &self,
+        req: Request<ListShardsRequest>,
+    ) -> Result<Response<ListShardsReply>, Status> {
+        // Two per page, to exercise paging.
+        let after = req.into_inner().after.map(|id| cairn_common::ShardId::from(&id));
+        let mut held = self.held.lock().clone();
+        held.sort_by_key(|e| cairn_common::ShardId::from(e.id.as_ref().unwrap()));
+        let rest: Vec<ShardEntry> = held
+            .into_iter()
+            .filter(|e| after.is_none_or(|a| cairn_common::ShardId::from(e.id.as_ref().unwrap()) > a))
+            .collect();
+        let more = rest.len() > 2;
+        Ok(Response::new(ListShardsReply { shards: rest.into_iter().take(2).collect(), more }))
+    }
+    async fn check_shards(
+        &self,
+        _: Request<CheckShardsRequest>,
+    ) -> Result<Response<CheckShardsReply>, Status> {
         Err(Status::unimplemented("fake"))
     }
 }
@@ -123,4 +145,60 @@ async fn shards_of_unknown_nodes_are_dropped() {
     let round = Gc::new(ns.clone()).run_once().await.unwrap();
     assert_eq!(round, GcRound { deleted: 0, dropped: 1, pending: 0 });
     assert_eq!(ns.pending_gc().unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_deletes_only_unreferenced_old_shards() {
+    let (addr, fake) = fake_chunkserver().await;
+    let ns = Arc::new(
+        Namespace::open_memory(Layout::new(2, 1, 4096).unwrap())
+            .unwrap()
+            .with_client_lease(std::time::Duration::from_millis(1)),
+    );
+    let reg = ns.registry().clone();
+    // One real node (the fake) and two others; the file is placed on all three.
+    let a = reg.register("a", &addr, vec![], 0).unwrap();
+    reg.register("b", "127.0.0.1:1", vec![], 0).unwrap();
+    reg.register("c", "127.0.0.1:2", vec![], 0).unwrap();
+    let new = NewEntry { parent: ROOT_INO, name: b"f", mode: S_IFREG | 0o644, uid: 0, gid: 0 };
+    let (inode, _) = ns.create(&new, 0, false).unwrap();
+    let version = (3u64 << 32) | 1;
+    let info = StripeInfo { index: 0, version, len: 100, written_len: 100, missing: 0 };
+    ns.commit(inode.ino, 100, &[info], None).unwrap();
+    let layout = inode.layout();
+    let here = (0..3).find(|&i| inode.placement[layout.position(0, i)] == a).unwrap();
+    let not_here = (here + 1) % 3;
+    let entry = |index: u32, version: u64, age_ms: u64| ShardEntry {
+        id: Some(cairn_proto::ShardId { ino: inode.ino, stripe: 0, index, version }),
+        bytes: 100,
+        age_ms,
+    };
+    let old = 60_000;
+    *fake.held.lock() = vec![
+        entry(here, version, old),          // referenced
+        entry(not_here, version, old),      // a copy the placement puts elsewhere
+        entry(here, (9u64 << 32) | 5, old), // uncommitted, writer 9 has no session
+        entry(here, (9u64 << 32) | 6, 10),  // the same, but too young
+        ShardEntry {
+            id: Some(cairn_proto::ShardId { ino: 999, stripe: 0, index: 0, version }),
+            bytes: 7,
+            age_ms: old,
+        },
+    ];
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let repair = crate::repair::Repair::new(ns.clone(), std::time::Duration::from_secs(60), 1 << 20)
+        .with_orphan_grace(std::time::Duration::from_secs(30));
+    let dry = repair.reconcile(true).await;
+    assert_eq!((dry.checked, dry.stale, dry.deleted), (5, 3, 0), "{dry:?}");
+    assert!(fake.deleted.lock().is_empty());
+    let done = repair.reconcile(false).await;
+    assert_eq!((done.stale, done.deleted, done.stale_bytes), (3, 3, 207), "{done:?}");
+    let mut deleted: Vec<(u64, u32, u64)> =
+        fake.deleted.lock().iter().map(|d| (d.ino, d.index, d.version)).collect();
+    deleted.sort();
+    let mut want =
+        vec![(inode.ino, not_here, version), (inode.ino, here, (9u64 << 32) | 5), (999, 0, version)];
+    want.sort();
+    assert_eq!(deleted, want);
+    assert_eq!(ns.repair_state().lock().stale_shards_deleted, 3);
 }

@@ -9,6 +9,7 @@
 
 pub mod gc;
 pub mod namespace;
+pub mod reconcile;
 pub mod registry;
 pub mod repair;
 pub mod schema;
@@ -87,6 +88,8 @@ pub async fn serve(
         gc_interval: Duration::from_millis(config.gc_interval_ms),
         rebuild_after: Duration::from_millis(config.rebuild_after_ms),
         repair_rate_bytes: config.repair_rate_bytes,
+        orphan_grace: Duration::from_millis(config.orphan_grace_ms),
+        reconcile_interval: Duration::from_millis(config.reconcile_interval_ms),
     };
     serve_with(Arc::new(ns), background, listener, shutdown).await
 }
@@ -97,6 +100,8 @@ pub struct Background {
     pub gc_interval: Duration,
     pub rebuild_after: Duration,
     pub repair_rate_bytes: u64,
+    pub orphan_grace: Duration,
+    pub reconcile_interval: Duration,
 }
 
 impl Default for Background {
@@ -106,6 +111,8 @@ impl Default for Background {
             gc_interval: Duration::from_millis(c.gc_interval_ms),
             rebuild_after: Duration::from_millis(c.rebuild_after_ms),
             repair_rate_bytes: c.repair_rate_bytes,
+            orphan_grace: Duration::from_millis(c.orphan_grace_ms),
+            reconcile_interval: Duration::from_millis(c.reconcile_interval_ms),
         }
     }
 }
@@ -129,11 +136,14 @@ pub async fn serve_with(
 ) -> Result<()> {
     let gc = tokio::spawn(Gc::new(ns.clone()).run(background.gc_interval));
     let reaper = tokio::spawn(reap_sessions(ns.clone()));
-    let repair = repair::Repair::new(ns.clone(), background.rebuild_after, background.repair_rate_bytes);
-    let repair = tokio::spawn(repair.run(Duration::from_secs(2)));
-    let service = MetaServer::new(MetaService::new(ns))
+    let repair = Arc::new(
+        repair::Repair::new(ns.clone(), background.rebuild_after, background.repair_rate_bytes)
+            .with_orphan_grace(background.orphan_grace),
+    );
+    let service = MetaServer::new(MetaService::new(ns).with_repair(repair.clone()))
         .max_decoding_message_size(cairn_common::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(cairn_common::MAX_MESSAGE_BYTES);
+    let repair = tokio::spawn(repair.run(Duration::from_secs(2), background.reconcile_interval));
     let result = tonic::transport::Server::builder()
         .add_service(service)
         .serve_with_incoming_shutdown(

@@ -7,7 +7,12 @@
 //!
 //! Placement gives a new file `k+m` distinct nodes: up nodes first, taken round-robin from a
 //! rotating cursor so files spread evenly; down nodes fill the rest only when at least `k+1`
-//! are up (the client writes their shards as missing).
+//! are up (the client writes their shards as missing). Draining nodes and nodes whose disks
+//! are (nearly) full get no new files.
+//!
+//! Lifecycle: a node is active, draining (the repair moves its shards elsewhere while it keeps
+//! serving) or removed. A removed node's record stays as a tombstone so the same uuid cannot
+//! quietly register again; its shards are forgotten (the garbage collector drops them).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -17,7 +22,7 @@ use cairn_common::{CairnError, ErrorKind, Layout, Result};
 use cairn_proto::{NodeInfo, TierUsage};
 use parking_lot::Mutex;
 
-use crate::schema::{self, counter, Counter, Node};
+use crate::schema::{self, counter, Counter, Node, NODE_ACTIVE, NODE_DRAINING, NODE_REMOVED};
 use crate::store::{Batch, Cf, MetaStore};
 
 /// Longest uuid and address accepted from a chunkserver.
@@ -25,6 +30,8 @@ const MAX_UUID: usize = 128;
 const MAX_ADDR: usize = 256;
 /// Most tiers one chunkserver may report.
 const MAX_TIERS: usize = 64;
+/// A node with less free space than this (or than 8 units of the layout) gets no new files.
+pub const FULL_BELOW_BYTES: u64 = 16 << 20;
 
 #[derive(Clone, Debug)]
 struct NodeState {
@@ -33,11 +40,35 @@ struct NodeState {
     last_heartbeat: Option<Instant>,
     tiers: Vec<TierUsage>,
     pid: u32,
+    state: u32,
+}
+
+impl NodeState {
+    fn free(&self) -> u64 {
+        self.tiers.iter().map(|t| t.free).sum()
+    }
+
+    /// Reports tiers and has less than `below` bytes free in all of them together.
+    fn is_full(&self, below: u64) -> bool {
+        !self.tiers.is_empty() && self.free() < below
+    }
+}
+
+/// The name of a node state, as `cairn status` shows it.
+pub fn state_name(state: u32) -> &'static str {
+    match state {
+        NODE_ACTIVE => "active",
+        NODE_DRAINING => "draining",
+        NODE_REMOVED => "removed",
+        _ => "unknown",
+    }
 }
 
 struct Inner {
     nodes: BTreeMap<u32, NodeState>,
     by_uuid: HashMap<String, u32>,
+    /// Uuids of removed nodes, which may not register again.
+    removed: HashMap<String, u32>,
     next_id: u32,
     cursor: usize,
 }
@@ -55,6 +86,19 @@ pub struct NodeAddr {
     pub id: u32,
     pub addr: String,
     pub up: bool,
+}
+
+/// What the repair needs to know of a node.
+#[derive(Clone, Debug)]
+pub struct NodeHealth {
+    pub id: u32,
+    pub addr: String,
+    pub up: bool,
+    pub last_heartbeat_ms_ago: u64,
+    pub draining: bool,
+    pub free: u64,
+    /// Less than [`FULL_BELOW_BYTES`] free.
+    pub full: bool,
 }
 
 fn check_tiers(tiers: &[TierUsage]) -> Result<()> {
@@ -76,9 +120,16 @@ impl Registry {
     pub fn open(store: Arc<dyn MetaStore>, timeout: Duration) -> Result<Registry> {
         let mut nodes = BTreeMap::new();
         let mut by_uuid = HashMap::new();
+        let mut removed = HashMap::new();
+        let mut last_id = 0;
         for (key, value) in store.scan(Cf::Nodes, &[], &[], usize::MAX)? {
             let id = schema::node_of(&key)?;
+            last_id = last_id.max(id);
             let node: Node = schema::decode("node", &value)?;
+            if node.state == NODE_REMOVED {
+                removed.insert(node.uuid, id);
+                continue;
+            }
             by_uuid.insert(node.uuid.clone(), id);
             nodes.insert(
                 id,
@@ -88,6 +139,7 @@ impl Registry {
                     last_heartbeat: None,
                     tiers: Vec::new(),
                     pid: 0,
+                    state: node.state,
                 },
             );
         }
@@ -95,8 +147,12 @@ impl Registry {
             Some(v) => schema::decode::<Counter>("node counter", &v)?.value as u32,
             None => 1,
         };
-        let next_id = next_id.max(nodes.keys().next_back().map_or(1, |id| id + 1));
-        Ok(Registry { store, timeout, inner: Mutex::new(Inner { nodes, by_uuid, next_id, cursor: 0 }) })
+        let next_id = next_id.max(last_id + 1);
+        Ok(Registry {
+            store,
+            timeout,
+            inner: Mutex::new(Inner { nodes, by_uuid, removed, next_id, cursor: 0 }),
+        })
     }
 
     fn is_up(&self, n: &NodeState, now: Instant) -> bool {
@@ -112,6 +168,15 @@ impl Registry {
         check_addr(addr)?;
         check_tiers(&tiers)?;
         let mut inner = self.inner.lock();
+        if let Some(id) = inner.removed.get(uuid) {
+            return Err(CairnError::new(
+                ErrorKind::NotPermitted,
+                format!(
+                    "chunkserver {uuid} was node {id}, which was removed from the cluster; \
+                     to add this machine again, start it with an empty data directory"
+                ),
+            ));
+        }
         let known = inner.by_uuid.get(uuid).copied();
         let id = match known {
             Some(id) => id,
@@ -124,12 +189,13 @@ impl Registry {
             }
         };
         let changed = inner.nodes.get(&id).is_none_or(|n| n.addr != addr);
+        let state = inner.nodes.get(&id).map_or(NODE_ACTIVE, |n| n.state);
         if changed {
             let mut batch = Batch::new();
             batch.put(
                 Cf::Nodes,
                 schema::node_key(id),
-                schema::encode(&Node { uuid: uuid.into(), addr: addr.into() }),
+                schema::encode(&Node { uuid: uuid.into(), addr: addr.into(), state }),
             );
             if known.is_none() {
                 batch.put(
@@ -152,6 +218,7 @@ impl Registry {
                 last_heartbeat: Some(Instant::now()),
                 tiers,
                 pid,
+                state,
             },
         );
         Ok(id)
@@ -167,7 +234,7 @@ impl Registry {
         let node =
             inner.nodes.get_mut(&id).ok_or_else(|| CairnError::not_found(format!("unknown node id {id}")))?;
         if !addr.is_empty() && node.addr != addr {
-            let record = Node { uuid: node.uuid.clone(), addr: addr.into() };
+            let record = Node { uuid: node.uuid.clone(), addr: addr.into(), state: node.state };
             let mut batch = Batch::new();
             batch.put(Cf::Nodes, schema::node_key(id), schema::encode(&record));
             self.store.write(batch)?;
@@ -185,17 +252,31 @@ impl Registry {
         let needed = (layout.k as usize + 1).min(width);
         let now = Instant::now();
         let mut inner = self.inner.lock();
+        let full_below = FULL_BELOW_BYTES.max(layout.unit as u64 * 8);
         let (up, down): (Vec<u32>, Vec<u32>) = {
-            let (up, down): (Vec<_>, Vec<_>) = inner.nodes.iter().partition(|(_, n)| self.is_up(n, now));
-            (up.into_iter().map(|(id, _)| *id).collect(), down.into_iter().map(|(id, _)| *id).collect())
+            let eligible = inner.nodes.iter().filter(|(_, n)| n.state == NODE_ACTIVE);
+            let (up, down): (Vec<_>, Vec<_>) = eligible.partition(|(_, n)| self.is_up(n, now));
+            (
+                up.into_iter().filter(|(_, n)| !n.is_full(full_below)).map(|(id, _)| *id).collect(),
+                down.into_iter().map(|(id, _)| *id).collect(),
+            )
         };
         if up.len() < needed {
-            return Err(CairnError::unavailable(format!(
-                "need at least {needed} chunkservers up for a {}+{} layout, {} are",
+            let full = inner
+                .nodes
+                .values()
+                .filter(|n| n.state == NODE_ACTIVE && self.is_up(n, now) && n.is_full(full_below))
+                .count();
+            let message = format!(
+                "need at least {needed} chunkservers up with free space for a {}+{} layout, {} are \
+                 ({full} up but full)",
                 layout.k,
                 layout.m,
                 up.len()
-            )));
+            );
+            // Nodes are there but out of room: that is a full filesystem to the application.
+            let kind = if up.len() + full >= needed { ErrorKind::NoSpace } else { ErrorKind::Unavailable };
+            return Err(CairnError::new(kind, message));
         }
         if up.len() + down.len() < width {
             return Err(CairnError::unavailable(format!(
@@ -231,8 +312,74 @@ impl Registry {
                     .map_or(u64::MAX, |t| now.saturating_duration_since(t).as_millis() as u64),
                 tiers: n.tiers.clone(),
                 pid: n.pid,
+                state: state_name(n.state).into(),
+                shards_left: 0,
             })
             .collect()
+    }
+
+    /// Every known node as the repair sees it.
+    pub fn health(&self) -> Vec<NodeHealth> {
+        let now = Instant::now();
+        let inner = self.inner.lock();
+        inner
+            .nodes
+            .iter()
+            .map(|(id, n)| NodeHealth {
+                id: *id,
+                addr: n.addr.clone(),
+                up: self.is_up(n, now),
+                last_heartbeat_ms_ago: n
+                    .last_heartbeat
+                    .map_or(u64::MAX, |t| now.saturating_duration_since(t).as_millis() as u64),
+                draining: n.state == NODE_DRAINING,
+                free: n.free(),
+                full: n.is_full(FULL_BELOW_BYTES),
+            })
+            .collect()
+    }
+
+    /// Set a node active or draining.
+    pub fn set_state(&self, id: u32, state: u32) -> Result<NodeInfo> {
+        if state != NODE_ACTIVE && state != NODE_DRAINING {
+            return Err(CairnError::invalid(format!("node state {state}")));
+        }
+        {
+            let mut inner = self.inner.lock();
+            let node = inner
+                .nodes
+                .get_mut(&id)
+                .ok_or_else(|| CairnError::not_found(format!("no chunkserver with id {id}")))?;
+            if node.state != state {
+                let record = Node { uuid: node.uuid.clone(), addr: node.addr.clone(), state };
+                let mut batch = Batch::new();
+                batch.put(Cf::Nodes, schema::node_key(id), schema::encode(&record));
+                self.store.write(batch)?;
+                node.state = state;
+            }
+        }
+        tracing::info!(node = id, state = state_name(state), "node state changed");
+        Ok(self.nodes().into_iter().find(|n| n.id == id).expect("node exists"))
+    }
+
+    /// Forget node `id` (the caller has checked that no file needs it). Its record stays as a
+    /// tombstone so its uuid cannot register again.
+    pub fn remove(&self, id: u32) -> Result<()> {
+        let mut inner = self.inner.lock();
+        let node = inner
+            .nodes
+            .get(&id)
+            .ok_or_else(|| CairnError::not_found(format!("no chunkserver with id {id}")))?;
+        let record = Node { uuid: node.uuid.clone(), addr: node.addr.clone(), state: NODE_REMOVED };
+        let mut batch = Batch::new();
+        batch.put(Cf::Nodes, schema::node_key(id), schema::encode(&record));
+        self.store.write(batch)?;
+        let uuid = record.uuid;
+        inner.nodes.remove(&id);
+        inner.by_uuid.remove(&uuid);
+        inner.removed.insert(uuid, id);
+        tracing::info!(node = id, "node removed");
+        Ok(())
     }
 
     /// Id, address and liveness of a node, if it exists.
@@ -333,6 +480,46 @@ mod tests {
         let g = r.place(&wide).unwrap();
         assert_eq!(g.len(), 5);
         assert_eq!(g.iter().filter(|n| r.node(**n).unwrap().up).count(), 4);
+    }
+
+    #[test]
+    fn full_and_draining_nodes_get_no_new_files_and_removed_ones_stay_out() {
+        let store: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
+        let layout = Layout::new(2, 1, 4096).unwrap();
+        let r = registry(store.clone());
+        let roomy = TierUsage { name: "ssd".into(), capacity: 1 << 40, free: 1 << 39, ..Default::default() };
+        let full = TierUsage { free: FULL_BELOW_BYTES - 1, ..roomy.clone() };
+        for i in 0..5 {
+            r.register(&format!("n{i}"), &format!("127.0.0.1:{}", 100 + i), vec![roomy.clone()], 0).unwrap();
+        }
+        r.heartbeat(1, "", vec![full.clone()], 0).unwrap();
+        r.set_state(2, NODE_DRAINING).unwrap();
+        for _ in 0..20 {
+            let g = r.place(&layout).unwrap();
+            assert!(!g.contains(&1) && !g.contains(&2), "{g:?}");
+        }
+        assert_eq!(r.nodes().iter().find(|n| n.id == 2).unwrap().state, "draining");
+        // Everything full: a full filesystem, not an outage.
+        for id in 3..=5 {
+            r.heartbeat(id, "", vec![full.clone()], 0).unwrap();
+        }
+        r.set_state(2, NODE_ACTIVE).unwrap();
+        r.heartbeat(2, "", vec![full.clone()], 0).unwrap();
+        assert_eq!(r.place(&layout).unwrap_err().kind(), ErrorKind::NoSpace);
+
+        r.remove(5).unwrap();
+        assert!(r.node(5).is_none());
+        assert_eq!(r.nodes().len(), 4);
+        let err = r.register("n4", "127.0.0.1:104", vec![], 0).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotPermitted);
+        assert!(err.message().contains("removed"), "{err}");
+        // After a restart: still removed, the drain state persisted, and new ids never reuse 5.
+        r.set_state(3, NODE_DRAINING).unwrap();
+        let r = registry(store);
+        assert!(r.node(5).is_none());
+        assert_eq!(r.register("n4", "127.0.0.1:104", vec![], 0).unwrap_err().kind(), ErrorKind::NotPermitted);
+        assert_eq!(r.nodes().iter().find(|n| n.id == 3).unwrap().state, "draining");
+        assert_eq!(r.register("new", "127.0.0.1:200", vec![], 0).unwrap(), 6);
     }
 
     #[test]

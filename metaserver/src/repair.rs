@@ -1,16 +1,21 @@
-//! Automatic rebuild. A chunkserver that has been down longer than `rebuild_after` is replaced
-//! in every placement group that names it: for each file, a spare up node (not already in the
-//! group) is chosen, every shard the dead node held is rebuilt onto the spare by the spare
-//! itself (`RebuildShard`: it fetches `k` other shards from its peers and decodes), and only
-//! when every stripe's shard is rebuilt does the file's placement switch, in one metadata
-//! batch. Stripes written degraded (a `missing` mask at commit) are healed the same way on
-//! their own nodes. Data never passes through the metaserver; rebuild traffic is rate-limited.
+//! Automatic rebuild, drain and relocation. A placement member is replaced when its node has
+//! been down longer than `rebuild_after`, when it is draining, or when it is full and the file
+//! has a shard there to heal: for each such file a spare up node (not already in the group, not
+//! draining, not full) is chosen, every shard of that position is rebuilt onto the spare by the
+//! spare itself (`RebuildShard`: it copies the shard from the old node when that one still
+//! serves it, else fetches `k` other shards from its peers and decodes), and only when every
+//! stripe's shard is there does the file's placement switch, in one metadata batch that also
+//! queues the old copies for garbage collection. Stripes written degraded (a `missing` mask at
+//! commit) or reported damaged are healed the same way on their own nodes. Data never passes
+//! through the metaserver; rebuild traffic is rate-limited.
 //!
-//! A pass scans the namespace; it runs when some node is down past the threshold, when a
-//! degraded commit happened, or when the previous pass left work undone. What it finds is
-//! published as [`RepairState`] for `cairn status`.
+//! A pass scans the namespace; it runs when the set of gone, draining or full nodes changed,
+//! when a degraded commit or a damage report happened, or when the previous pass left work
+//! undone (backing off while nothing can progress). Passes, on-demand ones (`RepairNow`) and
+//! the reconciliation of unreferenced shards (`reconcile.rs`) run one at a time. What a pass
+//! finds is published as [`RepairState`] for `cairn status`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,24 +43,41 @@ pub struct RepairState {
     pub bytes_rebuilt: u64,
     /// Rebuild rate of the last pass that rebuilt something, bytes per second.
     pub rate: u64,
+    /// Draining nodes: shards files still place on them, as of the last pass.
+    pub drain_left: BTreeMap<u32, u64>,
+    /// Unreferenced shards deleted by reconciliation since start.
+    pub stale_shards_deleted: u64,
 }
 
 pub struct Repair {
-    ns: Arc<Namespace>,
+    pub(crate) ns: Arc<Namespace>,
     rebuild_after: Duration,
     rate_bytes: u64,
     started: Instant,
     channels: Mutex<HashMap<String, Channel>>,
+    /// Held by every pass and reconciliation: one at a time.
+    pub(crate) running: tokio::sync::Mutex<()>,
+    /// Unreferenced shards younger than this are left alone.
+    pub(crate) orphan_grace: Duration,
 }
 
 /// One node as the repair sees it.
-#[derive(Clone)]
-struct NodeView {
-    addr: String,
-    up: bool,
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct NodeView {
+    pub(crate) addr: String,
+    pub(crate) up: bool,
     /// Down for longer than the rebuild threshold: its shards are rebuilt elsewhere.
     gone: bool,
+    draining: bool,
+    full: bool,
     free: u64,
+}
+
+impl NodeView {
+    /// May receive shards of files it is not yet part of.
+    fn spare(&self) -> bool {
+        self.up && !self.draining && !self.full
+    }
 }
 
 impl Repair {
@@ -66,58 +88,111 @@ impl Repair {
             rate_bytes: rate_bytes.max(1 << 20),
             started: Instant::now(),
             channels: Mutex::new(HashMap::new()),
+            running: tokio::sync::Mutex::new(()),
+            orphan_grace: Duration::from_secs(3600),
         }
     }
 
-    pub async fn run(self, interval: Duration) {
+    /// Leave unreferenced shards younger than `grace` alone (default one hour).
+    pub fn with_orphan_grace(mut self, grace: Duration) -> Repair {
+        self.orphan_grace = grace;
+        self
+    }
+
+    /// Run passes every `interval` while there is work, and a reconciliation every
+    /// `reconcile_every` and whenever a node comes back.
+    pub async fn run(self: Arc<Self>, interval: Duration, reconcile_every: Duration) {
         let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut pending = true;
+        let mut idle_passes = 0u32;
+        let mut skipped = 0u32;
+        let mut last_seen = Vec::new();
+        let mut was_up: HashSet<u32> = HashSet::new();
+        let mut last_reconcile = Instant::now();
         loop {
             tick.tick().await;
             let nodes = self.nodes();
+            let now_up: HashSet<u32> = nodes.iter().filter(|(_, n)| n.up).map(|(id, _)| *id).collect();
+            let rejoined = now_up.iter().any(|id| !was_up.contains(id)) && !was_up.is_empty();
+            was_up = now_up;
+            if rejoined || last_reconcile.elapsed() >= reconcile_every {
+                last_reconcile = Instant::now();
+                let report = self.reconcile(false).await;
+                if report.deleted > 0 || !report.errors.is_empty() {
+                    tracing::info!(
+                        stale = report.stale,
+                        deleted = report.deleted,
+                        errors = ?report.errors,
+                        "reconciled chunkserver shards with the namespace"
+                    );
+                }
+            }
+            let seen: Vec<(u32, bool, bool, bool)> =
+                nodes.iter().map(|(id, n)| (*id, n.gone, n.draining, n.full)).collect();
+            let changed = seen != last_seen;
             let hint = self.ns.take_degraded_hint();
-            if !(pending || hint || nodes.values().any(|n| n.gone)) {
+            // While work is left that cannot progress, look again less and less often.
+            let backoff = (1u32 << idle_passes.min(4)) - 1;
+            if !(changed || hint || (pending && skipped >= backoff)) {
+                skipped += 1;
                 continue;
             }
-            match self.pass(&nodes).await {
+            skipped = 0;
+            let before = self.ns.repair_state().lock().shards_rebuilt;
+            match self.pass_now().await {
                 Ok(state) => {
-                    pending = state.degraded_stripes > 0;
-                    *self.ns.repair_state().lock() = state;
+                    last_seen = seen;
+                    pending = state.degraded_stripes > 0 || state.drain_left.values().any(|&n| n > 0);
+                    let progressed = state.shards_rebuilt > before;
+                    idle_passes = if pending && !progressed { idle_passes + 1 } else { 0 };
                 }
                 Err(e) => {
                     tracing::warn!("repair pass: {e}");
                     pending = true;
+                    idle_passes += 1;
                 }
             }
         }
     }
 
-    fn nodes(&self) -> HashMap<u32, NodeView> {
+    pub(crate) fn nodes(&self) -> BTreeMap<u32, NodeView> {
         let uptime = self.started.elapsed().as_millis() as u64;
         self.ns
             .registry()
-            .nodes()
+            .health()
             .into_iter()
             .map(|n| {
                 // A node not heard from since this metaserver started has been down at most
                 // that long, as far as we know.
                 let down_ms = n.last_heartbeat_ms_ago.min(uptime);
                 let gone = !n.up && down_ms > self.rebuild_after.as_millis() as u64;
-                let free = n.tiers.iter().map(|t| t.free).sum();
-                (n.id, NodeView { addr: n.addr, up: n.up, gone, free })
+                let view = NodeView {
+                    addr: n.addr,
+                    up: n.up,
+                    gone,
+                    draining: n.draining,
+                    full: n.full,
+                    free: n.free,
+                };
+                (n.id, view)
             })
             .collect()
     }
 
-    /// Scan every regular file once, healing what can be healed now.
+    /// Scan every regular file once, healing what can be healed now (after any running pass).
     pub async fn pass_now(&self) -> Result<RepairState> {
+        let _running = self.running.lock().await;
         let nodes = self.nodes();
         let state = self.pass(&nodes).await?;
-        *self.ns.repair_state().lock() = state.clone();
+        let mut published = self.ns.repair_state().lock();
+        // Reconciliation may have counted deletions meanwhile.
+        let state = RepairState { stale_shards_deleted: published.stale_shards_deleted, ..state };
+        *published = state.clone();
         Ok(state)
     }
 
-    async fn pass(&self, nodes: &HashMap<u32, NodeView>) -> Result<RepairState> {
+    async fn pass(&self, nodes: &BTreeMap<u32, NodeView>) -> Result<RepairState> {
         let mut state = {
             let last = self.ns.repair_state().lock();
             RepairState {
@@ -127,6 +202,11 @@ impl Repair {
                 ..Default::default()
             }
         };
+        for (id, n) in nodes {
+            if n.draining {
+                state.drain_left.insert(*id, 0);
+            }
+        }
         let started = Instant::now();
         let before = state.bytes_rebuilt;
         let mut from = Vec::new();
@@ -155,7 +235,7 @@ impl Repair {
     async fn heal_file(
         &self,
         inode: &Inode,
-        nodes: &HashMap<u32, NodeView>,
+        nodes: &BTreeMap<u32, NodeView>,
         state: &mut RepairState,
     ) -> Result<()> {
         let layout = inode.layout();
@@ -164,40 +244,56 @@ impl Repair {
         if old.len() != width {
             return Err(CairnError::corrupt(format!("placement of {} nodes for {layout}", old.len())));
         }
-        let new = self.replacement(&old, nodes);
+        let stripes = self.stripes(inode.ino)?;
+        // Placement positions where some stripe has a shard to heal.
+        let mut to_heal = vec![false; width];
+        for info in &stripes {
+            for i in (0..layout.width()).filter(|i| info.missing & (1 << i) != 0) {
+                to_heal[layout.position(info.index, i)] = true;
+            }
+        }
+        let new = replacement(&old, nodes, &to_heal);
         let up = |id: u32| nodes.get(&id).is_some_and(|n| n.up);
         let mut healed = Vec::new();
         let mut complete = true;
         let mut unrecoverable = false;
-        for info in self.stripes(inode.ino)? {
+        for info in &stripes {
             let mut lost = info.missing;
+            let mut moved = 0u32;
             for (p, (o, n)) in old.iter().zip(&new).enumerate() {
                 if o != n {
-                    lost |= 1 << index_at(&layout, info.index, p);
+                    moved |= 1 << index_at(&layout, info.index, p);
                 }
             }
+            lost |= moved;
             for i in 0..layout.k {
                 if layout.shard_len(i, info.written_len) == 0 {
                     lost &= !(1 << i);
                 }
             }
             let node_of = |i: u32| old[layout.position(info.index, i)];
+            // Shards that are stored and reachable where they are now.
+            let readable = |i: u32| {
+                info.missing & (1 << i) == 0 && up(node_of(i)) && layout.shard_len(i, info.written_len) > 0
+            };
+            // Lost shards that only move (their node still serves them) do not degrade the stripe.
+            let gone_here = |i: u32| lost & (1 << i) != 0 && !readable(i);
             let unavailable =
                 (0..layout.width()).filter(|&i| lost & (1 << i) == 0 && !up(node_of(i))).count();
             if lost == 0 && unavailable == 0 {
                 continue;
             }
-            state.degraded_stripes += 1;
-            if lost.count_ones() as usize + unavailable > layout.m as usize {
+            let degraded = unavailable > 0 || (0..layout.width()).any(gone_here);
+            state.degraded_stripes += degraded as u64;
+            let gone_count = (0..layout.width()).filter(|&i| gone_here(i)).count();
+            if gone_count + unavailable > layout.m as usize {
                 state.unrecoverable_stripes += 1;
                 unrecoverable = true;
                 complete = false;
                 continue;
             }
-            let sources: Vec<RebuildSource> = (0..layout.width())
-                .filter(|&i| {
-                    lost & (1 << i) == 0 && up(node_of(i)) && layout.shard_len(i, info.written_len) > 0
-                })
+            let peers: Vec<RebuildSource> = (0..layout.width())
+                .filter(|&i| lost & (1 << i) == 0 && readable(i))
                 .filter_map(|i| {
                     nodes.get(&node_of(i)).map(|n| RebuildSource { index: i, addr: n.addr.clone() })
                 })
@@ -211,6 +307,14 @@ impl Repair {
                     complete = false;
                     continue;
                 };
+                // A shard that only moves is copied from where it is; decoding is the fallback.
+                let mut sources = Vec::with_capacity(peers.len() + 1);
+                if readable(i) {
+                    if let Some(n) = nodes.get(&node_of(i)) {
+                        sources.push(RebuildSource { index: i, addr: n.addr.clone() });
+                    }
+                }
+                sources.extend(peers.iter().cloned());
                 let id = ShardId { ino: inode.ino, stripe: info.index, index: i, version: info.version };
                 match self.rebuild_on(&addr, id, layout, info.written_len, &sources).await {
                     Ok(bytes) => {
@@ -230,7 +334,7 @@ impl Repair {
             if rebuilt != 0 {
                 healed.push((info.index, info.version, rebuilt));
             }
-            if rebuilt == lost {
+            if rebuilt == lost && degraded {
                 state.degraded_stripes -= (unavailable == 0) as u64;
             }
         }
@@ -252,28 +356,19 @@ impl Repair {
         if placement != old || !healed.is_empty() {
             self.ns.apply_heal(inode.ino, &old, &placement, &healed)?;
         }
-        Ok(())
-    }
-
-    /// `old` with every long-gone node swapped for a distinct up node outside the group (the
-    /// one with the most free space), where one exists.
-    fn replacement(&self, old: &[u32], nodes: &HashMap<u32, NodeView>) -> Vec<u32> {
-        let mut new = old.to_vec();
-        for p in 0..new.len() {
-            if !nodes.get(&new[p]).is_some_and(|n| n.gone) {
-                continue;
-            }
-            let in_use: HashSet<u32> = new.iter().copied().collect();
-            let spare = nodes
-                .iter()
-                .filter(|(id, n)| n.up && !in_use.contains(id))
-                .max_by_key(|(id, n)| (n.free, std::cmp::Reverse(**id)))
-                .map(|(id, _)| *id);
-            if let Some(spare) = spare {
-                new[p] = spare;
+        // What still lives on draining nodes.
+        for (p, node) in placement.iter().enumerate() {
+            if let Some(left) = state.drain_left.get_mut(node) {
+                *left += stripes
+                    .iter()
+                    .filter(|info| {
+                        let i = index_at(&layout, info.index, p);
+                        info.missing & (1 << i) == 0 && layout.shard_len(i, info.written_len) > 0
+                    })
+                    .count() as u64;
             }
         }
-        new
+        Ok(())
     }
 
     fn stripes(&self, ino: u64) -> Result<Vec<StripeInfo>> {
@@ -289,14 +384,8 @@ impl Repair {
         }
     }
 
-    async fn rebuild_on(
-        &self,
-        addr: &str,
-        id: ShardId,
-        layout: Layout,
-        written_len: u64,
-        sources: &[RebuildSource],
-    ) -> Result<u64> {
+    /// A client for the chunkserver at `addr` (connections are kept and shared).
+    pub(crate) fn chunk_client(&self, addr: &str, timeout: Duration) -> Result<ChunkClient<Channel>> {
         let channel = {
             let mut channels = self.channels.lock();
             match channels.get(addr) {
@@ -305,14 +394,27 @@ impl Repair {
                     let endpoint = Endpoint::from_shared(format!("http://{addr}"))
                         .map_err(|e| CairnError::invalid(format!("chunkserver address {addr:?}: {e}")))?
                         .connect_timeout(Duration::from_secs(2))
-                        .timeout(Duration::from_secs(60));
+                        .timeout(timeout);
                     let c = endpoint.connect_lazy();
                     channels.insert(addr.to_string(), c.clone());
                     c
                 }
             }
         };
-        let mut client = ChunkClient::new(channel).max_encoding_message_size(MAX_MESSAGE_BYTES);
+        Ok(ChunkClient::new(channel)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES))
+    }
+
+    async fn rebuild_on(
+        &self,
+        addr: &str,
+        id: ShardId,
+        layout: Layout,
+        written_len: u64,
+        sources: &[RebuildSource],
+    ) -> Result<u64> {
+        let mut client = self.chunk_client(addr, Duration::from_secs(60))?;
         let req = RebuildShardRequest {
             id: Some(id.into()),
             layout: Some(layout.into()),
@@ -321,6 +423,30 @@ impl Repair {
         };
         Ok(client.rebuild_shard(req).await.map_err(CairnError::from)?.into_inner().bytes)
     }
+}
+
+/// `old` with every member that has to go swapped for a spare (a distinct up node outside the
+/// group, neither draining nor full, the one with the most free space), where one exists. A
+/// member goes when it is gone, draining or removed, or when it is full and has a shard to heal.
+fn replacement(old: &[u32], nodes: &BTreeMap<u32, NodeView>, to_heal: &[bool]) -> Vec<u32> {
+    let mut new = old.to_vec();
+    for p in 0..new.len() {
+        // A member the registry no longer knows (removed) goes too.
+        let must_go = nodes.get(&new[p]).is_none_or(|n| n.gone || n.draining || (n.full && to_heal[p]));
+        if !must_go {
+            continue;
+        }
+        let in_use: HashSet<u32> = new.iter().copied().collect();
+        let spare = nodes
+            .iter()
+            .filter(|(id, n)| n.spare() && !in_use.contains(id))
+            .max_by_key(|(id, n)| (n.free, std::cmp::Reverse(**id)))
+            .map(|(id, _)| *id);
+        if let Some(spare) = spare {
+            new[p] = spare;
+        }
+    }
+    new
 }
 
 /// The shard index of `stripe` that lives at placement position `p` (inverse of
@@ -333,6 +459,30 @@ fn index_at(layout: &Layout, stripe: u64, p: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn view(up: bool, gone: bool, draining: bool, full: bool, free: u64) -> NodeView {
+        NodeView { addr: "h:1".into(), up, gone, draining, full, free }
+    }
+
+    #[test]
+    fn replacement_moves_gone_draining_and_full_members_to_the_roomiest_spare() {
+        let mut nodes = BTreeMap::new();
+        nodes.insert(1, view(false, true, false, false, 100));
+        nodes.insert(2, view(true, false, true, false, 100));
+        nodes.insert(3, view(true, false, false, true, 0));
+        nodes.insert(4, view(true, false, false, false, 10));
+        nodes.insert(5, view(true, false, false, false, 50));
+        nodes.insert(6, view(true, false, false, false, 50));
+        nodes.insert(7, view(true, false, false, false, 90));
+        nodes.insert(8, view(false, false, false, false, 1000));
+        // Node 1 is gone and 2 draining: both go, to the spares with the most room (7, then
+        // 5 before 6 on a tie); node 3 is full but has nothing to heal, so it stays.
+        assert_eq!(replacement(&[1, 2, 3, 4], &nodes, &[false; 4]), vec![7, 5, 3, 4]);
+        // Full with a shard to heal: it moves too.
+        assert_eq!(replacement(&[1, 2, 3, 4], &nodes, &[false, false, true, false]), vec![7, 5, 6, 4]);
+        // No spare left: the member stays.
+        assert_eq!(replacement(&[1, 4, 5, 6, 7], &nodes, &[false; 5]), vec![1, 4, 5, 6, 7]);
+    }
 
     #[test]
     fn index_at_inverts_position() {

@@ -264,7 +264,17 @@ pub struct Node {
     pub uuid: String,
     #[prost(string, tag = "2")]
     pub addr: String,
+    /// [`NODE_ACTIVE`], [`NODE_DRAINING`] or [`NODE_REMOVED`].
+    #[prost(uint32, tag = "3")]
+    pub state: u32,
 }
+
+/// Takes new files.
+pub const NODE_ACTIVE: u32 = 0;
+/// Gets no new files; the repair moves its shards to other nodes while it keeps serving.
+pub const NODE_DRAINING: u32 = 1;
+/// Forgotten: kept only so its uuid cannot register again by accident.
+pub const NODE_REMOVED: u32 = 2;
 
 /// One shard to delete from one chunkserver.
 #[derive(Clone, PartialEq, Eq, Hash, Message)]

@@ -12,15 +12,28 @@ use cairn_proto::*;
 use tonic::{Request, Response, Status};
 
 use crate::namespace::{file_info, Namespace, NewEntry};
+use crate::repair::Repair;
+use crate::schema::{NODE_ACTIVE, NODE_DRAINING};
 use crate::sessions::{Lock, F_UNLCK};
 
 pub struct MetaService {
     ns: Arc<Namespace>,
+    repair: Option<Arc<Repair>>,
 }
 
 impl MetaService {
     pub fn new(ns: Arc<Namespace>) -> MetaService {
-        MetaService { ns }
+        MetaService { ns, repair: None }
+    }
+
+    /// Serve `RepairNow` and `Reconcile` with this repair (the one running in the background).
+    pub fn with_repair(mut self, repair: Arc<Repair>) -> MetaService {
+        self.repair = Some(repair);
+        self
+    }
+
+    fn repair(&self) -> Result<&Arc<Repair>, Status> {
+        self.repair.as_ref().ok_or_else(|| CairnError::unavailable("this metaserver runs no repair").into())
     }
 
     async fn run<T, F>(&self, f: F) -> Result<T, Status>
@@ -41,6 +54,54 @@ fn check_ino(ino: u64) -> Result<u64> {
         return Err(CairnError::invalid("inode 0"));
     }
     Ok(ino)
+}
+
+/// Every node, with the drain progress of the last repair pass.
+fn nodes_with_progress(ns: &Namespace) -> Vec<NodeInfo> {
+    let drain = ns.repair_state().lock().drain_left.clone();
+    let mut nodes = ns.registry().nodes();
+    for n in &mut nodes {
+        n.shards_left = drain.get(&n.id).copied().unwrap_or(0);
+    }
+    nodes
+}
+
+fn status_reply(ns: &Namespace) -> Result<ClusterStatusReply> {
+    let stats = ns.stats();
+    let root = ns.getattr(cairn_common::ROOT_INO)?.layout();
+    let repair = ns.repair_state().lock().clone();
+    Ok(ClusterStatusReply {
+        nodes: nodes_with_progress(ns),
+        files: stats.files.max(0) as u64,
+        directories: stats.directories.max(0) as u64,
+        logical_bytes: stats.logical_bytes.max(0) as u64,
+        default_layout: Some(root.into()),
+        pending_gc: ns.pending_gc()?,
+        degraded_stripes: repair.degraded_stripes,
+        bytes_to_rebuild: repair.bytes_to_rebuild,
+        unrecoverable_stripes: repair.unrecoverable_stripes,
+        unrecoverable_files: repair.unrecoverable_files,
+        shards_rebuilt: repair.shards_rebuilt,
+        bytes_rebuilt: repair.bytes_rebuilt,
+        rebuild_rate: repair.rate,
+        stale_shards_deleted: repair.stale_shards_deleted,
+    })
+}
+
+/// Files whose placement names `node`.
+fn files_on(ns: &Namespace, node: u32) -> Result<u64> {
+    let mut count = 0;
+    let mut from = Vec::new();
+    loop {
+        let page = ns.store().scan(crate::store::Cf::Inodes, &from, &[], 4096)?;
+        let Some((last, _)) = page.last() else { return Ok(count) };
+        from = last.clone();
+        from.push(0);
+        for (_, value) in &page {
+            let inode: crate::schema::Inode = crate::schema::decode("inode", value)?;
+            count += inode.placement.contains(&node) as u64;
+        }
+    }
 }
 
 fn attr_reply(inode: crate::schema::Inode) -> AttrReply {
@@ -284,7 +345,7 @@ impl Meta for MetaService {
     }
 
     async fn list_nodes(&self, _req: Request<Empty>) -> Result<Response<ListNodesReply>, Status> {
-        Ok(Response::new(ListNodesReply { nodes: self.ns.registry().nodes() }))
+        Ok(Response::new(ListNodesReply { nodes: nodes_with_progress(&self.ns) }))
     }
 
     async fn report_damaged(&self, req: Request<ReportDamagedRequest>) -> Result<Response<Empty>, Status> {
@@ -297,29 +358,81 @@ impl Meta for MetaService {
     }
 
     async fn cluster_status(&self, _req: Request<Empty>) -> Result<Response<ClusterStatusReply>, Status> {
-        let reply = self
-            .run(|ns| {
-                let stats = ns.stats();
-                let root = ns.getattr(cairn_common::ROOT_INO)?.layout();
-                let repair = ns.repair_state().lock().clone();
-                Ok(ClusterStatusReply {
-                    nodes: ns.registry().nodes(),
-                    files: stats.files.max(0) as u64,
-                    directories: stats.directories.max(0) as u64,
-                    logical_bytes: stats.logical_bytes.max(0) as u64,
-                    default_layout: Some(root.into()),
-                    pending_gc: ns.pending_gc()?,
-                    degraded_stripes: repair.degraded_stripes,
-                    bytes_to_rebuild: repair.bytes_to_rebuild,
-                    unrecoverable_stripes: repair.unrecoverable_stripes,
-                    unrecoverable_files: repair.unrecoverable_files,
-                    shards_rebuilt: repair.shards_rebuilt,
-                    bytes_rebuilt: repair.bytes_rebuilt,
-                    rebuild_rate: repair.rate,
-                })
-            })
-            .await?;
+        let reply = self.run(status_reply).await?;
         Ok(Response::new(reply))
+    }
+
+    async fn repair_now(&self, _req: Request<Empty>) -> Result<Response<ClusterStatusReply>, Status> {
+        self.repair()?.pass_now().await?;
+        let reply = self.run(status_reply).await?;
+        Ok(Response::new(reply))
+    }
+
+    async fn check_namespace(
+        &self,
+        req: Request<CheckNamespaceRequest>,
+    ) -> Result<Response<CheckNamespaceReply>, Status> {
+        let repair = req.into_inner().repair;
+        let report = self.run(move |ns| ns.check(repair)).await?;
+        Ok(Response::new(CheckNamespaceReply {
+            inodes: report.inodes,
+            dentries: report.dentries,
+            stripes: report.stripes,
+            problems: report.problems.iter().map(|p| p.to_string()).collect(),
+            repaired: report.repaired,
+        }))
+    }
+
+    async fn reconcile(&self, req: Request<ReconcileRequest>) -> Result<Response<ReconcileReply>, Status> {
+        let report = self.repair()?.reconcile(req.into_inner().dry_run).await;
+        Ok(Response::new(ReconcileReply {
+            checked: report.checked,
+            stale: report.stale,
+            stale_bytes: report.stale_bytes,
+            deleted: report.deleted,
+            errors: report.errors,
+        }))
+    }
+
+    async fn drain_node(&self, req: Request<NodeRequest>) -> Result<Response<NodeReply>, Status> {
+        let node = req.into_inner().node;
+        let info = self.run(move |ns| ns.registry().set_state(node, NODE_DRAINING)).await?;
+        Ok(Response::new(NodeReply { node: Some(info) }))
+    }
+
+    async fn activate_node(&self, req: Request<NodeRequest>) -> Result<Response<NodeReply>, Status> {
+        let node = req.into_inner().node;
+        let info = self.run(move |ns| ns.registry().set_state(node, NODE_ACTIVE)).await?;
+        Ok(Response::new(NodeReply { node: Some(info) }))
+    }
+
+    async fn remove_node(&self, req: Request<NodeRequest>) -> Result<Response<Empty>, Status> {
+        let NodeRequest { node, force } = req.into_inner();
+        self.run(move |ns| {
+            let info = ns
+                .registry()
+                .nodes()
+                .into_iter()
+                .find(|n| n.id == node)
+                .ok_or_else(|| CairnError::not_found(format!("no chunkserver with id {node}")))?;
+            if !force {
+                let files = files_on(ns, node)?;
+                if files > 0 {
+                    return Err(CairnError::new(
+                        cairn_common::ErrorKind::NotEmpty,
+                        format!(
+                            "chunkserver {node} ({}) still holds shards of {files} files: drain it first \
+                             (cairn node drain {node}), or --force to remove it now and let the repair \
+                             rebuild its shards from the others",
+                            info.addr
+                        ),
+                    ));
+                }
+            }
+            ns.registry().remove(node)
+        })
+        .await?;
+        Ok(Response::new(Empty {}))
     }
 }
 

@@ -115,6 +115,11 @@ impl Sessions {
         self.unlock_where(|l, i| i == ino && l.client == client);
     }
 
+    /// `client` has a session whose lease has not run out: it may still commit what it wrote.
+    pub fn is_live(&self, client: u32) -> bool {
+        self.clients.lock().get(&client).is_some_and(|s| s.last_seen.elapsed() <= self.lease)
+    }
+
     pub fn is_open(&self, ino: u64) -> bool {
         self.clients.lock().values().any(|s| s.open.contains(&ino))
     }

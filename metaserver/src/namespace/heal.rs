@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use cairn_common::{CairnError, Result};
 
 use super::Namespace;
-use crate::schema::{self, Stripe};
+use crate::schema::{self, GcShard, Stripe};
 use crate::store::Cf;
 
 impl Namespace {
@@ -22,10 +22,24 @@ impl Namespace {
         &self.repair_state
     }
 
+    /// The record of stripe `stripe` of `ino`, if one was committed.
+    pub fn stripe_record(&self, ino: u64, stripe: u64) -> Result<Option<Stripe>> {
+        self.store
+            .get(Cf::Stripes, &schema::stripe_key(ino, stripe))?
+            .map(|v| schema::decode("stripe", &v))
+            .transpose()
+    }
+
+    /// The inode `ino`, if it exists.
+    pub fn find_inode(&self, ino: u64) -> Result<Option<crate::schema::Inode>> {
+        self.try_inode(ino)
+    }
+
     /// Record a repair of `ino`: its placement becomes `new` (if it still is `old`: otherwise
     /// nothing changes and the next pass looks again), and for each `(stripe, version, mask)`
-    /// whose record still has that version, the shards in `mask` are no longer missing.
-    /// Returns whether it applied.
+    /// whose record still has that version, the shards in `mask` are no longer missing. The
+    /// copies left on replaced members are queued for garbage collection in the same batch
+    /// (a down member deletes them when it returns). Returns whether it applied.
     pub fn apply_heal(&self, ino: u64, old: &[u32], new: &[u32], healed: &[(u64, u64, u32)]) -> Result<bool> {
         if old.len() != new.len() {
             return Err(CairnError::invalid("heal: placement sizes differ"));
@@ -39,6 +53,31 @@ impl Namespace {
                     return Ok(false);
                 }
                 inode.placement = new.to_vec();
+                let layout = inode.layout();
+                let moved: Vec<usize> = (0..old.len()).filter(|&p| old[p] != new[p]).collect();
+                if !moved.is_empty() {
+                    let ino_start = schema::ino_key(ino);
+                    for (key, value) in
+                        self.store.scan(Cf::Stripes, &ino_start, &schema::prefix_end(ino), usize::MAX)?
+                    {
+                        let stripe = schema::stripe_of(&key)?;
+                        let record: Stripe = schema::decode("stripe", &value)?;
+                        for i in 0..layout.width() {
+                            let p = layout.position(stripe, i);
+                            let stored =
+                                record.missing & (1 << i) == 0 && layout.shard_len(i, record.written_len) > 0;
+                            if moved.contains(&p) && stored {
+                                tx.gc.push(GcShard {
+                                    node: old[p],
+                                    ino,
+                                    stripe,
+                                    index: i,
+                                    version: record.version,
+                                });
+                            }
+                        }
+                    }
+                }
                 for &(stripe, version, mask) in healed {
                     let key = schema::stripe_key(ino, stripe);
                     let Some(value) = self.store.get(Cf::Stripes, &key)? else { continue };

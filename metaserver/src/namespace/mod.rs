@@ -14,6 +14,7 @@
 //! - A directory's `nlink` is 2 plus its number of subdirectories.
 
 mod attrs;
+mod check;
 mod entries;
 mod files;
 mod heal;
@@ -39,6 +40,7 @@ use crate::sessions::Sessions;
 use crate::store::{Batch, Cf, MemoryStore, MetaStore, RocksStore};
 
 pub use attrs::{XATTR_CREATE, XATTR_REPLACE};
+pub use check::{CheckReport, Problem, LOST_FOUND};
 pub use entries::NewEntry;
 pub use files::{file_info, MAX_FILE_SIZE};
 pub use rename::{RENAME_EXCHANGE, RENAME_NOREPLACE};

@@ -398,14 +398,14 @@ fn readdir_pages_through_ten_thousand_entries() {
 fn statfs_scales_by_root_layout() {
     let ns = Namespace::open_memory(layout()).unwrap();
     let tier =
-        cairn_proto::TierUsage { name: "ssd".into(), capacity: 3000, free: 1500, ..Default::default() };
+        cairn_proto::TierUsage { name: "ssd".into(), capacity: 3 << 30, free: 3 << 29, ..Default::default() };
     for i in 0..3 {
         ns.registry().register(&format!("n{i}"), "127.0.0.1:1", vec![tier.clone()], 0).unwrap();
     }
     file(&ns, ROOT_INO, "f");
     let s = ns.statfs().unwrap();
-    assert_eq!((s.raw_capacity, s.raw_free), (9000, 4500));
-    assert_eq!((s.usable_capacity, s.usable_free), (6000, 3000));
+    assert_eq!((s.raw_capacity, s.raw_free), (9 << 30, 9 << 29));
+    assert_eq!((s.usable_capacity, s.usable_free), (6 << 30, 3 << 30));
     assert_eq!((s.files, s.name_max, s.block_size), (2, 255, 4096));
 }
 
@@ -478,4 +478,58 @@ fn restart_on_rocksdb_keeps_everything_and_never_reuses_inodes() {
     assert!(g.ino > max_ino, "inode {} reused (max before restart {max_ino})", g.ino);
     let e = dir(&ns, ROOT_INO, "e");
     assert!(e.ino > g.ino);
+}
+
+#[test]
+fn check_finds_and_repairs_inconsistencies_and_keeps_data() {
+    use crate::namespace::Problem;
+    let ns = setup();
+    let d = dir(&ns, ROOT_INO, "d");
+    let f = file(&ns, d.ino, "f");
+    let g = file(&ns, ROOT_INO, "g");
+    let clean = ns.check(false).unwrap();
+    assert!(clean.problems.is_empty(), "{:?}", clean.problems);
+    assert_eq!(clean.inodes, 4);
+
+    // Damage the store behind the namespace's back: drop the entry of f (f unreachable), add
+    // an entry naming a missing inode, give g a wrong link count and d a wrong one.
+    let mut batch = Batch::new();
+    batch.delete(Cf::Dentries, schema::dentry_key(d.ino, b"f"));
+    batch.put(
+        Cf::Dentries,
+        schema::dentry_key(ROOT_INO, b"ghost"),
+        schema::encode(&Dentry { ino: 4242, kind: S_IFREG }),
+    );
+    let mut g2 = ns.inode(g.ino).unwrap();
+    g2.nlink = 3;
+    batch.put(Cf::Inodes, schema::ino_key(g.ino), schema::encode(&g2));
+    let mut d2 = ns.inode(d.ino).unwrap();
+    d2.nlink = 7;
+    batch.put(Cf::Inodes, schema::ino_key(d.ino), schema::encode(&d2));
+    ns.store.write(batch).unwrap();
+
+    let found = ns.check(false).unwrap();
+    let want = [
+        Problem::DanglingEntry { parent: ROOT_INO, name: b"ghost".to_vec(), ino: 4242 },
+        Problem::LinkCount { ino: g.ino, nlink: 3, want: 1 },
+        Problem::LinkCount { ino: d.ino, nlink: 7, want: 2 },
+        Problem::Unreachable { ino: f.ino },
+    ];
+    for p in &want {
+        assert!(found.problems.contains(p), "{p} not in {:?}", found.problems);
+    }
+    assert_eq!(found.problems.len(), want.len(), "{:?}", found.problems);
+    assert_eq!(found.repaired, 0);
+
+    let fixed = ns.check(true).unwrap();
+    assert_eq!(fixed.repaired, 4);
+    let after = ns.check(false).unwrap();
+    assert!(after.problems.is_empty(), "{:?}", after.problems);
+    // f is back, in /lost+found, with its stripes untouched.
+    let lost = ns.lookup(ROOT_INO, crate::namespace::LOST_FOUND).unwrap();
+    let back = ns.lookup(lost.ino, format!("#{}", f.ino).as_bytes()).unwrap();
+    assert_eq!((back.ino, back.nlink), (f.ino, 1));
+    assert_eq!(ns.getattr(g.ino).unwrap().nlink, 1);
+    assert_eq!(ns.getattr(d.ino).unwrap().nlink, 2);
+    assert_eq!(kind(ns.lookup(ROOT_INO, b"ghost")), ErrorKind::NotFound);
 }

@@ -1,0 +1,335 @@
+//! Namespace consistency check (`cairn fsck`). Every operation is one atomic batch, so a crash
+//! cannot leave the namespace half-changed; this check proves it after the fact, and repairs
+//! what a bug or a damaged database could leave behind:
+//!
+//! - an entry whose parent is not a directory, or whose child inode is gone → entry removed;
+//! - an entry whose recorded type differs from its inode's → entry rewritten;
+//! - a regular file, symlink or special file whose link count differs from its entries → fixed;
+//! - a directory whose link count is not 2 + its subdirectories, or whose parent pointer is not
+//!   the directory holding its entry → fixed;
+//! - an inode no entry names (and not an open unlinked file) → linked into `/lost+found` as
+//!   `#INO`, so no data is thrown away;
+//! - stripe records, xattrs or symlink targets of missing inodes, orphan marks of linked or
+//!   missing inodes → removed;
+//! - statistics counters that differ from the recount → rewritten.
+//!
+//! The scan reads the whole namespace into memory (a few dozen bytes per inode and entry). A
+//! repair acts only on problems that two consecutive scans both found, so an operation that
+//! ran between two reads of one scan is not mistaken for damage; it is meant for a quiet
+//! cluster.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use cairn_common::{Result, ROOT_INO};
+
+use super::{stats_key, Namespace, NewEntry};
+use crate::schema::{self, Dentry, Inode, Stats, S_IFDIR};
+use crate::store::{Batch, Cf};
+
+/// Name of the directory that receives unreachable inodes.
+pub const LOST_FOUND: &[u8] = b"lost+found";
+
+/// One inconsistency, with what is needed to repair it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Problem {
+    EntryInNonDirectory { parent: u64, name: Vec<u8> },
+    DanglingEntry { parent: u64, name: Vec<u8>, ino: u64 },
+    EntryKind { parent: u64, name: Vec<u8>, ino: u64, kind: u32 },
+    LinkCount { ino: u64, nlink: u32, want: u32 },
+    DirParent { ino: u64, parent: u64, want: u64 },
+    Unreachable { ino: u64 },
+    StrayRecord { cf: &'static str, key: Vec<u8> },
+    Stats { stored: StatsView, counted: StatsView },
+}
+
+/// Statistics as plain numbers (comparable, printable).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct StatsView {
+    pub files: i64,
+    pub directories: i64,
+    pub inodes: i64,
+    pub logical_bytes: i64,
+}
+
+impl From<Stats> for StatsView {
+    fn from(s: Stats) -> Self {
+        StatsView {
+            files: s.files,
+            directories: s.directories,
+            inodes: s.inodes,
+            logical_bytes: s.logical_bytes,
+        }
+    }
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = |n: &[u8]| String::from_utf8_lossy(n).into_owned();
+        match self {
+            Problem::EntryInNonDirectory { parent, name: n } => {
+                write!(f, "entry {:?} is in inode {parent}, which is not a directory", name(n))
+            }
+            Problem::DanglingEntry { parent, name: n, ino } => {
+                write!(f, "entry {:?} in directory {parent} names inode {ino}, which does not exist", name(n))
+            }
+            Problem::EntryKind { parent, name: n, ino, kind } => write!(
+                f,
+                "entry {:?} in directory {parent} records type {kind:o} for inode {ino} of another type",
+                name(n)
+            ),
+            Problem::LinkCount { ino, nlink, want } => {
+                write!(f, "inode {ino} has link count {nlink}, its entries say {want}")
+            }
+            Problem::DirParent { ino, parent, want } => {
+                write!(f, "directory {ino} points to parent {parent}, but its entry is in {want}")
+            }
+            Problem::Unreachable { ino } => write!(f, "inode {ino} is not named by any entry"),
+            Problem::StrayRecord { cf, key } => write!(f, "{cf} record {} has no inode", hex(key)),
+            Problem::Stats { stored, counted } => {
+                write!(f, "statistics say {stored:?}, the namespace holds {counted:?}")
+            }
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What a check found (and, with repair, fixed).
+#[derive(Clone, Debug, Default)]
+pub struct CheckReport {
+    pub inodes: u64,
+    pub dentries: u64,
+    pub stripes: u64,
+    pub problems: Vec<Problem>,
+    pub repaired: u64,
+}
+
+impl Namespace {
+    /// Check the whole namespace; with `repair`, fix what two consecutive scans both found.
+    pub fn check(&self, repair: bool) -> Result<CheckReport> {
+        let first = self.scan_problems()?;
+        if !repair || first.problems.is_empty() {
+            return Ok(first);
+        }
+        let second = self.scan_problems()?;
+        let confirmed: Vec<Problem> =
+            second.problems.iter().filter(|p| first.problems.contains(p)).cloned().collect();
+        let mut repaired = 0;
+        for problem in &confirmed {
+            match self.repair_problem(problem) {
+                Ok(()) => repaired += 1,
+                Err(e) => tracing::warn!("fsck: cannot repair \"{problem}\": {e}"),
+            }
+        }
+        tracing::warn!(found = first.problems.len(), repaired, "namespace check repaired problems");
+        Ok(CheckReport { repaired, ..first })
+    }
+
+    fn scan_problems(&self) -> Result<CheckReport> {
+        let mut report = CheckReport::default();
+        let mut problems = Vec::new();
+        let mut inodes: BTreeMap<u64, Inode> = BTreeMap::new();
+        for (_, value) in self.store.scan(Cf::Inodes, &[], &[], usize::MAX)? {
+            let inode: Inode = schema::decode("inode", &value)?;
+            inodes.insert(inode.ino, inode);
+        }
+        report.inodes = inodes.len() as u64;
+        let orphans: BTreeSet<u64> = self
+            .store
+            .scan(Cf::Orphans, &[], &[], usize::MAX)?
+            .into_iter()
+            .filter_map(|(k, _)| k.try_into().ok().map(u64::from_be_bytes))
+            .collect();
+
+        // Entries: who names whom.
+        let mut refs: HashMap<u64, u32> = HashMap::new();
+        let mut subdirs: HashMap<u64, u32> = HashMap::new();
+        let mut dir_entry_parent: HashMap<u64, u64> = HashMap::new();
+        for (key, value) in self.store.scan(Cf::Dentries, &[], &[], usize::MAX)? {
+            report.dentries += 1;
+            let parent = u64::from_be_bytes(key[..8].try_into().expect("dentry keys have 8-byte prefixes"));
+            let name = schema::name_of(&key).to_vec();
+            let dentry: Dentry = schema::decode("dentry", &value)?;
+            if !inodes.get(&parent).is_some_and(|p| p.is_dir()) {
+                problems.push(Problem::EntryInNonDirectory { parent, name });
+                continue;
+            }
+            let Some(child) = inodes.get(&dentry.ino) else {
+                problems.push(Problem::DanglingEntry { parent, name, ino: dentry.ino });
+                continue;
+            };
+            if child.kind() != dentry.kind {
+                problems.push(Problem::EntryKind { parent, name, ino: dentry.ino, kind: dentry.kind });
+            }
+            *refs.entry(dentry.ino).or_default() += 1;
+            if child.is_dir() {
+                *subdirs.entry(parent).or_default() += 1;
+                dir_entry_parent.insert(dentry.ino, parent);
+            }
+        }
+
+        let mut counted = Stats::default();
+        for (&ino, inode) in &inodes {
+            counted.inodes += 1;
+            let named = refs.get(&ino).copied().unwrap_or(0);
+            if inode.is_dir() {
+                counted.directories += 1;
+                let want = 2 + subdirs.get(&ino).copied().unwrap_or(0);
+                if inode.nlink != want {
+                    problems.push(Problem::LinkCount { ino, nlink: inode.nlink, want });
+                }
+                if ino != ROOT_INO {
+                    match dir_entry_parent.get(&ino) {
+                        None => problems.push(Problem::Unreachable { ino }),
+                        Some(&want) if inode.parent != want => {
+                            problems.push(Problem::DirParent { ino, parent: inode.parent, want })
+                        }
+                        Some(_) => {}
+                    }
+                }
+                continue;
+            }
+            if inode.is_reg() {
+                counted.files += 1;
+                counted.logical_bytes += inode.size as i64;
+            }
+            if named == 0 && orphans.contains(&ino) {
+                continue;
+            }
+            if named == 0 {
+                problems.push(Problem::Unreachable { ino });
+            } else if inode.nlink != named {
+                problems.push(Problem::LinkCount { ino, nlink: inode.nlink, want: named });
+            }
+        }
+        for ino in &orphans {
+            if !inodes.contains_key(ino) || refs.contains_key(ino) {
+                problems.push(Problem::StrayRecord { cf: "orphans", key: schema::ino_key(*ino) });
+            }
+        }
+        // Records keyed by an inode that does not exist.
+        for cf in [Cf::Stripes, Cf::Xattrs, Cf::Symlinks] {
+            for (key, _) in self.store.scan(cf, &[], &[], usize::MAX)? {
+                if cf == Cf::Stripes {
+                    report.stripes += 1;
+                }
+                let ino = u64::from_be_bytes(key[..8].try_into().expect("keys start with an inode"));
+                let owner_ok = match cf {
+                    Cf::Stripes => inodes.get(&ino).is_some_and(|i| i.is_reg()),
+                    Cf::Symlinks => inodes.get(&ino).is_some_and(|i| i.is_symlink()),
+                    _ => inodes.contains_key(&ino),
+                };
+                if !owner_ok {
+                    problems.push(Problem::StrayRecord { cf: cf.name(), key });
+                }
+            }
+        }
+        let stored = self.stats();
+        if stored != counted {
+            problems.push(Problem::Stats { stored: stored.into(), counted: counted.into() });
+        }
+        problems.sort();
+        report.problems = problems;
+        Ok(report)
+    }
+
+    fn repair_problem(&self, problem: &Problem) -> Result<()> {
+        match problem {
+            Problem::EntryInNonDirectory { parent, name } | Problem::DanglingEntry { parent, name, .. } => {
+                let mut batch = Batch::new();
+                batch.delete(Cf::Dentries, schema::dentry_key(*parent, name));
+                self.store.write(batch)
+            }
+            Problem::EntryKind { parent, name, ino, .. } => self.locked(
+                || vec![*parent, *ino],
+                || {
+                    let kind = self.inode(*ino)?.kind();
+                    let mut batch = Batch::new();
+                    batch.put(
+                        Cf::Dentries,
+                        schema::dentry_key(*parent, name),
+                        schema::encode(&Dentry { ino: *ino, kind }),
+                    );
+                    self.store.write(batch)
+                },
+            ),
+            Problem::LinkCount { ino, want, .. } => self.locked(
+                || vec![*ino],
+                || {
+                    let mut tx = self.tx();
+                    tx.get(*ino)?.nlink = *want;
+                    tx.commit()
+                },
+            ),
+            Problem::DirParent { ino, want, .. } => self.locked(
+                || vec![*ino],
+                || {
+                    let mut tx = self.tx();
+                    tx.get(*ino)?.parent = *want;
+                    tx.commit()
+                },
+            ),
+            Problem::Unreachable { ino } => self.link_lost(*ino),
+            Problem::StrayRecord { cf, key } => {
+                let cf = crate::store::Cf::ALL.into_iter().find(|c| c.name() == *cf).expect("a known family");
+                let mut batch = Batch::new();
+                batch.delete(cf, key.clone());
+                self.store.write(batch)
+            }
+            Problem::Stats { counted, .. } => {
+                let mut batch = Batch::new();
+                let total = Stats {
+                    files: counted.files,
+                    directories: counted.directories,
+                    logical_bytes: counted.logical_bytes,
+                    inodes: counted.inodes,
+                };
+                // Hold every shard while they are rewritten, so no commit interleaves.
+                let mut guards: Vec<_> = self.stats.iter().map(|s| s.lock()).collect();
+                for (i, _) in guards.iter().enumerate() {
+                    let value = if i == 0 { total } else { Stats::default() };
+                    batch.put(Cf::Counters, stats_key(i), schema::encode(&value));
+                }
+                self.store.write(batch)?;
+                for (i, g) in guards.iter_mut().enumerate() {
+                    **g = if i == 0 { total } else { Stats::default() };
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Name inode `ino` `#INO` in `/lost+found` (created if needed).
+    fn link_lost(&self, ino: u64) -> Result<()> {
+        let lost = match self.dentry(ROOT_INO, LOST_FOUND)? {
+            Some(d) => d.ino,
+            None => {
+                let new = NewEntry { parent: ROOT_INO, name: LOST_FOUND, mode: 0o700, uid: 0, gid: 0 };
+                self.mkdir(&new)?.ino
+            }
+        };
+        let name = format!("#{ino}").into_bytes();
+        self.locked(
+            || vec![lost, ino],
+            || {
+                if self.dentry(lost, &name)?.is_some() {
+                    return Ok(());
+                }
+                let mut tx = self.tx();
+                let inode = tx.get(ino)?;
+                let kind = inode.kind();
+                if kind == S_IFDIR {
+                    inode.parent = lost;
+                    tx.get(lost)?.nlink += 1;
+                } else {
+                    inode.nlink = 1;
+                    tx.batch.delete(Cf::Orphans, schema::ino_key(ino));
+                }
+                tx.put_dentry(lost, &name, ino, kind);
+                tx.commit()
+            },
+        )
+    }
+}
