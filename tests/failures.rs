@@ -112,3 +112,227 @@ fn more_than_m_damaged_shards_read_as_eio_never_wrong_data() {
     let err = fs::read(cluster.mnt.join("doomed")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
 }
+
+/// Run `cairn <args> --json`: the exit status and the parsed report.
+fn cli_json(cluster: &Cluster, args: &[&str]) -> (i32, serde_json::Value) {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let out = cluster.cli(&all);
+    let code = out.status.code().unwrap_or(-1);
+    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "cairn {args:?} (exit {code}): {e}\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (code, json)
+}
+
+/// Shard files whose name says stripe `stripe` of inode `ino` (hex as in the file names).
+fn shards_of(cluster: &Cluster, ino: u64, stripe: u64) -> Vec<std::path::PathBuf> {
+    let prefix = format!("{ino:016x}-{stripe:012x}-");
+    let mut out: Vec<_> = cluster
+        .shard_files()
+        .into_iter()
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(&prefix))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn scrub_and_fsck_find_repair_and_name_what_is_lost() {
+    use std::os::unix::fs::MetadataExt;
+    let cluster = Cluster::start(6, "4+2", 256);
+    let a = random_bytes(2_500_000, 910);
+    let b = random_bytes(600_000, 911);
+    let c = random_bytes(1_200_000, 912);
+    fs::write(cluster.mnt.join("a"), &a).unwrap();
+    fs::write(cluster.mnt.join("b"), &b).unwrap();
+    fs::create_dir(cluster.mnt.join("d")).unwrap();
+    fs::write(cluster.mnt.join("d/c"), &c).unwrap();
+    let (code, clean) = cli_json(&cluster, &["fsck"]);
+    assert_eq!(code, 0, "{clean}");
+    assert_eq!((clean["files"].as_u64(), clean["stripes"].as_u64()), (Some(3), Some(6)), "{clean}");
+    assert_eq!(clean["healthy"], clean["stripes"]);
+    let pristine = shard_bytes(&cluster);
+
+    // One shard with a flipped byte, one truncated, one deleted, in three different stripes.
+    let ino = |name: &str| fs::metadata(cluster.mnt.join(name)).unwrap().ino();
+    let flipped = shards_of(&cluster, ino("a"), 1)[0].clone();
+    let mut bytes = fs::read(&flipped).unwrap();
+    let at = bytes.len() - 10;
+    bytes[at] ^= 0x01;
+    fs::write(&flipped, bytes).unwrap();
+    let truncated = shards_of(&cluster, ino("a"), 2)[1].clone();
+    fs::OpenOptions::new().write(true).open(&truncated).unwrap().set_len(4096).unwrap();
+    let deleted = shards_of(&cluster, ino("d/c"), 0)[2].clone();
+    fs::remove_file(&deleted).unwrap();
+
+    // fsck reports without repairing.
+    let (code, found) = cli_json(&cluster, &["fsck"]);
+    assert_eq!(code, 4, "{found}");
+    assert_eq!(
+        (found["shards_corrupt"].as_u64(), found["shards_missing"].as_u64()),
+        (Some(2), Some(1)),
+        "{found}"
+    );
+    assert_eq!((found["degraded"].as_u64(), found["repaired"].as_u64()), (Some(3), Some(0)), "{found}");
+    assert!(!deleted.exists(), "fsck without --repair changed nothing");
+
+    // scrub repairs all three, byte-identical, and says so.
+    let (code, scrubbed) = cli_json(&cluster, &["scrub", "--all"]);
+    assert_eq!(code, 1, "{scrubbed}");
+    assert_eq!((scrubbed["degraded_found"].as_u64(), scrubbed["repaired"].as_u64()), (Some(3), Some(3)));
+    assert_eq!(scrubbed["degraded"], 0);
+    assert_eq!(shard_bytes(&cluster), pristine);
+    let (code, after) = cli_json(&cluster, &["fsck"]);
+    assert_eq!(code, 0, "{after}");
+
+    // More than m shards of one stripe of b gone: unrecoverable, and fsck names the file.
+    for path in shards_of(&cluster, ino("b"), 0).into_iter().take(3) {
+        fs::remove_file(path).unwrap();
+    }
+    let (code, lost) = cli_json(&cluster, &["fsck", "--repair"]);
+    assert_eq!(code, 4, "{lost}");
+    assert_eq!(lost["unrecoverable_files"], serde_json::json!(["/b"]), "{lost}");
+    let (code, lost) = cli_json(&cluster, &["scrub", cluster.mnt.join("b").to_str().unwrap()]);
+    assert_eq!((code, lost["unrecoverable"].as_u64()), (4, Some(1)), "{lost}");
+    assert_eq!(fs::read(cluster.mnt.join("b")).unwrap_err().raw_os_error(), Some(libc::EIO));
+    // The others are untouched by b's loss.
+    assert_eq!(sha256(&fs::read(cluster.mnt.join("a")).unwrap()), sha256(&a));
+    assert_eq!(sha256(&fs::read(cluster.mnt.join("d/c")).unwrap()), sha256(&c));
+}
+
+/// Total shards a chunkserver reports holding, by node id, from `cairn status`.
+fn shards_by_node(cluster: &Cluster) -> std::collections::BTreeMap<u64, u64> {
+    let (_, st) = cli_json(cluster, &["status"]);
+    st["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["id"].as_u64().unwrap(), n["shards"].as_u64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn drained_node_is_emptied_removed_and_a_new_node_takes_files() {
+    let cluster = Cluster::start(7, "4+2", 256);
+    let mut files = Vec::new();
+    for i in 0..8usize {
+        let data = random_bytes(300_000 + i * 250_000, 920 + i as u64);
+        let path = cluster.mnt.join(format!("f{i}"));
+        fs::write(&path, &data).unwrap();
+        files.push((path, sha256(&data)));
+    }
+    let stored = cluster.shard_files().len() as u64;
+    eventually(30, "heartbeats report every shard", || {
+        shards_by_node(&cluster).values().sum::<u64>() == stored
+    });
+    let (victim, _) = shards_by_node(&cluster).into_iter().max_by_key(|(_, n)| *n).unwrap();
+    let victim = victim.to_string();
+    // Not drained yet: remove refuses and says why.
+    let out = cluster.cli(&["node", "remove", &victim]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("drain it first"), "{out:?}");
+
+    let (code, drained) = cli_json(&cluster, &["node", "drain", &victim, "--wait"]);
+    assert_eq!((code, drained["shards_left"].as_u64()), (0, Some(0)), "{drained}");
+    // The garbage collector empties the node; every file still reads, fsck is clean.
+    eventually(60, "drained node holds no shards", || {
+        shards_by_node(&cluster)[&victim.parse().unwrap()] == 0
+    });
+    for (path, hash) in &files {
+        assert_eq!(&sha256(&fs::read(path).unwrap()), hash, "{}", path.display());
+    }
+    assert_eq!(cli_json(&cluster, &["fsck"]).0, 0);
+    let out = cluster.cli(&["node", "remove", &victim]);
+    assert!(out.status.success(), "{out:?}");
+    let (_, st) = cli_json(&cluster, &["status"]);
+    assert_eq!(st["nodes"].as_array().unwrap().len(), 6, "{st}");
+
+    // A chunkserver added to the running cluster gets shards of new files.
+    let extra = cluster.root.path().join("extra");
+    let config = extra.join("chunk.toml");
+    fs::create_dir_all(&extra).unwrap();
+    fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nmeta = \"{}\"\nstate_dir = \"{0}/state\"\nssd_dirs = [\"{0}/ssd\"]\nhdd_dirs = []\nheartbeat_ms = 200\n",
+            cluster.meta_addr,
+        )
+        .replace("{0}", extra.to_str().unwrap()),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(support::CAIRN)
+        .args(["chunk", "--config", config.to_str().unwrap()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(fs::File::create(extra.join("chunk.log")).unwrap())
+        .spawn()
+        .unwrap();
+    struct KillOnDrop<'a>(&'a mut std::process::Child);
+    impl Drop for KillOnDrop<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _guard = KillOnDrop(&mut child);
+    eventually(30, "the new chunkserver registers", || {
+        let (_, st) = cli_json(&cluster, &["status"]);
+        st["nodes_up"] == 7
+    });
+    // Node ids only grow: the newest is the largest.
+    let newest = *shards_by_node(&cluster).keys().max().unwrap();
+    for i in 0..7u64 {
+        fs::write(cluster.mnt.join(format!("new{i}")), random_bytes(800_000, 940 + i)).unwrap();
+    }
+    eventually(30, "the new chunkserver holds shards", || shards_by_node(&cluster)[&newest] > 0);
+}
+
+#[test]
+fn a_crashed_writer_leaves_no_shards_behind_and_acknowledged_files_survive() {
+    // Short lease and grace, so the leftovers of the killed client are judged within seconds.
+    let cluster = Cluster::start_with(
+        std::path::Path::new("/tmp"),
+        6,
+        "4+2",
+        256,
+        &["--client-lease-ms", "2000", "--orphan-grace-ms", "1000"],
+    );
+    let mut writer = support::Mount::new(&cluster, "writer");
+    let done = random_bytes(3_000_000, 950);
+    {
+        let mut f = fs::File::create(writer.dir.join("done")).unwrap();
+        std::io::Write::write_all(&mut f, &done).unwrap();
+        f.sync_all().unwrap();
+    }
+    let committed = cluster.shard_files().len();
+    // Six stripes written out, never committed: the client dies first.
+    let mut partial = fs::File::create(writer.dir.join("partial")).unwrap();
+    std::io::Write::write_all(&mut partial, &random_bytes(6 << 20, 951)).unwrap();
+    eventually(30, "the unfinished file's stripes reach the chunkservers", || {
+        cluster.shard_files().len() >= committed + 12
+    });
+    writer.kill9();
+    drop(partial);
+    drop(writer);
+
+    // Once the writer's lease ran out, fsck sees its shards as unreferenced (not as data: the
+    // filesystem is clean), and --repair deletes them.
+    eventually(60, "fsck reports the leftovers", || {
+        let (code, r) = cli_json(&cluster, &["fsck"]);
+        code == 0 && r["unreferenced_shards"]["stale"].as_u64().unwrap_or(0) > 0
+    });
+    let (code, repaired) = cli_json(&cluster, &["fsck", "--repair"]);
+    assert_eq!(code, 0, "{repaired}");
+    let deleted = repaired["unreferenced_shards"]["deleted"].as_u64().unwrap();
+    assert!(deleted >= 12, "{repaired}");
+    assert_eq!(cluster.shard_files().len(), committed, "only committed shards are left");
+    let (code, clean) = cli_json(&cluster, &["fsck"]);
+    assert_eq!((code, clean["unreferenced_shards"]["stale"].as_u64()), (0, Some(0)), "{clean}");
+    assert_eq!(sha256(&fs::read(cluster.mnt.join("done")).unwrap()), sha256(&done));
+    assert_eq!(fs::metadata(cluster.mnt.join("partial")).unwrap().len(), 0);
+}

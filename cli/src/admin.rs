@@ -123,7 +123,14 @@ pub async fn status(meta: &str, as_json: bool) -> Result<()> {
         let nodes: Vec<_> = status
             .nodes
             .iter()
-            .map(|n| json!({"id": n.id, "addr": n.addr, "up": n.up, "pid": n.pid, "last_heartbeat_ms_ago": n.last_heartbeat_ms_ago}))
+            .map(|n| {
+                json!({
+                    "id": n.id, "addr": n.addr, "up": n.up, "pid": n.pid,
+                    "last_heartbeat_ms_ago": n.last_heartbeat_ms_ago, "state": n.state,
+                    "shards_left": n.shards_left,
+                    "shards": n.tiers.iter().map(|t| t.shards).sum::<u64>(),
+                })
+            })
             .collect();
         let out = json!({
             "nodes_up": up, "nodes_down": status.nodes.len() - up, "nodes": nodes,
@@ -135,24 +142,35 @@ pub async fn status(meta: &str, as_json: bool) -> Result<()> {
                 "unrecoverable_files": status.unrecoverable_files,
                 "shards_rebuilt": status.shards_rebuilt, "bytes_rebuilt": status.bytes_rebuilt,
                 "rate": status.rebuild_rate,
+                "stale_shards_deleted": status.stale_shards_deleted,
             },
         });
         println!("{}", serde_json::to_string_pretty(&out).expect("json"));
         return Ok(());
     }
     println!("metaserver {meta}: {up} of {} chunkservers up", status.nodes.len());
-    println!("{:>4}  {:<21} {:<5} {:>8} {:>16}", "NODE", "ADDRESS", "STATE", "PID", "LAST HEARTBEAT");
+    println!(
+        "{:>4}  {:<21} {:<5} {:<18} {:>8} {:>8} {:>16}",
+        "NODE", "ADDRESS", "UP", "STATE", "SHARDS", "PID", "LAST HEARTBEAT"
+    );
     for n in &status.nodes {
         let age = if n.last_heartbeat_ms_ago == u64::MAX {
             "never".to_string()
         } else {
             format!("{:.1} s ago", n.last_heartbeat_ms_ago as f64 / 1000.0)
         };
+        let state = if n.state == "draining" {
+            format!("draining ({} left)", n.shards_left)
+        } else {
+            n.state.clone()
+        };
         println!(
-            "{:>4}  {:<21} {:<5} {:>8} {:>16}",
+            "{:>4}  {:<21} {:<5} {:<18} {:>8} {:>8} {:>16}",
             n.id,
             n.addr,
             if n.up { "up" } else { "down" },
+            state,
+            n.tiers.iter().map(|t| t.shards).sum::<u64>(),
             n.pid,
             age
         );
@@ -176,6 +194,9 @@ pub async fn status(meta: &str, as_json: bool) -> Result<()> {
         status.shards_rebuilt,
         human(status.bytes_rebuilt)
     );
+    if status.stale_shards_deleted > 0 {
+        println!("unreferenced shards deleted since start: {}", status.stale_shards_deleted);
+    }
     if status.unrecoverable_stripes > 0 {
         println!(
             "UNRECOVERABLE until nodes return: {} stripes, in inodes {:?}",

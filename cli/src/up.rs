@@ -41,6 +41,14 @@ pub struct UpArgs {
     /// How long a chunkserver may be down before its shards are rebuilt elsewhere, ms.
     #[arg(long, default_value_t = 600_000)]
     rebuild_after_ms: u64,
+    /// Shards no file references are deleted once older than this, ms (crashed writers'
+    /// leftovers, stale copies).
+    #[arg(long, default_value_t = MetaConfig::default().orphan_grace_ms)]
+    orphan_grace_ms: u64,
+    /// How often chunkservers' shards are reconciled with the namespace, ms (also whenever a
+    /// chunkserver comes back).
+    #[arg(long, default_value_t = MetaConfig::default().reconcile_interval_ms)]
+    reconcile_interval_ms: u64,
     /// Pause between two background scrub passes of each chunkserver, seconds.
     #[arg(long, default_value_t = 86_400)]
     scrub_interval_secs: u64,
@@ -218,6 +226,8 @@ async fn up(args: UpArgs) -> Result<()> {
         unit: cluster.unit,
         client_lease_ms: args.client_lease_ms,
         rebuild_after_ms: args.rebuild_after_ms,
+        orphan_grace_ms: args.orphan_grace_ms,
+        reconcile_interval_ms: args.reconcile_interval_ms,
         ..MetaConfig::default()
     };
     let meta_toml = meta_dir.join("meta.toml");

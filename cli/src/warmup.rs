@@ -1,44 +1,34 @@
 //! `cairn warmup PATH`: pull every shard of a file or directory tree into the SSD tier before a
 //! job reads it.
 //!
-//! The walk goes through the metaserver only (Lookup along the path, ReadDir pages, Open for
-//! each regular file), so it works without a mount and never reads file data. From each file's
-//! layout, placement and stripe records it derives the shard ids and the chunkserver of each
-//! (`placement[layout.position(stripe, index)]`, as the client does), leaving out shards a
-//! degraded write never stored (`missing`) and empty data shards. Then it sends `Promote`
+//! The walk (`tree.rs`) goes through the metaserver only, so it works without a mount and never
+//! reads file data. From each file's layout, placement and stripe records it derives the shard
+//! ids and the chunkserver of each, leaving out shards a degraded write never stored
+//! (`missing`) and empty data shards. Then it sends `Promote`
 //! requests, in small batches so progress shows, to all chunkservers at once. A chunkserver
 //! whose SSD tier is full stops there (the others go on), and the command fails with a summary
-//! that says so. Files are opened under a client id of their own and released right away, so
-//! an unlink during a warmup behaves as usual.
+//! that says so.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cairn_client::MetaConn;
-use cairn_common::{CairnError, ErrorKind, Layout, Result, MAX_MESSAGE_BYTES, ROOT_INO};
+use cairn_common::{CairnError, ErrorKind, Result, MAX_MESSAGE_BYTES};
 use cairn_proto as p;
 use cairn_proto::chunk_client::ChunkClient;
-use futures::stream::{self, StreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use tonic::transport::Endpoint;
 
 use crate::admin::human;
+use crate::tree::{resolve, walk, Opened};
 
 /// Most shards, and most bytes, in one `Promote` request: small enough that the progress bar
 /// moves and a full SSD stops a node soon after it filled.
 const BATCH_SHARDS: usize = 64;
 const BATCH_BYTES: u64 = 64 << 20;
-/// Directory entries per ReadDir page, and files opened at once.
-const DIR_PAGE: u32 = 1024;
-const OPEN_CONCURRENCY: usize = 32;
-
-const S_IFMT: u32 = 0o170000;
-const S_IFDIR: u32 = 0o040000;
-const S_IFREG: u32 = 0o100000;
 
 /// One shard to promote.
 struct Shard {
@@ -83,7 +73,20 @@ pub async fn warmup(path: &Path, meta: Option<String>, as_json: bool) -> Result<
     };
     bar.set_style(ProgressStyle::with_template("{spinner} walking {msg}").expect("template"));
     bar.enable_steady_tick(Duration::from_millis(120));
-    let plan = walk(&conn, &components, &shown, &bar).await?;
+    let mut plan = Plan::default();
+    let (files, bytes) = (std::cell::Cell::new(0usize), std::cell::Cell::new(0u64));
+    let directories = walk(
+        &conn,
+        &components,
+        |f| {
+            files.set(files.get() + 1);
+            bytes.set(bytes.get() + f.shards().map(|(_, _, _, b)| b).sum::<u64>());
+            add_file(&mut plan, f);
+        },
+        || bar.set_message(format!("{shown}: {} files, {}", files.get(), human(bytes.get()))),
+    )
+    .await?;
+    plan.directories = directories;
     let walked = started.elapsed();
 
     let total_shards: u64 = plan.shards.values().map(|s| s.len() as u64).sum();
@@ -183,201 +186,15 @@ pub async fn warmup(path: &Path, meta: Option<String>, as_json: bool) -> Result<
     Err(CairnError::new(kind, format!("warmup of {shown}: {not_promoted} shards not promoted: {what}")))
 }
 
-/// Where PATH lives: the metaserver to ask and the path's components inside Cairn. A path
-/// under a mounted Cairn filesystem is taken relative to that mount (whose metaserver is used
-/// unless `--meta` says otherwise); anything else is a path inside the Cairn namespace.
-fn resolve(path: &Path, meta: Option<String>) -> Result<(String, Vec<Vec<u8>>, String)> {
-    use std::os::unix::ffi::OsStrExt;
-    let local = path.canonicalize().ok().and_then(|canon| {
-        cairn_mounts()
-            .into_iter()
-            .filter(|(mp, _)| canon.starts_with(mp))
-            .max_by_key(|(mp, _)| mp.as_os_str().len())
-            .map(|(mp, mount_meta)| (canon.strip_prefix(&mp).expect("prefix").to_path_buf(), mount_meta))
-    });
-    let (inner, meta) = match local {
-        Some((inner, mount_meta)) => (inner, meta.unwrap_or(mount_meta)),
-        None => (path.to_path_buf(), meta.unwrap_or_else(|| "127.0.0.1:9400".into())),
-    };
-    let mut components = Vec::new();
-    for c in inner.components() {
-        match c {
-            std::path::Component::Normal(name) => components.push(name.as_bytes().to_vec()),
-            std::path::Component::ParentDir if components.pop().is_none() => {
-                return Err(CairnError::invalid(format!("{} goes above the root", path.display())));
-            }
-            _ => {}
-        }
-    }
-    let shown =
-        format!("/{}", components.iter().map(|c| String::from_utf8_lossy(c)).collect::<Vec<_>>().join("/"));
-    Ok((meta, components, shown))
-}
-
-/// Mounted Cairn filesystems: (mount point, metaserver address), from `/proc/self/mountinfo`
-/// (a `cairn mount` is a FUSE filesystem with source `cairn:HOST:PORT`).
-fn cairn_mounts() -> Vec<(PathBuf, String)> {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
-    info.lines()
-        .filter_map(|line| {
-            let (left, right) = line.split_once(" - ")?;
-            let mount_point = unescape(left.split(' ').nth(4)?);
-            let mut right = right.split(' ');
-            let (fstype, source) = (right.next()?, right.next()?);
-            let meta = source.strip_prefix("cairn:")?;
-            let fuse = fstype == "fuse" || fstype.starts_with("fuse.");
-            fuse.then(|| (PathBuf::from(mount_point), meta.to_string()))
-        })
-        .collect()
-}
-
-/// Undo mountinfo's octal escapes (`\040` for a space).
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b))
-        {
-            let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Walk the tree at `components` and list every shard of every regular file in it.
-async fn walk(conn: &MetaConn, components: &[Vec<u8>], shown: &str, bar: &ProgressBar) -> Result<Plan> {
-    let mut ino = ROOT_INO;
-    let mut mode = S_IFDIR;
-    for name in components {
-        let attr = conn
-            .lookup(p::LookupRequest { parent: ino, name: name.clone() })
-            .await
-            .map_err(|e| CairnError::new(e.kind(), format!("{shown}: {}", e.message())))?
-            .attr
-            .ok_or_else(|| CairnError::internal("lookup: no attributes"))?;
-        ino = attr.ino;
-        mode = attr.mode;
-    }
-    let client_id = conn.register_client(p::Empty {}).await?.client_id;
-    let mut plan = Plan::default();
-    let mut seen = HashSet::new();
-    match mode & S_IFMT {
-        S_IFREG => {
-            seen.insert(ino);
-            add_file(&mut plan, open_file(conn, client_id, ino).await?);
-        }
-        S_IFDIR => {
-            let mut dirs = vec![ino];
-            while let Some(dir) = dirs.pop() {
-                plan.directories += 1;
-                let mut after = Vec::new();
-                loop {
-                    let page = conn
-                        .read_dir(p::ReadDirRequest {
-                            ino: dir,
-                            after: after.clone(),
-                            limit: DIR_PAGE,
-                            plus: false,
-                        })
-                        .await?;
-                    let mut files = Vec::new();
-                    for e in &page.entries {
-                        match e.mode & S_IFMT {
-                            S_IFDIR if e.name != b"." && e.name != b".." => dirs.push(e.ino),
-                            S_IFREG if seen.insert(e.ino) => files.push(e.ino),
-                            _ => {}
-                        }
-                    }
-                    let opened: Vec<Result<Option<Opened>>> = stream::iter(files)
-                        .map(|f| async move {
-                            match open_file(conn, client_id, f).await {
-                                Ok(o) => Ok(Some(o)),
-                                // Removed since the listing: nothing to warm.
-                                Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-                                Err(e) => Err(e),
-                            }
-                        })
-                        .buffer_unordered(OPEN_CONCURRENCY)
-                        .collect()
-                        .await;
-                    for o in opened {
-                        if let Some(o) = o? {
-                            add_file(&mut plan, o);
-                        }
-                    }
-                    bar.set_message(format!("{shown}: {} files, {}", plan.files, human(plan.bytes)));
-                    match page.entries.last() {
-                        Some(last) if page.more => after = last.name.clone(),
-                        _ => break,
-                    }
-                }
-            }
-        }
-        _ => return Err(CairnError::invalid(format!("{shown} is neither a regular file nor a directory"))),
-    }
-    Ok(plan)
-}
-
-struct Opened {
-    ino: u64,
-    layout: Layout,
-    placement: Vec<u32>,
-    stripes: Vec<p::StripeInfo>,
-}
-
-/// Open `ino` for its layout, placement and stripe records, and release it again.
-async fn open_file(conn: &MetaConn, client_id: u32, ino: u64) -> Result<Opened> {
-    let reply = conn.open(p::OpenRequest { ino, client_id }).await?;
-    let listed = async {
-        let info = reply.file.ok_or_else(|| CairnError::internal("open: no file info"))?;
-        let layout = Layout::try_from(&info.layout.ok_or_else(|| CairnError::internal("open: no layout"))?)?;
-        if info.placement.len() != layout.width() as usize {
-            return Err(CairnError::corrupt(format!(
-                "inode {ino}: placement has {} nodes for {layout}",
-                info.placement.len()
-            )));
-        }
-        let mut stripes = reply.stripes;
-        let mut more = reply.more;
-        while more {
-            let from = stripes.last().map_or(0, |s| s.index + 1);
-            let page = conn.list_stripes(p::ListStripesRequest { ino, from, limit: 4096 }).await?;
-            stripes.extend(page.stripes);
-            more = page.more;
-        }
-        Ok(Opened { ino, layout, placement: info.placement, stripes })
-    }
-    .await;
-    if let Err(e) = conn.release(p::ReleaseRequest { client_id, ino }).await {
-        tracing::debug!(ino, "release after warmup open: {e}");
-    }
-    listed
-}
-
 fn add_file(plan: &mut Plan, f: Opened) {
     let file = plan.files;
     plan.files += 1;
     let mut count = 0;
-    for s in &f.stripes {
-        for index in 0..f.layout.width() {
-            let bytes = f.layout.shard_len(index, s.written_len);
-            if s.missing & (1 << index) != 0 || bytes == 0 {
-                continue;
-            }
-            let node = f.placement[f.layout.position(s.index, index)];
-            let id = p::ShardId { ino: f.ino, stripe: s.index, index, version: s.version };
-            plan.shards.entry(node).or_default().push(Shard { id, bytes, file });
-            plan.bytes += bytes;
-            count += 1;
-        }
+    for (s, index, node, bytes) in f.shards() {
+        let id = p::ShardId { ino: f.ino, stripe: s.index, index, version: s.version };
+        plan.shards.entry(node).or_default().push(Shard { id, bytes, file });
+        plan.bytes += bytes;
+        count += 1;
     }
     plan.per_file.push(count);
 }
@@ -483,6 +300,8 @@ fn partial_counts(message: &str) -> [u64; 4] {
 
 #[cfg(test)]
 mod tests {
+    use cairn_common::Layout;
+
     use super::*;
 
     #[test]
@@ -491,23 +310,6 @@ mod tests {
                  58 of 64 shards not looked at: 100 of 200 bytes used";
         assert_eq!(partial_counts(m), [3, 12288, 2, 1]);
         assert_eq!(partial_counts("connection refused"), [0, 0, 0, 0]);
-    }
-
-    #[test]
-    fn mountinfo_escapes_are_undone() {
-        assert_eq!(unescape("/mnt/with\\040space"), "/mnt/with space");
-        assert_eq!(unescape("/plain"), "/plain");
-        assert_eq!(unescape("/end\\04"), "/end\\04");
-    }
-
-    #[test]
-    fn paths_outside_a_mount_are_namespace_paths() {
-        let (meta, parts, shown) =
-            resolve(Path::new("/no-such-dir-here/data/../train"), Some("h:1".into())).unwrap();
-        assert_eq!(meta, "h:1");
-        assert_eq!(parts, vec![b"no-such-dir-here".to_vec(), b"train".to_vec()]);
-        assert_eq!(shown, "/no-such-dir-here/train");
-        assert!(resolve(Path::new("/.."), None).is_err());
     }
 
     #[test]
@@ -520,7 +322,8 @@ mod tests {
             // A full stripe whose shard 5 was never stored.
             p::StripeInfo { index: 1, version: 8, len: 4 * 4096, written_len: 4 * 4096, missing: 1 << 5 },
         ];
-        add_file(&mut plan, Opened { ino: 9, layout, placement: vec![10, 11, 12, 13, 14, 15], stripes });
+        let placement = vec![10, 11, 12, 13, 14, 15];
+        add_file(&mut plan, Opened { ino: 9, path: "/f".into(), layout, placement, stripes });
         let all: Vec<(u32, u64, u32)> = plan
             .shards
             .iter()

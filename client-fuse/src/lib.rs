@@ -13,4 +13,4 @@ mod stripe;
 
 pub use client::{Client, ClientOptions, OpenOutcome};
 pub use fuse::{mount, MountOptions};
-pub use meta::{connect_meta, MetaConn};
+pub use meta::{connect_meta, connect_meta_with_timeout, MetaConn};

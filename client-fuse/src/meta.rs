@@ -17,11 +17,17 @@ pub struct MetaConn {
 /// Connect to the metaserver at `addr` (`host:port`), failing within a few seconds with a clear
 /// error if it does not answer.
 pub async fn connect_meta(addr: &str) -> Result<MetaConn> {
+    connect_meta_with_timeout(addr, Duration::from_secs(30)).await
+}
+
+/// [`connect_meta`] with another per-request deadline (admin commands that wait for a repair
+/// pass or a reconciliation need hours, not seconds).
+pub async fn connect_meta_with_timeout(addr: &str, timeout: Duration) -> Result<MetaConn> {
     let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
     let endpoint = Endpoint::from_shared(url)
         .map_err(|e| CairnError::invalid(format!("metaserver address {addr:?}: {e}")))?
         .connect_timeout(Duration::from_secs(3))
-        .timeout(Duration::from_secs(30))
+        .timeout(timeout)
         .tcp_nodelay(true);
     let channel = endpoint
         .connect()
@@ -76,4 +82,10 @@ impl MetaConn {
     rpc!(list_nodes, p::Empty, p::ListNodesReply);
     rpc!(cluster_status, p::Empty, p::ClusterStatusReply);
     rpc!(report_damaged, p::ReportDamagedRequest, p::Empty);
+    rpc!(repair_now, p::Empty, p::ClusterStatusReply);
+    rpc!(check_namespace, p::CheckNamespaceRequest, p::CheckNamespaceReply);
+    rpc!(reconcile, p::ReconcileRequest, p::ReconcileReply);
+    rpc!(drain_node, p::NodeRequest, p::NodeReply);
+    rpc!(activate_node, p::NodeRequest, p::NodeReply);
+    rpc!(remove_node, p::NodeRequest, p::Empty);
 }
