@@ -259,10 +259,11 @@ fn drained_node_is_emptied_removed_and_a_new_node_takes_files() {
     fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:0\"\nmeta = \"{}\"\nstate_dir = \"{0}/state\"\nssd_dirs = [\"{0}/ssd\"]\nhdd_dirs = []\nheartbeat_ms = 200\n",
-            cluster.meta_addr,
-        )
-        .replace("{0}", extra.to_str().unwrap()),
+            "listen = \"127.0.0.1:0\"\nmeta = \"{meta}\"\nstate_dir = \"{dir}/state\"\n\
+             ssd_dirs = [\"{dir}/ssd\"]\nhdd_dirs = []\nheartbeat_ms = 200\n",
+            meta = cluster.meta_addr,
+            dir = extra.display(),
+        ),
     )
     .unwrap();
     let mut child = std::process::Command::new(support::CAIRN)
