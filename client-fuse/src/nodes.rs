@@ -1,9 +1,14 @@
 //! Chunkserver connections. The metaserver tells which node id lives at which address; the
 //! client keeps one lazily connected channel per node and refreshes the map when it meets a
 //! node it does not know (a chunkserver that joined or moved).
+//!
+//! A node that just failed a request with a timeout or a connection error is *suspect* for a
+//! few seconds: reads go around it (reconstructing from the other shards) and writes record its
+//! shard as missing without waiting, so a hung or partitioned chunkserver costs one timeout,
+//! not one per request. After the suspect period the next request tries it again.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_common::{CairnError, Result, ShardId, MAX_MESSAGE_BYTES};
@@ -13,15 +18,59 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::meta::MetaConn;
 
+/// How long a node stays suspect after a timeout or a connection failure.
+pub const SUSPECT_FOR: Duration = Duration::from_secs(5);
+/// Deadline of one shard request (a write of a whole shard, or a read).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
 pub struct Nodes {
     meta: MetaConn,
     chunks: RwLock<HashMap<u32, (String, ChunkClient<Channel>)>>,
     refresh: tokio::sync::Mutex<()>,
+    /// Nodes that failed to answer, and when.
+    suspect: RwLock<HashMap<u32, Instant>>,
 }
 
 impl Nodes {
     pub fn new(meta: MetaConn) -> Nodes {
-        Nodes { meta, chunks: RwLock::new(HashMap::new()), refresh: tokio::sync::Mutex::new(()) }
+        Nodes {
+            meta,
+            chunks: RwLock::new(HashMap::new()),
+            refresh: tokio::sync::Mutex::new(()),
+            suspect: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The node failed to answer within the last [`SUSPECT_FOR`].
+    pub fn is_suspect(&self, node: u32) -> bool {
+        self.suspect.read().get(&node).is_some_and(|t| t.elapsed() < SUSPECT_FOR)
+    }
+
+    /// `node` did not answer a read in time: go around it for a while.
+    pub fn mark_slow(&self, node: u32) {
+        if self.suspect.write().insert(node, Instant::now()).is_none() {
+            tracing::warn!(node, "chunkserver slow to answer; going around it for {SUSPECT_FOR:?}");
+        }
+    }
+
+    /// Note the outcome of a request to `node`: timeouts and unreachable nodes make it suspect,
+    /// any answer clears it.
+    fn note<T>(&self, node: u32, result: &Result<T>) {
+        match result {
+            Err(e) if e.kind() == cairn_common::ErrorKind::Unavailable => {
+                if self.suspect.write().insert(node, Instant::now()).is_none() {
+                    tracing::warn!(
+                        node,
+                        "chunkserver not answering; going around it for {SUSPECT_FOR:?}: {e}"
+                    );
+                }
+            }
+            _ => {
+                if self.suspect.read().contains_key(&node) && self.suspect.write().remove(&node).is_some() {
+                    tracing::info!(node, "chunkserver answers again");
+                }
+            }
+        }
     }
 
     async fn client(&self, node: u32) -> Result<ChunkClient<Channel>> {
@@ -48,7 +97,7 @@ impl Nodes {
             let endpoint = Endpoint::from_shared(format!("http://{}", n.addr))
                 .map_err(|e| CairnError::invalid(format!("chunkserver address {:?}: {e}", n.addr)))?
                 .connect_timeout(Duration::from_secs(2))
-                .timeout(Duration::from_secs(30))
+                .timeout(REQUEST_TIMEOUT)
                 .tcp_nodelay(true);
             let client = ChunkClient::new(endpoint.connect_lazy())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -61,8 +110,9 @@ impl Nodes {
     pub async fn write_shard(&self, node: u32, id: ShardId, data: Bytes) -> Result<()> {
         let mut c = self.client(node).await?;
         let req = cairn_proto::WriteShardRequest { id: Some(id.into()), data };
-        c.write_shard(req).await.map_err(|s| node_error(node, s))?;
-        Ok(())
+        let result = c.write_shard(req).await.map(|_| ()).map_err(|s| node_error(node, s));
+        self.note(node, &result);
+        result
     }
 
     /// Tell the metaserver a shard is corrupt or gone (fire and forget): it marks the shard
@@ -88,8 +138,9 @@ impl Nodes {
     pub async fn read_shard(&self, node: u32, id: ShardId, offset: u64, len: u64) -> Result<Bytes> {
         let mut c = self.client(node).await?;
         let req = cairn_proto::ReadShardRequest { id: Some(id.into()), offset, len };
-        let reply = c.read_shard(req).await.map_err(|s| node_error(node, s))?.into_inner();
-        Ok(reply.data)
+        let result = c.read_shard(req).await.map(|r| r.into_inner().data).map_err(|s| node_error(node, s));
+        self.note(node, &result);
+        result
     }
 }
 

@@ -1,19 +1,28 @@
 //! Stripe I/O: encode a stripe and write its shards in parallel; read a byte range of a stripe
 //! from the data shards that hold it, and fall back to Reed–Solomon reconstruction from any `k`
-//! shards when a shard is missing, unreachable or fails its checksum.
+//! shards when a shard is missing, unreachable or fails its checksum. A read whose shards do
+//! not all answer within [`HEDGE_AFTER`] is served by reconstruction instead (the slow nodes
+//! become suspect), and reconstruction asks every shard at once and decodes from the first `k`
+//! that arrive, so one hung chunkserver delays a read by at most [`HEDGE_AFTER`].
 //!
 //! Shard `i` of stripe `s` lives on `placement[layout.position(s, i)]`. Data shards hold the
 //! stripe's bytes unit by unit; a data shard past the written length is empty and is neither
 //! written nor read (it is known to be zeros), so a file smaller than one unit costs one data
 //! shard plus `m` parity shards, and one request to read.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use cairn_common::codec::{Codec, StripeShards};
 use cairn_common::{CairnError, ErrorKind, Layout, Result, ShardId};
 use cairn_proto::StripeInfo;
 use futures::future::join_all;
+use futures::stream::{FuturesUnordered, StreamExt};
 
 use crate::nodes::Nodes;
+
+/// How long a read waits for the shards that hold its bytes before reconstructing from others.
+pub const HEDGE_AFTER: Duration = Duration::from_secs(2);
 
 /// Where a file's shards live.
 #[derive(Clone, Debug)]
@@ -66,12 +75,24 @@ pub async fn write_stripe(
         let parity = Codec::new(layout.k, layout.m).encode(&padded)?;
         shards.extend(parity.into_iter().map(Bytes::from));
     }
-    let writes = shards.into_iter().enumerate().filter(|(_, s)| !s.is_empty()).map(|(i, s)| {
-        let index = i as u32;
-        let id = geo.shard(stripe, index, version);
-        async move { (index, nodes.write_shard(geo.node(stripe, index), id, s).await) }
-    });
+    let tolerated = layout.m.saturating_sub(1);
+    // Shards for suspect nodes are recorded missing without waiting for them, as long as the
+    // stripe can afford it.
+    let mut skipped = 0u32;
     let mut missing = 0u32;
+    let mut writes = Vec::new();
+    for (i, s) in shards.into_iter().enumerate().filter(|(_, s)| !s.is_empty()) {
+        let index = i as u32;
+        let node = geo.node(stripe, index);
+        if nodes.is_suspect(node) && skipped < tolerated {
+            skipped += 1;
+            missing |= 1 << index;
+            tracing::debug!(ino = geo.ino, stripe, index, node, "shard not written: node suspect");
+            continue;
+        }
+        let id = geo.shard(stripe, index, version);
+        writes.push(async move { (index, nodes.write_shard(node, id, s).await) });
+    }
     let mut stored = Vec::new();
     let mut first_error = None;
     for (index, result) in join_all(writes).await {
@@ -84,7 +105,6 @@ pub async fn write_stripe(
             }
         }
     }
-    let tolerated = layout.m.saturating_sub(1);
     if missing.count_ones() > tolerated {
         // This version will never be committed: its stored shards are garbage now.
         let deletes = stored.iter().map(|&index| {
@@ -124,18 +144,44 @@ pub async fn read_stripe(
     }
     let start = layout.stripe_start(info.index);
     let segments = layout.segments(start + offset, valid as u64);
-    let healthy = segments.iter().all(|s| info.missing & (1 << s.shard) == 0);
+    let healthy = segments
+        .iter()
+        .all(|s| info.missing & (1 << s.shard) == 0 && !nodes.is_suspect(geo.node(info.index, s.shard)));
     if healthy {
-        let reads = segments.iter().map(|s| {
-            let id = geo.shard(info.index, s.shard, info.version);
-            nodes.read_shard(geo.node(info.index, s.shard), id, s.shard_offset, s.len)
-        });
-        let results = join_all(reads).await;
+        let mut reads: FuturesUnordered<_> = segments
+            .iter()
+            .enumerate()
+            .map(|(at, s)| {
+                let id = geo.shard(info.index, s.shard, info.version);
+                let read = nodes.read_shard(geo.node(info.index, s.shard), id, s.shard_offset, s.len);
+                async move { (at, read.await) }
+            })
+            .collect();
+        let mut results: Vec<Option<Result<Bytes>>> = (0..segments.len()).map(|_| None).collect();
+        let deadline = tokio::time::sleep(HEDGE_AFTER);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                next = reads.next() => match next {
+                    Some((at, r)) => results[at] = Some(r),
+                    None => break,
+                },
+                _ = &mut deadline => {
+                    for (s, r) in segments.iter().zip(&results) {
+                        if r.is_none() {
+                            nodes.mark_slow(geo.node(info.index, s.shard));
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+        drop(reads);
         let complete =
-            results.iter().zip(&segments).all(|(r, s)| r.as_ref().is_ok_and(|d| d.len() as u64 >= s.len));
+            results.iter().zip(&segments).all(|(r, s)| matches!(r, Some(Ok(d)) if d.len() as u64 >= s.len));
         if complete {
             for (s, r) in segments.iter().zip(results) {
-                let data = r.expect("checked above");
+                let data = r.expect("complete").expect("checked above");
                 let at = s.buf_offset as usize;
                 out[at..at + s.len as usize].copy_from_slice(&data[..s.len as usize]);
             }
@@ -143,13 +189,19 @@ pub async fn read_stripe(
         }
         for (s, r) in segments.iter().zip(&results) {
             match r {
-                Err(e) => {
+                None => tracing::warn!(
+                    ino = geo.ino,
+                    stripe = info.index,
+                    shard = s.shard,
+                    "degraded read: no answer within {HEDGE_AFTER:?}"
+                ),
+                Some(Err(e)) => {
                     tracing::warn!(ino = geo.ino, stripe = info.index, shard = s.shard, "degraded read: {e}");
                     if is_damage(e) {
                         nodes.report_damaged(geo.shard(info.index, s.shard, info.version));
                     }
                 }
-                Ok(d) if (d.len() as u64) < s.len => {
+                Some(Ok(d)) if (d.len() as u64) < s.len => {
                     tracing::warn!(
                         ino = geo.ino,
                         stripe = info.index,
@@ -157,7 +209,7 @@ pub async fn read_stripe(
                         "degraded read: short shard"
                     )
                 }
-                Ok(_) => {}
+                Some(Ok(_)) => {}
             }
         }
     }
@@ -167,21 +219,38 @@ pub async fn read_stripe(
     Ok(())
 }
 
-/// Rebuild the stripe's data (its first `written_len` bytes) from any `k` shards.
+/// Rebuild the stripe's data (its first `written_len` bytes) from any `k` shards: every
+/// stored shard on a node that is not suspect is asked at once (suspect ones too when the others
+/// are not enough), and decoding starts as soon as `k` have arrived.
 pub async fn reconstruct(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Result<Vec<u8>> {
     let mut shards = StripeShards::new(geo.layout, info.written_len);
-    let wanted: Vec<u32> =
+    let stored: Vec<u32> =
         (0..geo.layout.width()).filter(|&i| shards.needs_fetch(i) && info.missing & (1 << i) == 0).collect();
-    let reads = wanted.iter().map(|&index| {
-        let id = geo.shard(info.index, index, info.version);
-        async move { (index, nodes.read_shard(geo.node(info.index, index), id, 0, 0).await) }
-    });
-    for (index, result) in join_all(reads).await {
-        if let Err(e) = result.and_then(|data| shards.add(index, &data)) {
-            tracing::warn!(ino = geo.ino, stripe = info.index, index, "shard unavailable: {e}");
-            if is_damage(&e) {
-                nodes.report_damaged(geo.shard(info.index, index, info.version));
+    let need = (geo.layout.k as usize).saturating_sub(shards.present());
+    let (mut first, mut later): (Vec<u32>, Vec<u32>) =
+        stored.into_iter().partition(|&i| !nodes.is_suspect(geo.node(info.index, i)));
+    if first.len() < need {
+        first.append(&mut later);
+    }
+    for round in [first, later] {
+        let mut reads: FuturesUnordered<_> = round
+            .iter()
+            .map(|&index| {
+                let id = geo.shard(info.index, index, info.version);
+                async move { (index, nodes.read_shard(geo.node(info.index, index), id, 0, 0).await) }
+            })
+            .collect();
+        while !shards.decodable() {
+            let Some((index, result)) = reads.next().await else { break };
+            if let Err(e) = result.and_then(|data| shards.add(index, &data)) {
+                tracing::warn!(ino = geo.ino, stripe = info.index, index, "shard unavailable: {e}");
+                if is_damage(&e) {
+                    nodes.report_damaged(geo.shard(info.index, index, info.version));
+                }
             }
+        }
+        if shards.decodable() {
+            break;
         }
     }
     shards.data().map_err(|e| {

@@ -102,6 +102,16 @@ impl StripeShards {
         !(index < self.layout.k && self.layout.shard_len(index, self.written_len) == 0)
     }
 
+    /// Shards present (fetched, or known to be empty).
+    pub fn present(&self) -> usize {
+        self.shards.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// Enough shards are present to decode.
+    pub fn decodable(&self) -> bool {
+        self.present() >= self.layout.k as usize
+    }
+
     /// Add a fetched shard; a shard of the wrong length is rejected (and not used).
     pub fn add(&mut self, index: u32, data: &[u8]) -> Result<()> {
         let expect = self.layout.shard_len(index, self.written_len) as usize;
