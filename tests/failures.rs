@@ -337,3 +337,57 @@ fn a_crashed_writer_leaves_no_shards_behind_and_acknowledged_files_survive() {
     assert_eq!(sha256(&fs::read(cluster.mnt.join("done")).unwrap()), sha256(&done));
     assert_eq!(fs::metadata(cluster.mnt.join("partial")).unwrap().len(), 0);
 }
+
+#[test]
+fn every_process_serves_metrics_that_move_with_io_and_repair() {
+    use support::{metric, scrape};
+    let cluster = Cluster::start(6, "4+2", 256);
+    let addr_of =
+        |role: &str| cluster.nodes.iter().find(|n| n.role == role).unwrap().metrics.clone().unwrap();
+    let (meta, mount) = (addr_of("meta"), addr_of("mount"));
+    let chunks: Vec<String> =
+        cluster.nodes.iter().filter(|n| n.role == "chunk").map(|n| n.metrics.clone().unwrap()).collect();
+    let data = random_bytes(3_000_000, 960);
+    fs::write(cluster.mnt.join("m"), &data).unwrap();
+    assert_eq!(fs::read(cluster.mnt.join("m")).unwrap().len(), data.len());
+
+    // The client counts FUSE operations, with latency histograms, and the bytes moved.
+    let text = scrape(&mount);
+    assert!(metric(&text, "cairn_client_fuse_ops_total", &["op=\"write\""]).unwrap() > 0.0, "{text}");
+    assert!(metric(&text, "cairn_client_fuse_op_seconds_count", &["op=\"read\""]).unwrap() > 0.0);
+    assert!(metric(&text, "cairn_client_written_bytes_total", &[]).unwrap() >= data.len() as f64);
+    // Chunkservers: RPCs by method, and per-tier bytes once a heartbeat published them.
+    let written: f64 = chunks
+        .iter()
+        .map(|c| {
+            metric(&scrape(c), "cairn_rpc_requests_total", &["method=\"WriteShard\"", "code=\"Ok\""])
+                .unwrap_or(0.0)
+        })
+        .sum();
+    assert!(written >= 18.0, "3 stripes x 6 shards written, counted {written}");
+    eventually(10, "chunkservers publish tier usage", || {
+        chunks
+            .iter()
+            .map(|c| metric(&scrape(c), "cairn_chunk_tier_used_bytes", &["tier=\"ssd\""]).unwrap_or(0.0))
+            .sum::<f64>()
+            > data.len() as f64
+    });
+    // Metaserver: RPCs, namespace gauges; then a damaged shard shows up in the repair counters.
+    let text = scrape(&meta);
+    assert!(
+        metric(&text, "cairn_rpc_requests_total", &["service=\"meta\"", "method=\"Commit\""]).unwrap() > 0.0
+    );
+    eventually(10, "the metaserver publishes its gauges", || {
+        let t = scrape(&meta);
+        metric(&t, "cairn_meta_files", &[]) == Some(1.0)
+            && metric(&t, "cairn_meta_nodes", &["state=\"up\""]) == Some(6.0)
+    });
+    assert!(metric(&scrape(&meta), "cairn_meta_rocksdb", &["property=\"live_data_bytes\""]).is_some());
+    let victim = cluster.shard_files()[0].clone();
+    fs::remove_file(&victim).unwrap();
+    let (code, _) = cli_json(&cluster, &["scrub", "--all"]);
+    assert_eq!(code, 1);
+    eventually(15, "the rebuild is counted", || {
+        metric(&scrape(&meta), "cairn_repair_shards_rebuilt_total", &[]).unwrap_or(0.0) >= 1.0
+    });
+}

@@ -18,6 +18,8 @@ pub struct Node {
     pub id: String,
     pub addr: String,
     pub pid: u32,
+    /// Where its Prometheus metrics are served (`host:port`).
+    pub metrics: Option<String>,
 }
 
 pub struct Cluster {
@@ -110,6 +112,7 @@ impl Cluster {
                     id: cols[1].into(),
                     addr: cols[2].into(),
                     pid: cols[3].parse().expect("pid"),
+                    metrics: cols.get(4).filter(|m| m.contains(':')).map(|m| m.to_string()),
                 });
             }
         }
@@ -290,11 +293,97 @@ impl Drop for Mount {
     }
 }
 
+/// The text of `http://ADDR/metrics` (Prometheus exposition format).
+pub fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("metrics at {addr}: {e}"));
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.") && text.contains(" 200 "), "metrics at {addr}: {text}");
+    text.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+}
+
+/// The sum of every sample of metric `name` whose labels contain all of `labels`
+/// (`key="value"` strings), or `None` if there is none.
+pub fn metric(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else { continue };
+        let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+        if metric == name && labels.iter().all(|l| rest.contains(l)) {
+            *found.get_or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    found
+}
+
 /// Poll `f` until it returns true, failing with `what` after `secs` seconds.
 pub fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while !f() {
         assert!(Instant::now() < deadline, "timed out: {what}");
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+impl Cluster {
+    /// Like [`Cluster::start_with`], in a root dir the test prepared: the cluster keeps its data
+    /// under `root/data` (chunkserver `N` under `root/data/chunk-N`) and mounts at `root/mnt`,
+    /// so a test can put something there first, e.g. a small filesystem as one chunkserver's
+    /// disk.
+    pub fn start_prepared(
+        root: tempfile::TempDir,
+        chunkservers: u32,
+        ec: &str,
+        unit_kib: u32,
+        extra: &[&str],
+    ) -> Cluster {
+        let data = root.path().join("data");
+        let mnt = root.path().join("mnt");
+        let mut args: Vec<String> = vec![
+            "up".into(),
+            "--data-dir".into(),
+            data.display().to_string(),
+            "--mount".into(),
+            mnt.display().to_string(),
+            "--chunkservers".into(),
+            chunkservers.to_string(),
+            "--ec".into(),
+            ec.into(),
+            "--unit-kib".into(),
+            unit_kib.to_string(),
+            "--meta-port".into(),
+            "0".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut cluster =
+            Cluster { root, data, mnt, nodes: Vec::new(), meta_addr: String::new(), up: None, args };
+        cluster.restart();
+        cluster
+    }
+
+    /// The `cairn up` node of chunkserver `n` (1-based: the one keeping its data under
+    /// `data/chunk-n`), found by its port in `cluster.json`.
+    pub fn chunk_node(&self, n: usize) -> Node {
+        let text = std::fs::read_to_string(self.data.join("cluster.json")).expect("cluster.json");
+        let file: serde_json::Value = serde_json::from_str(&text).expect("cluster.json is json");
+        let port = file["chunk_ports"][n - 1].as_u64().expect("chunk port");
+        let addr = format!("127.0.0.1:{port}");
+        self.nodes.iter().find(|node| node.role == "chunk" && node.addr == addr).expect("chunk node").clone()
+    }
+}
+
+/// A child process (one a test started itself, e.g. a restarted server) killed and reaped when
+/// the guard is dropped, so a failing test leaves nothing running.
+pub struct KillOnDrop(pub Option<Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }

@@ -131,10 +131,12 @@ impl Heartbeat {
     }
 
     async fn heartbeat(&mut self) -> Result<()> {
+        let tiers = self.store.usage();
+        crate::metrics::publish(&tiers, self.store.promotion_backlog());
         let request = HeartbeatRequest {
             node_id: self.node_id.load(Ordering::Relaxed),
             addr: self.advertise.clone(),
-            tiers: self.store.usage(),
+            tiers,
             pid: std::process::id(),
         };
         self.client.heartbeat(request).await?;

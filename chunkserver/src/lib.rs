@@ -79,6 +79,7 @@ pub async fn serve(
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let served = tonic::transport::Server::builder()
+        .layer(cairn_common::metrics::RpcMetricsLayer::new("chunk"))
         .add_service(service)
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
@@ -103,6 +104,9 @@ pub async fn run(config: ChunkConfig) -> Result<()> {
     let addr =
         listener.local_addr().map_err(|e| CairnError::from_io("cannot read the listener's address", &e))?;
     tracing::info!(%addr, "chunkserver listening");
+    if let Some(listen) = &config.metrics_listen {
+        cairn_common::metrics::serve(listen)?;
+    }
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| CairnError::from_io("cannot install the SIGTERM handler", &e))?;
     let shutdown = async move {

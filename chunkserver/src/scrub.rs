@@ -76,11 +76,14 @@ impl Scrub {
             let len = file.metadata().map(|m| m.len()).unwrap_or(0);
             out.checked += 1;
             out.bytes += len;
+            metrics::counter!(crate::metrics::SCRUB_SHARDS).increment(1);
+            metrics::counter!(crate::metrics::SCRUB_BYTES).increment(len);
             match verify_file(self.store.engine.as_ref(), file, &id, None).await {
                 Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::Corrupt => {
                     tracing::warn!(%id, path = %path.display(), "scrub: {e}");
                     out.damaged.push(id);
+                    metrics::counter!(crate::metrics::SCRUB_DAMAGED).increment(1);
                 }
                 Err(e) => tracing::warn!(%id, "scrub could not read the shard: {e}"),
             }

@@ -49,6 +49,9 @@ enum Command {
         /// Attribute and entry cache lifetime in the kernel, milliseconds.
         #[arg(long, default_value_t = 1000)]
         attr_ttl_ms: u64,
+        /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9410).
+        #[arg(long)]
+        metrics: Option<String>,
     },
     /// Start a whole local cluster (metaserver + chunkservers, each its own process) and mount it.
     Up(up::UpArgs),
@@ -162,13 +165,14 @@ fn main() -> ExitCode {
             c.validate()?;
             runtime()?.block_on(cairn_chunk::run(c))
         }),
-        Command::Mount { meta, mountpoint, threads, attr_ttl_ms } => {
+        Command::Mount { meta, mountpoint, threads, attr_ttl_ms, metrics } => {
             cairn_client::mount(cairn_client::MountOptions {
                 meta,
                 mountpoint,
                 threads,
                 attr_ttl: Duration::from_millis(attr_ttl_ms),
                 allow_other: unsafe { libc::geteuid() } == 0,
+                metrics,
             })
         }
         Command::Up(args) => up::run(args),

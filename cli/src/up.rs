@@ -120,6 +120,8 @@ struct Proc {
     role: String,
     id: String,
     addr: String,
+    /// Where its Prometheus metrics are served.
+    metrics: Option<String>,
     data: String,
     child: Child,
 }
@@ -191,6 +193,15 @@ fn is_mounted(mountpoint: &Path) -> bool {
     info.lines().any(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap_or("")))
 }
 
+/// A free port on 127.0.0.1 for a child's metrics endpoint (Prometheus scrapes
+/// `http://ADDR/metrics`).
+fn free_local_addr() -> Result<String> {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| CairnError::from_io("cannot find a free port for metrics", &e))?;
+    let addr = probe.local_addr().map_err(|e| CairnError::from_io("metrics port", &e))?;
+    Ok(addr.to_string())
+}
+
 async fn up(args: UpArgs) -> Result<()> {
     let dir = &args.data_dir;
     std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
@@ -228,6 +239,7 @@ async fn up(args: UpArgs) -> Result<()> {
         rebuild_after_ms: args.rebuild_after_ms,
         orphan_grace_ms: args.orphan_grace_ms,
         reconcile_interval_ms: args.reconcile_interval_ms,
+        metrics_listen: Some(free_local_addr()?),
         ..MetaConfig::default()
     };
     let meta_toml = meta_dir.join("meta.toml");
@@ -238,6 +250,7 @@ async fn up(args: UpArgs) -> Result<()> {
         role: "meta".into(),
         id: "-".into(),
         addr: meta_addr.clone(),
+        metrics: meta_cfg.metrics_listen.clone(),
         data: meta_cfg.data_dir.display().to_string(),
         child,
     });
@@ -255,6 +268,7 @@ async fn up(args: UpArgs) -> Result<()> {
             promote_after_reads: args.promote_after_reads,
             mover_rate_bytes: args.mover_rate.unwrap_or(ChunkConfig::default().mover_rate_bytes),
             scrub_interval_secs: args.scrub_interval_secs,
+            metrics_listen: Some(free_local_addr()?),
             ..ChunkConfig::default()
         };
         cfg.validate()?;
@@ -267,6 +281,7 @@ async fn up(args: UpArgs) -> Result<()> {
             role: "chunk".into(),
             id: "?".into(),
             addr: cfg.listen.clone(),
+            metrics: cfg.metrics_listen.clone(),
             data: format!("{},{}", cfg.ssd_dirs[0].display(), cfg.hdd_dirs[0].display()),
             child,
         });
@@ -275,12 +290,16 @@ async fn up(args: UpArgs) -> Result<()> {
     let result = async {
         wait_healthy(&meta_addr, &mut procs, args.chunkservers as usize).await?;
         let mount_log = logs.join("mount.log");
-        let child =
-            spawn(&["mount", "--meta", &meta_addr, mountpoint.to_str().unwrap_or_default()], &mount_log)?;
+        let metrics = free_local_addr()?;
+        let child = spawn(
+            &["mount", "--meta", &meta_addr, "--metrics", &metrics, mountpoint.to_str().unwrap_or_default()],
+            &mount_log,
+        )?;
         procs.push(Proc {
             role: "mount".into(),
             id: "-".into(),
             addr: mountpoint.display().to_string(),
+            metrics: Some(metrics),
             data: mount_log.display().to_string(),
             child,
         });
@@ -308,9 +327,17 @@ async fn up(args: UpArgs) -> Result<()> {
         return Err(e);
     }
 
-    println!("{:<6} {:>3}  {:<22} {:>8}  DATA", "ROLE", "ID", "ADDRESS", "PID");
+    println!("{:<6} {:>3}  {:<22} {:>8}  {:<16}  DATA", "ROLE", "ID", "ADDRESS", "PID", "METRICS");
     for p in &procs {
-        println!("{:<6} {:>3}  {:<22} {:>8}  {}", p.role, p.id, p.addr, p.child.id().unwrap_or(0), p.data);
+        println!(
+            "{:<6} {:>3}  {:<22} {:>8}  {:<16}  {}",
+            p.role,
+            p.id,
+            p.addr,
+            p.child.id().unwrap_or(0),
+            p.metrics.as_deref().unwrap_or("-"),
+            p.data
+        );
     }
     let ssd = args.ssd_capacity.map(|b| format!(", SSD tier capped at {b} bytes each")).unwrap_or_default();
     println!(

@@ -20,6 +20,7 @@ use futures::future::join_all;
 use parking_lot::Mutex as SyncMutex;
 use tokio::sync::{Mutex, OnceCell};
 
+use crate::metrics;
 use crate::nodes::Nodes;
 use crate::stripe::{read_stripe, write_stripe, Geometry};
 
@@ -173,6 +174,8 @@ impl OpenFile {
     /// A whole stripe's valid bytes, fetched once and shared by concurrent readers.
     async fn cached_stripe(&self, nodes: &Arc<Nodes>, info: &StripeInfo) -> Result<Arc<Vec<u8>>> {
         let cell = self.cache.lock().cell((info.index, info.version));
+        let name = if cell.initialized() { metrics::STRIPE_CACHE_HITS } else { metrics::STRIPE_CACHE_MISSES };
+        ::metrics::counter!(name).increment(1);
         let data = cell
             .get_or_try_init(|| async {
                 let mut buf = vec![0u8; info.len as usize];

@@ -31,6 +31,8 @@ pub struct MountOptions {
     pub attr_ttl: Duration,
     /// Let other users than the mounting one use the mount (root only).
     pub allow_other: bool,
+    /// Serve Prometheus metrics at `http://ADDR/metrics`.
+    pub metrics: Option<String>,
 }
 
 /// Connect to the metaserver and serve the mount until it is unmounted (`umount`, or SIGINT /
@@ -49,6 +51,9 @@ pub fn mount(opts: MountOptions) -> Result<()> {
         )));
     }
     let client = rt.block_on(async {
+        if let Some(listen) = &opts.metrics {
+            cairn_common::metrics::serve(listen)?;
+        }
         let meta = connect_meta(&opts.meta).await?;
         Client::new(meta, ClientOptions { attr_ttl: opts.attr_ttl }).await
     })?;
@@ -157,11 +162,19 @@ fn time_arg(t: Option<TimeOrNow>) -> (Option<p::Timespec>, bool) {
 }
 
 impl CairnFs {
-    fn spawn<F>(&self, f: impl FnOnce(Arc<Client>) -> F)
+    /// Run a request's work on the runtime, counted and timed as `op`.
+    fn spawn<F>(&self, op: &'static str, f: impl FnOnce(Arc<Client>) -> F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        self.rt.spawn(f(self.client.clone()));
+        let work = f(self.client.clone());
+        let started = std::time::Instant::now();
+        self.rt.spawn(async move {
+            work.await;
+            metrics::counter!(crate::metrics::FUSE_OPS, "op" => op).increment(1);
+            metrics::histogram!(crate::metrics::FUSE_SECONDS, "op" => op)
+                .record(started.elapsed().as_secs_f64());
+        });
     }
 }
 
@@ -209,12 +222,12 @@ impl Filesystem for CairnFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = name.as_bytes().to_vec();
         let ttl = self.ttl;
-        self.spawn(|c| async move { reply_entry(ttl, reply, c.lookup(parent.0, &name).await) });
+        self.spawn("lookup", |c| async move { reply_entry(ttl, reply, c.lookup(parent.0, &name).await) });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let ttl = self.ttl;
-        self.spawn(|c| async move {
+        self.spawn("getattr", |c| async move {
             match c.getattr(ino.0).await {
                 Ok(a) => reply.attr(&ttl, &to_fuse(&a)),
                 Err(e) => reply.error(errno(&e)),
@@ -255,7 +268,7 @@ impl Filesystem for CairnFs {
             ctime: ctime.map(cairn_common::time::from_system),
         };
         let ttl = self.ttl;
-        self.spawn(|c| async move {
+        self.spawn("setattr", |c| async move {
             match c.setattr(req).await {
                 Ok(a) => reply.attr(&ttl, &to_fuse(&a)),
                 Err(e) => reply.error(errno(&e)),
@@ -264,7 +277,7 @@ impl Filesystem for CairnFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.spawn(|c| async move {
+        self.spawn("readlink", |c| async move {
             match c.readlink(ino.0).await {
                 Ok(t) => reply.data(&t),
                 Err(e) => reply.error(errno(&e)),
@@ -293,9 +306,9 @@ impl Filesystem for CairnFs {
             ..Default::default()
         };
         let ttl = self.ttl;
-        self.spawn(
-            |c| async move { reply_entry(ttl, reply, c.create(req, false, false).await.map(|(a, _)| a)) },
-        );
+        self.spawn("mknod", |c| async move {
+            reply_entry(ttl, reply, c.create(req, false, false).await.map(|(a, _)| a))
+        });
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
@@ -307,17 +320,17 @@ impl Filesystem for CairnFs {
             gid: req.gid(),
         };
         let ttl = self.ttl;
-        self.spawn(|c| async move { reply_entry(ttl, reply, c.mkdir(req).await) });
+        self.spawn("mkdir", |c| async move { reply_entry(ttl, reply, c.mkdir(req).await) });
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name.as_bytes().to_vec();
-        self.spawn(|c| async move { reply_empty(reply, c.unlink(parent.0, &name).await) });
+        self.spawn("unlink", |c| async move { reply_empty(reply, c.unlink(parent.0, &name).await) });
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name.as_bytes().to_vec();
-        self.spawn(|c| async move { reply_empty(reply, c.rmdir(parent.0, &name).await) });
+        self.spawn("rmdir", |c| async move { reply_empty(reply, c.rmdir(parent.0, &name).await) });
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
@@ -329,7 +342,7 @@ impl Filesystem for CairnFs {
             gid: req.gid(),
         };
         let ttl = self.ttl;
-        self.spawn(|c| async move { reply_entry(ttl, reply, c.symlink(req).await) });
+        self.spawn("symlink", |c| async move { reply_entry(ttl, reply, c.symlink(req).await) });
     }
 
     fn rename(
@@ -349,19 +362,22 @@ impl Filesystem for CairnFs {
             new_name: newname.as_bytes().to_vec(),
             flags: flags.bits(),
         };
-        self.spawn(|c| async move { reply_empty(reply, c.rename(req).await) });
+        self.spawn("rename", |c| async move { reply_empty(reply, c.rename(req).await) });
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let name = newname.as_bytes().to_vec();
         let ttl = self.ttl;
-        self.spawn(|c| async move { reply_entry(ttl, reply, c.link(ino.0, newparent.0, &name).await) });
+        self.spawn(
+            "link",
+            |c| async move { reply_entry(ttl, reply, c.link(ino.0, newparent.0, &name).await) },
+        );
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let truncate = flags.0 & libc::O_TRUNC != 0;
         let notifier = self.notifier.clone();
-        self.spawn(|c| async move {
+        self.spawn("open", |c| async move {
             match c.open(ino.0, truncate).await {
                 Ok(o) => {
                     if o.changed {
@@ -390,9 +406,12 @@ impl Filesystem for CairnFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.spawn(|c| async move {
+        self.spawn("read", |c| async move {
             match c.read(fh.0, offset, size).await {
-                Ok(data) => reply.data(&data),
+                Ok(data) => {
+                    metrics::counter!(crate::metrics::READ_BYTES).increment(data.len() as u64);
+                    reply.data(&data)
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -411,16 +430,19 @@ impl Filesystem for CairnFs {
         reply: ReplyWrite,
     ) {
         let data = data.to_vec();
-        self.spawn(|c| async move {
+        self.spawn("write", |c| async move {
             match c.write(fh.0, offset, &data).await {
-                Ok(()) => reply.written(data.len() as u32),
+                Ok(()) => {
+                    metrics::counter!(crate::metrics::WRITTEN_BYTES).increment(data.len() as u64);
+                    reply.written(data.len() as u32)
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
     }
 
     fn flush(&self, _req: &Request, ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
-        self.spawn(|c| async move {
+        self.spawn("flush", |c| async move {
             // close(2) of any descriptor drops the process's POSIX locks on the file.
             let unlocked = c.unlock_owner(ino.0, lock_owner.0).await;
             reply_empty(reply, c.flush(fh.0).await.and(unlocked))
@@ -437,7 +459,7 @@ impl Filesystem for CairnFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.spawn(|c| async move {
+        self.spawn("release", |c| async move {
             // The last close of an open file description drops its flock lock.
             let unlocked = match lock_owner {
                 Some(owner) => c.unlock_owner(ino.0, owner.0).await,
@@ -457,7 +479,9 @@ impl Filesystem for CairnFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.spawn(|c| async move { reply_empty(reply, c.fallocate(ino.0, offset, length, mode).await) });
+        self.spawn("fallocate", |c| async move {
+            reply_empty(reply, c.fallocate(ino.0, offset, length, mode).await)
+        });
     }
 
     fn getlk(
@@ -472,7 +496,7 @@ impl Filesystem for CairnFs {
         pid: u32,
         reply: ReplyLock,
     ) {
-        self.spawn(|c| async move {
+        self.spawn("getlk", |c| async move {
             match c.getlk(ino.0, lock_owner.0, (start, end), typ as u32, pid).await {
                 Ok(None) => reply.locked(start, end, libc::F_UNLCK, pid),
                 Ok(Some(l)) => reply.locked(l.start, l.end, l.typ as i32, l.pid),
@@ -494,13 +518,13 @@ impl Filesystem for CairnFs {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
-        self.spawn(|c| async move {
+        self.spawn("setlk", |c| async move {
             reply_empty(reply, c.setlk(ino.0, lock_owner.0, (start, end), typ as u32, pid, sleep).await)
         });
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        self.spawn(|c| async move { reply_empty(reply, c.flush(fh.0).await) });
+        self.spawn("fsync", |c| async move { reply_empty(reply, c.flush(fh.0).await) });
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -508,7 +532,7 @@ impl Filesystem for CairnFs {
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        self.spawn(|c| async move {
+        self.spawn("readdir", |c| async move {
             let result = async {
                 let dir = c.dir_handle(fh.0)?;
                 let mut pos = offset;
@@ -558,7 +582,7 @@ impl Filesystem for CairnFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.spawn(|c| async move {
+        self.spawn("statfs", |c| async move {
             match c.statfs().await {
                 Ok(s) => {
                     let bs = s.block_size.max(512) as u64;
@@ -590,18 +614,18 @@ impl Filesystem for CairnFs {
         reply: ReplyEmpty,
     ) {
         let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
-        self.spawn(
-            |c| async move { reply_empty(reply, c.setxattr(ino.0, &name, &value, flags as u32).await) },
-        );
+        self.spawn("setxattr", |c| async move {
+            reply_empty(reply, c.setxattr(ino.0, &name, &value, flags as u32).await)
+        });
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = name.as_bytes().to_vec();
-        self.spawn(|c| async move { reply_xattr(reply, size, c.getxattr(ino.0, &name).await) });
+        self.spawn("getxattr", |c| async move { reply_xattr(reply, size, c.getxattr(ino.0, &name).await) });
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.spawn(|c| async move {
+        self.spawn("listxattr", |c| async move {
             let list = c.listxattr(ino.0).await.map(|names| {
                 let mut buf = Vec::new();
                 for n in names {
@@ -616,7 +640,7 @@ impl Filesystem for CairnFs {
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name.as_bytes().to_vec();
-        self.spawn(|c| async move { reply_empty(reply, c.removexattr(ino.0, &name).await) });
+        self.spawn("removexattr", |c| async move { reply_empty(reply, c.removexattr(ino.0, &name).await) });
     }
 
     fn create(
@@ -641,7 +665,7 @@ impl Filesystem for CairnFs {
         };
         let ttl = self.ttl;
         let truncate = flags & libc::O_TRUNC != 0;
-        self.spawn(|c| async move {
+        self.spawn("create", |c| async move {
             match c.create(req, true, truncate).await {
                 Ok((a, fh)) => {
                     reply.created(&ttl, &to_fuse(&a), Generation(0), FileHandle(fh), FopenFlags::empty())

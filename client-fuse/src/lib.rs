@@ -8,6 +8,7 @@ mod dir;
 mod file;
 pub mod fuse;
 mod meta;
+pub mod metrics;
 mod nodes;
 mod stripe;
 

@@ -88,6 +88,7 @@ pub async fn write_stripe(
             skipped += 1;
             missing |= 1 << index;
             tracing::debug!(ino = geo.ino, stripe, index, node, "shard not written: node suspect");
+            metrics::counter!(crate::metrics::SHARD_WRITE_FAILURES).increment(1);
             continue;
         }
         let id = geo.shard(stripe, index, version);
@@ -100,6 +101,7 @@ pub async fn write_stripe(
             Ok(()) => stored.push(index),
             Err(e) => {
                 tracing::warn!(ino = geo.ino, stripe, index, "shard write failed: {e}");
+                metrics::counter!(crate::metrics::SHARD_WRITE_FAILURES).increment(1);
                 missing |= 1 << index;
                 first_error.get_or_insert(e);
             }
@@ -167,6 +169,7 @@ pub async fn read_stripe(
                     None => break,
                 },
                 _ = &mut deadline => {
+                    metrics::counter!(crate::metrics::HEDGED_READS).increment(1);
                     for (s, r) in segments.iter().zip(&results) {
                         if r.is_none() {
                             nodes.mark_slow(geo.node(info.index, s.shard));
@@ -223,6 +226,7 @@ pub async fn read_stripe(
 /// stored shard on a node that is not suspect is asked at once (suspect ones too when the others
 /// are not enough), and decoding starts as soon as `k` have arrived.
 pub async fn reconstruct(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Result<Vec<u8>> {
+    metrics::counter!(crate::metrics::DEGRADED_READS).increment(1);
     let mut shards = StripeShards::new(geo.layout, info.written_len);
     let stored: Vec<u32> =
         (0..geo.layout.width()).filter(|&i| shards.needs_fetch(i) && info.missing & (1 << i) == 0).collect();

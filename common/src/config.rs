@@ -40,6 +40,8 @@ pub struct MetaConfig {
     /// How often every chunkserver's shards are reconciled with the namespace (also whenever a
     /// chunkserver comes back).
     pub reconcile_interval_ms: u64,
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (unset: no metrics endpoint).
+    pub metrics_listen: Option<String>,
 }
 
 impl Default for MetaConfig {
@@ -57,6 +59,7 @@ impl Default for MetaConfig {
             repair_rate_bytes: 100 << 20,
             orphan_grace_ms: 3_600_000,
             reconcile_interval_ms: 3_600_000,
+            metrics_listen: None,
         }
     }
 }
@@ -69,7 +72,11 @@ impl MetaConfig {
 
     pub fn validate(&self) -> Result<()> {
         self.layout()?;
-        check_addr("listen", &self.listen)
+        check_addr("listen", &self.listen)?;
+        if let Some(m) = &self.metrics_listen {
+            check_addr("metrics_listen", m)?;
+        }
+        Ok(())
     }
 }
 
@@ -133,6 +140,8 @@ pub struct ChunkConfig {
     /// Most bytes per second the mover (and `cairn warmup`) copies between tiers (default
     /// 200 MiB/s), so moves never starve client I/O.
     pub mover_rate_bytes: u64,
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (unset: no metrics endpoint).
+    pub metrics_listen: Option<String>,
 }
 
 impl Default for ChunkConfig {
@@ -158,6 +167,7 @@ impl Default for ChunkConfig {
             promote_window_secs: 600,
             mover_interval_ms: 1_000,
             mover_rate_bytes: 200 << 20,
+            metrics_listen: None,
         }
     }
 }
@@ -166,6 +176,9 @@ impl ChunkConfig {
     pub fn validate(&self) -> Result<()> {
         check_addr("listen", &self.listen)?;
         check_addr("meta", &self.meta)?;
+        if let Some(m) = &self.metrics_listen {
+            check_addr("metrics_listen", m)?;
+        }
         if self.ssd_dirs.is_empty() && self.hdd_dirs.is_empty() {
             return Err(CairnError::invalid("config: at least one of ssd_dirs or hdd_dirs is needed"));
         }

@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod ids;
 pub mod layout;
+pub mod metrics;
 pub mod telemetry;
 pub mod time;
 

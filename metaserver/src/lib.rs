@@ -8,6 +8,7 @@
 //! (the gRPC adapter).
 
 pub mod gc;
+pub mod metrics;
 pub mod namespace;
 pub mod reconcile;
 pub mod registry;
@@ -140,11 +141,14 @@ pub async fn serve_with(
         repair::Repair::new(ns.clone(), background.rebuild_after, background.repair_rate_bytes)
             .with_orphan_grace(background.orphan_grace),
     );
+    let ns_for_metrics = ns.clone();
     let service = MetaServer::new(MetaService::new(ns).with_repair(repair.clone()))
         .max_decoding_message_size(cairn_common::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(cairn_common::MAX_MESSAGE_BYTES);
     let repair = tokio::spawn(repair.run(Duration::from_secs(2), background.reconcile_interval));
+    let published = tokio::spawn(metrics::publish(ns_for_metrics, Duration::from_secs(5)));
     let result = tonic::transport::Server::builder()
+        .layer(cairn_common::metrics::RpcMetricsLayer::new("meta"))
         .add_service(service)
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
@@ -157,6 +161,7 @@ pub async fn serve_with(
     gc.abort();
     reaper.abort();
     repair.abort();
+    published.abort();
     let _ = gc.await;
     let _ = reaper.await;
     let _ = repair.await;
@@ -171,6 +176,9 @@ pub async fn run(config: MetaConfig) -> Result<()> {
         .map_err(|e| CairnError::from_io(&format!("cannot listen on {}", config.listen), &e))?;
     let addr = listener.local_addr().map_err(|e| CairnError::from_io("local address", &e))?;
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "metaserver listening");
+    if let Some(listen) = &config.metrics_listen {
+        cairn_common::metrics::serve(listen)?;
+    }
     serve(config, listener, shutdown_signal()).await
 }
 

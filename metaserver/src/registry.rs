@@ -286,9 +286,27 @@ impl Registry {
                 up.len() + down.len()
             )));
         }
-        let start = inner.cursor % up.len();
+        // Prefer nodes heard from lately: one that stopped answering a moment ago is still "up"
+        // until the node timeout, but a new file placed on it would start out degraded.
+        let fresh_within = (self.timeout / 3).min(Duration::from_secs(3));
+        let fresh: Vec<u32> = up
+            .iter()
+            .copied()
+            .filter(|id| {
+                inner.nodes[id]
+                    .last_heartbeat
+                    .is_some_and(|t| now.saturating_duration_since(t) < fresh_within)
+            })
+            .collect();
+        let pool = if fresh.len() >= width { fresh } else { up.clone() };
+        let start = inner.cursor % pool.len();
         inner.cursor = inner.cursor.wrapping_add(1);
-        let mut group: Vec<u32> = up.iter().cycle().skip(start).take(width.min(up.len())).copied().collect();
+        let mut group: Vec<u32> =
+            pool.iter().cycle().skip(start).take(width.min(pool.len())).copied().collect();
+        if group.len() < width {
+            let rest: Vec<u32> = up.iter().copied().filter(|id| !group.contains(id)).collect();
+            group.extend(rest.into_iter().take(width - group.len()));
+        }
         if group.len() < width {
             let dstart = start % down.len().max(1);
             group.extend(down.iter().cycle().skip(dstart).take(width - group.len()));
@@ -520,6 +538,29 @@ mod tests {
         assert_eq!(r.register("n4", "127.0.0.1:104", vec![], 0).unwrap_err().kind(), ErrorKind::NotPermitted);
         assert_eq!(r.nodes().iter().find(|n| n.id == 3).unwrap().state, "draining");
         assert_eq!(r.register("new", "127.0.0.1:200", vec![], 0).unwrap(), 6);
+    }
+
+    #[test]
+    fn new_files_avoid_nodes_that_went_quiet() {
+        let store: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
+        let layout = Layout::new(2, 1, 4096).unwrap();
+        // Node timeout 300 ms: a node is preferred while heard from within the last 100 ms.
+        let r = Registry::open(store, Duration::from_millis(300)).unwrap();
+        for i in 0..5 {
+            r.register(&format!("n{i}"), &format!("127.0.0.1:{}", 100 + i), vec![], 0).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(150));
+        for id in [1, 2, 3] {
+            r.heartbeat(id, "", vec![], 0).unwrap();
+        }
+        // Nodes 4 and 5 are still up, but quiet: three fresh nodes are enough for 2+1.
+        for _ in 0..10 {
+            let g = r.place(&layout).unwrap();
+            assert!(!g.contains(&4) && !g.contains(&5), "{g:?}");
+        }
+        // A wider layout takes the quiet ones too rather than fail.
+        let g = r.place(&Layout::new(3, 1, 4096).unwrap()).unwrap();
+        assert_eq!(g.len(), 4);
     }
 
     #[test]

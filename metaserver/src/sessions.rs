@@ -120,6 +120,11 @@ impl Sessions {
         self.clients.lock().get(&client).is_some_and(|s| s.last_seen.elapsed() <= self.lease)
     }
 
+    /// Clients whose lease has not run out.
+    pub fn live_count(&self) -> usize {
+        self.clients.lock().values().filter(|s| s.last_seen.elapsed() <= self.lease).count()
+    }
+
     pub fn is_open(&self, ino: u64) -> bool {
         self.clients.lock().values().any(|s| s.open.contains(&ino))
     }

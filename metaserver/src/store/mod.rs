@@ -110,4 +110,9 @@ pub trait MetaStore: Send + Sync + 'static {
 
     /// Apply every op of `batch` atomically.
     fn write(&self, batch: Batch) -> Result<()>;
+
+    /// Engine statistics worth watching, as (name, value): sizes, pending compaction, stalls.
+    fn properties(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }

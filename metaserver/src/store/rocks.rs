@@ -45,7 +45,32 @@ impl RocksStore {
     }
 }
 
+/// RocksDB integer properties exported as metrics (summed over column families where per-CF).
+const PROPERTIES: [(&str, &str); 7] = [
+    ("live_data_bytes", "rocksdb.estimate-live-data-size"),
+    ("sst_bytes", "rocksdb.total-sst-files-size"),
+    ("memtable_bytes", "rocksdb.cur-size-all-mem-tables"),
+    ("estimated_keys", "rocksdb.estimate-num-keys"),
+    ("pending_compaction_bytes", "rocksdb.estimate-pending-compaction-bytes"),
+    ("write_stopped", "rocksdb.is-write-stopped"),
+    ("delayed_write_rate", "rocksdb.actual-delayed-write-rate"),
+];
+
 impl MetaStore for RocksStore {
+    fn properties(&self) -> Vec<(&'static str, u64)> {
+        PROPERTIES
+            .iter()
+            .map(|(name, prop)| {
+                let total = Cf::ALL
+                    .iter()
+                    .filter_map(|cf| self.cf(*cf).ok())
+                    .filter_map(|h| self.db.property_int_value_cf(h, *prop).ok().flatten())
+                    .sum();
+                (*name, total)
+            })
+            .collect()
+    }
+
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.db.get_cf(self.cf(cf)?, key).map_err(|e| db_error("get", e))
     }

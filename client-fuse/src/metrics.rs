@@ -1,0 +1,21 @@
+//! The client's metrics (Prometheus names, all `cairn_client_`), served by `cairn mount
+//! --metrics ADDR`.
+
+/// FUSE requests handled, by `op` (counter), and the time from the kernel's request to the
+/// reply, by `op` (histogram, seconds).
+pub const FUSE_OPS: &str = "cairn_client_fuse_ops_total";
+pub const FUSE_SECONDS: &str = "cairn_client_fuse_op_seconds";
+/// Bytes returned to reads and accepted from writes (counters).
+pub const READ_BYTES: &str = "cairn_client_read_bytes_total";
+pub const WRITTEN_BYTES: &str = "cairn_client_written_bytes_total";
+/// Stripe reads served by Reed–Solomon reconstruction instead of the data shards (counter).
+pub const DEGRADED_READS: &str = "cairn_client_degraded_reads_total";
+/// Reads that waited past the hedge deadline and reconstructed around a slow node (counter).
+pub const HEDGED_READS: &str = "cairn_client_hedged_reads_total";
+/// Shard writes that failed or were skipped for a suspect node (counter); the stripe was
+/// committed with the shard missing, for the repair to rebuild.
+pub const SHARD_WRITE_FAILURES: &str = "cairn_client_shard_write_failures_total";
+/// Whole-stripe fetches answered from the client's stripe cache, and those that went to the
+/// chunkservers (counters).
+pub const STRIPE_CACHE_HITS: &str = "cairn_client_stripe_cache_hits_total";
+pub const STRIPE_CACHE_MISSES: &str = "cairn_client_stripe_cache_misses_total";

@@ -1,0 +1,135 @@
+//! Prometheus metrics shared by every process: the exporter (`/metrics` over HTTP) and the gRPC
+//! layer that counts and times every request a server answers. Each crate names its own
+//! metrics in its `metrics.rs`; every name starts with `cairn_` (see `docs/metrics.md`).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use metrics_exporter_prometheus::PrometheusBuilder;
+
+use crate::{CairnError, Result};
+
+/// gRPC requests answered, by `service`, `method` and `code` (the gRPC status name) (counter).
+pub const RPC_REQUESTS: &str = "cairn_rpc_requests_total";
+/// Time to answer a gRPC request, by `service` and `method` (histogram, seconds).
+pub const RPC_SECONDS: &str = "cairn_rpc_request_seconds";
+
+/// Latency buckets, seconds: 50 µs to 30 s.
+const LATENCY_BUCKETS: [f64; 16] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
+];
+
+/// Serve every metric of this process at `http://LISTEN/metrics` (Prometheus text format).
+/// Must run inside a tokio runtime (the listener is a task on it).
+pub fn serve(listen: &str) -> Result<SocketAddr> {
+    let addr: SocketAddr =
+        listen.parse().map_err(|e| CairnError::invalid(format!("metrics listen address {listen:?}: {e}")))?;
+    // Bind first, so a taken port is a clear error here and port 0 can be reported.
+    let probe = std::net::TcpListener::bind(addr)
+        .map_err(|e| CairnError::from_io(&format!("cannot serve metrics on {listen}"), &e))?;
+    let bound = probe.local_addr().map_err(|e| CairnError::from_io("metrics address", &e))?;
+    drop(probe);
+    PrometheusBuilder::new()
+        .with_http_listener(bound)
+        .set_buckets(&LATENCY_BUCKETS)
+        .map_err(|e| CairnError::internal(format!("metrics buckets: {e}")))?
+        .install()
+        .map_err(|e| CairnError::io(format!("cannot serve metrics on {bound}: {e}")))?;
+    tracing::info!(addr = %bound, "serving Prometheus metrics at /metrics");
+    Ok(bound)
+}
+
+/// A tower layer for a tonic server: counts and times every request by method and outcome.
+#[derive(Clone, Copy)]
+pub struct RpcMetricsLayer {
+    service: &'static str,
+}
+
+impl RpcMetricsLayer {
+    pub fn new(service: &'static str) -> RpcMetricsLayer {
+        RpcMetricsLayer { service }
+    }
+}
+
+impl<S> tower_layer::Layer<S> for RpcMetricsLayer {
+    type Service = RpcMetrics<S>;
+    fn layer(&self, inner: S) -> RpcMetrics<S> {
+        RpcMetrics { inner, service: self.service }
+    }
+}
+
+#[derive(Clone)]
+pub struct RpcMetrics<S> {
+    inner: S,
+    service: &'static str,
+}
+
+type Http<B> = tonic::codegen::http::Request<B>;
+type HttpReply<B> = tonic::codegen::http::Response<B>;
+
+impl<S, B, RB> tower_service::Service<Http<B>> for RpcMetrics<S>
+where
+    S: tower_service::Service<Http<B>, Response = HttpReply<RB>>,
+    S::Future: Send + 'static,
+    S::Error: 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = std::result::Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Http<B>) -> Self::Future {
+        let method = req.uri().path().rsplit('/').next().unwrap_or("").to_string();
+        let service = self.service;
+        let started = Instant::now();
+        let future = self.inner.call(req);
+        Box::pin(async move {
+            let reply = future.await;
+            // An error answer carries its status in the headers ("trailers only"); a success
+            // carries it in the trailers, after the body.
+            let code = match &reply {
+                Ok(r) => r
+                    .headers()
+                    .get("grpc-status")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<i32>().ok())
+                    .map_or("Ok", |c| code_name(tonic::Code::from_i32(c))),
+                Err(_) => "TransportError",
+            };
+            metrics::counter!(RPC_REQUESTS, "service" => service, "method" => method.clone(), "code" => code)
+                .increment(1);
+            metrics::histogram!(RPC_SECONDS, "service" => service, "method" => method)
+                .record(started.elapsed().as_secs_f64());
+            reply
+        })
+    }
+}
+
+fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "Ok",
+        Cancelled => "Cancelled",
+        Unknown => "Unknown",
+        InvalidArgument => "InvalidArgument",
+        DeadlineExceeded => "DeadlineExceeded",
+        NotFound => "NotFound",
+        AlreadyExists => "AlreadyExists",
+        PermissionDenied => "PermissionDenied",
+        ResourceExhausted => "ResourceExhausted",
+        FailedPrecondition => "FailedPrecondition",
+        Aborted => "Aborted",
+        OutOfRange => "OutOfRange",
+        Unimplemented => "Unimplemented",
+        Internal => "Internal",
+        Unavailable => "Unavailable",
+        DataLoss => "DataLoss",
+        Unauthenticated => "Unauthenticated",
+    }
+}

@@ -1,0 +1,84 @@
+//! The metaserver's metrics (Prometheus names, all `cairn_meta_` or `cairn_repair_`), published
+//! every few seconds from the namespace, the registry and the repair state. Request counts and
+//! latencies come from the shared gRPC layer (`cairn_rpc_*`, `service="meta"`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::namespace::Namespace;
+
+/// Chunkservers by `state`: up, down, draining (gauge).
+pub const NODES: &str = "cairn_meta_nodes";
+/// Regular files, directories, bytes of file data (gauges).
+pub const FILES: &str = "cairn_meta_files";
+pub const DIRECTORIES: &str = "cairn_meta_directories";
+pub const LOGICAL_BYTES: &str = "cairn_meta_logical_bytes";
+/// Raw capacity and free bytes of the up chunkservers (gauges).
+pub const RAW_CAPACITY: &str = "cairn_meta_raw_capacity_bytes";
+pub const RAW_FREE: &str = "cairn_meta_raw_free_bytes";
+/// Shards waiting for deletion by the garbage collector (gauge).
+pub const GC_PENDING: &str = "cairn_meta_gc_pending_shards";
+/// Client sessions holding a lease (gauge).
+pub const CLIENTS: &str = "cairn_meta_client_sessions";
+/// Stripes with a shard lost or on a down node, as of the last repair pass (gauge).
+pub const DEGRADED_STRIPES: &str = "cairn_repair_degraded_stripes";
+/// Bytes still to rebuild (gauge) and the last pass's rebuild rate (gauge, bytes/s).
+pub const BYTES_TO_REBUILD: &str = "cairn_repair_bytes_to_rebuild";
+pub const REBUILD_RATE: &str = "cairn_repair_rate_bytes_per_second";
+/// Stripes with more than m shards gone (gauge).
+pub const UNRECOVERABLE_STRIPES: &str = "cairn_repair_unrecoverable_stripes";
+/// Shards and bytes rebuilt since start (counters).
+pub const SHARDS_REBUILT: &str = "cairn_repair_shards_rebuilt_total";
+pub const BYTES_REBUILT: &str = "cairn_repair_bytes_rebuilt_total";
+/// Unreferenced shards deleted by reconciliation since start (counter).
+pub const STALE_DELETED: &str = "cairn_repair_stale_shards_deleted_total";
+/// Shards still placed on a draining node, by `node` (gauge).
+pub const DRAIN_LEFT: &str = "cairn_repair_drain_shards_left";
+/// RocksDB statistics by `property` (gauge): live_data_bytes, sst_bytes, memtable_bytes,
+/// estimated_keys, pending_compaction_bytes, write_stopped (1 while writes are stopped),
+/// delayed_write_rate (bytes/s while writes are slowed, else 0).
+pub const ROCKSDB: &str = "cairn_meta_rocksdb";
+
+/// Publish the gauges every `every` until the task is dropped.
+pub async fn publish(ns: Arc<Namespace>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let ns = ns.clone();
+        let _ = tokio::task::spawn_blocking(move || publish_once(&ns)).await;
+    }
+}
+
+fn publish_once(ns: &Namespace) {
+    let stats = ns.stats();
+    metrics::gauge!(FILES).set(stats.files as f64);
+    metrics::gauge!(DIRECTORIES).set(stats.directories as f64);
+    metrics::gauge!(LOGICAL_BYTES).set(stats.logical_bytes as f64);
+    let nodes = ns.registry().nodes();
+    let up = nodes.iter().filter(|n| n.up).count();
+    let draining = nodes.iter().filter(|n| n.state == "draining").count();
+    metrics::gauge!(NODES, "state" => "up").set(up as f64);
+    metrics::gauge!(NODES, "state" => "down").set((nodes.len() - up) as f64);
+    metrics::gauge!(NODES, "state" => "draining").set(draining as f64);
+    let (capacity, free) = ns.registry().capacity();
+    metrics::gauge!(RAW_CAPACITY).set(capacity as f64);
+    metrics::gauge!(RAW_FREE).set(free as f64);
+    if let Ok(pending) = ns.pending_gc() {
+        metrics::gauge!(GC_PENDING).set(pending as f64);
+    }
+    metrics::gauge!(CLIENTS).set(ns.sessions().live_count() as f64);
+    let repair = ns.repair_state().lock().clone();
+    metrics::gauge!(DEGRADED_STRIPES).set(repair.degraded_stripes as f64);
+    metrics::gauge!(BYTES_TO_REBUILD).set(repair.bytes_to_rebuild as f64);
+    metrics::gauge!(REBUILD_RATE).set(repair.rate as f64);
+    metrics::gauge!(UNRECOVERABLE_STRIPES).set(repair.unrecoverable_stripes as f64);
+    metrics::counter!(SHARDS_REBUILT).absolute(repair.shards_rebuilt);
+    metrics::counter!(BYTES_REBUILT).absolute(repair.bytes_rebuilt);
+    metrics::counter!(STALE_DELETED).absolute(repair.stale_shards_deleted);
+    for (node, left) in &repair.drain_left {
+        metrics::gauge!(DRAIN_LEFT, "node" => node.to_string()).set(*left as f64);
+    }
+    for (property, value) in ns.store().properties() {
+        metrics::gauge!(ROCKSDB, "property" => property).set(value as f64);
+    }
+}
