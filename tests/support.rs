@@ -189,6 +189,16 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // Keep the logs of a failed test (the temp dir goes away with the cluster).
+            let keep = std::env::temp_dir().join(format!(
+                "cairn-failed-{}-{}",
+                std::process::id(),
+                self.root.path().file_name().and_then(|n| n.to_str()).unwrap_or("cluster")
+            ));
+            let _ = Command::new("cp").arg("-r").arg(self.data.join("logs")).arg(&keep).status();
+            eprintln!("logs of the failed test's cluster kept in {}", keep.display());
+        }
         if let Some(mut child) = self.up.take() {
             unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
             let deadline = Instant::now() + Duration::from_secs(30);
