@@ -122,12 +122,7 @@ fn warmup_json(c: &Cluster, path: &str) -> (bool, Value, String) {
     (out.status.success(), json, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
-// Flaky: in one clean-clone CI run three of its chunkservers stopped heartbeating for two
-// minutes during the warmup, so garbage collection never reached them and the final check of
-// removed files' shards failed. Cause not found yet (see the closing note); run it with
-// `cargo test -p cairn --test tiers -- --ignored`.
 #[test]
-#[ignore = "flaky: chunkservers stop heartbeating during warmup; under investigation"]
 fn shards_destage_come_back_when_read_twice_and_warm_up() {
     let c = Cluster::start_with(Path::new("/tmp"), 6, "4+2", UNIT_KIB, &["--ssd-capacity", "8M"]);
     let toml = fs::read_to_string(c.data.join("chunk-1/chunk.toml")).unwrap();
@@ -164,7 +159,8 @@ fn shards_destage_come_back_when_read_twice_and_warm_up() {
             .all(|(ssd, hdd)| hdd["shards"].as_u64().unwrap() > 0 && ssd["used"].as_u64().unwrap() <= SSD_CAP)
             && warm.iter().chain([&hot]).all(|&i| all_in(&tiers_of(&c, i, false), "hdd"))
     });
-    assert!(df(&c)["demotions"].as_u64().unwrap() > 0);
+    // (df counts come with heartbeats, a second behind the files.)
+    eventually(10, "df counts the demotions", || df(&c)["demotions"].as_u64().unwrap() > 0);
     for (path, digest) in &files {
         check(path, digest);
     }

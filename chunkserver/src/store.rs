@@ -181,7 +181,11 @@ impl Drop for Claim<'_> {
 
 impl Claims {
     fn try_claim(&self, id: ShardId) -> Option<Claim<'_>> {
-        self.busy.lock().insert(id).then_some(Claim { claims: self, id })
+        // The guard must be gone before a Claim exists: a Claim built and dropped while the
+        // set is locked (as `then_some` would, eagerly) deadlocks in its Drop, and would remove
+        // someone else's claim.
+        let inserted = self.busy.lock().insert(id);
+        inserted.then(|| Claim { claims: self, id })
     }
 
     async fn claim(&self, id: ShardId) -> Claim<'_> {
@@ -194,6 +198,28 @@ impl Claims {
             }
             released.await;
         }
+    }
+}
+
+#[cfg(test)]
+mod claim_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_refused_claim_leaves_the_holder_alone_and_the_next_one_waits() {
+        let claims = Claims::default();
+        let id = ShardId { ino: 1, stripe: 2, index: 3, version: 4 };
+        let held = claims.try_claim(id).expect("free");
+        // Refused, without deadlocking and without releasing the holder's claim.
+        assert!(claims.try_claim(id).is_none());
+        assert!(claims.try_claim(id).is_none());
+        assert!(claims.busy.lock().contains(&id));
+        let waiter = claims.claim(id);
+        tokio::pin!(waiter);
+        assert!(futures::poll!(waiter.as_mut()).is_pending());
+        drop(held);
+        let _next = waiter.await;
+        assert!(claims.try_claim(id).is_none());
     }
 }
 
