@@ -786,3 +786,125 @@ fn chunkserver_on_a_full_small_disk_does_not_fail_the_cluster() {
     drop(cluster);
     drop(guard);
 }
+
+/// Start chunkserver `n` (its `data/chunk-n` config, so the same identity and shards) again, as
+/// an operator would after a crash; logs go next to the others.
+fn restart_chunk(cluster: &Cluster, n: usize) -> std::process::Child {
+    let config = cluster.data.join(format!("chunk-{n}/chunk.toml"));
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(cluster.data.join(format!("logs/chunk-{n}-restarted.log")))
+        .expect("chunk log");
+    Command::new(support::CAIRN)
+        .args(["chunk", "--config", config.to_str().expect("utf8")])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("spawn cairn chunk")
+}
+
+/// A writer-and-checker runs on the mount (each file written, fsynced and closed, then a
+/// random earlier one read back and compared), while two chunkservers (m) are killed with
+/// `kill -9`, the workload goes on, and they are started again. Reads never fail; every write
+/// acknowledged by `close` is there afterwards byte for byte; the stripes written while the
+/// nodes were down are healed once they are back, and `cairn fsck` ends clean. (A write may
+/// fail in the first seconds after the kill, while the dead nodes still get new files; it is
+/// then not acknowledged, and counted.)
+#[test]
+fn chunkservers_killed_and_revived_under_a_write_verify_workload() {
+    let mut revived = (KillOnDrop(None), KillOnDrop(None));
+    let cluster = Cluster::start(7, "4+2", 64);
+    let dir = cluster.mnt.join("load");
+    fs::create_dir(&dir).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(std::sync::Mutex::new(Vec::<(PathBuf, String)>::new()));
+    let failed_writes = Arc::new(AtomicUsize::new(0));
+    let worker = {
+        let (stop, written, failed_writes, dir) =
+            (stop.clone(), written.clone(), failed_writes.clone(), dir.clone());
+        std::thread::spawn(move || -> Result<usize, String> {
+            let mut reads = 0;
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let size = (i as usize * 7_919 * 13) % 700_000 + 1;
+                let data = random_bytes(size, 7_000 + i);
+                let path = dir.join(format!("w{i:05}"));
+                let ok = (|| -> std::io::Result<()> {
+                    let mut f = fs::File::create(&path)?;
+                    f.write_all(&data)?;
+                    f.sync_all()?;
+                    let fd = f.into_raw_fd();
+                    // close(2) itself must succeed for the write to count as acknowledged.
+                    if unsafe { libc::close(fd) } != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                })();
+                match ok {
+                    Ok(()) => written.lock().unwrap().push((path, sha256(&data))),
+                    Err(e) => {
+                        if failed_writes.fetch_add(1, Ordering::Relaxed) < 3 {
+                            println!("write {} failed: {e}", path.display());
+                        }
+                    }
+                }
+                let pick = {
+                    let w = written.lock().unwrap();
+                    (!w.is_empty()).then(|| w[(i as usize * 31) % w.len()].clone())
+                };
+                if let Some((p, hash)) = pick {
+                    let back = fs::read(&p).map_err(|e| format!("read {} failed: {e}", p.display()))?;
+                    if sha256(&back) != hash {
+                        return Err(format!("{} read back different bytes", p.display()));
+                    }
+                    reads += 1;
+                }
+            }
+            Ok(reads)
+        })
+    };
+    let acknowledged = || written.lock().unwrap().len();
+    eventually(60, "the workload gets going", || acknowledged() >= 10);
+
+    let (a, b) = (cluster.chunk_node(1), cluster.chunk_node(2));
+    kill9(a.pid);
+    kill9(b.pid);
+    let at_kill = acknowledged();
+    // Until the metaserver marks them down, and after.
+    eventually(90, "the dead chunkservers are marked down", || {
+        let out = cluster.cli(&["status", "--json"]);
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).map(|s| s["nodes_up"] == 5).unwrap_or(false)
+    });
+    eventually(90, "writes go on with two chunkservers dead", || acknowledged() >= at_kill + 40);
+    revived.0 .0 = Some(restart_chunk(&cluster, 1));
+    revived.1 .0 = Some(restart_chunk(&cluster, 2));
+    eventually(60, "the revived chunkservers are up", || {
+        let out = cluster.cli(&["status", "--json"]);
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).map(|s| s["nodes_up"] == 7).unwrap_or(false)
+    });
+    let at_revive = acknowledged();
+    eventually(60, "writes go on after the revival", || acknowledged() >= at_revive + 10);
+    stop.store(true, Ordering::Relaxed);
+    let reads = worker.join().unwrap().unwrap_or_else(|e| panic!("workload: {e}"));
+    let failed = failed_writes.load(Ordering::Relaxed);
+    let files = written.lock().unwrap().clone();
+    println!("{} files acknowledged, {failed} writes failed, {reads} reads checked", files.len());
+    assert!(failed * 5 <= files.len(), "{failed} writes failed against {} acknowledged", files.len());
+
+    // The stripes written while two nodes were dead are healed now that they are back; fsck
+    // sees every stripe whole.
+    let out = cluster.cli(&["scrub", "--all", "--json"]);
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", String::from_utf8_lossy(&out.stdout));
+    eventually(60, "fsck is clean", || {
+        let out = cluster.cli(&["fsck", "--json"]);
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        out.status.code() == Some(0) && r["healthy"] == r["stripes"]
+    });
+    for (path, hash) in &files {
+        let back = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(&sha256(&back), hash, "{}", path.display());
+    }
+}

@@ -145,6 +145,7 @@ impl Client {
     ) -> Result<(p::Attr, u64)> {
         req.client_id = self.client_id;
         req.open = open;
+        req.avoid_nodes = self.nodes.suspects();
         let reply = self.meta.create(req).await?;
         let info = reply.file.ok_or_else(|| CairnError::internal("create: no file info"))?;
         let attr = need(info.attr)?;

@@ -46,6 +46,11 @@ impl Nodes {
         self.suspect.read().get(&node).is_some_and(|t| t.elapsed() < SUSPECT_FOR)
     }
 
+    /// Every node suspect right now.
+    pub fn suspects(&self) -> Vec<u32> {
+        self.suspect.read().iter().filter(|(_, t)| t.elapsed() < SUSPECT_FOR).map(|(n, _)| *n).collect()
+    }
+
     /// `node` did not answer a read in time: go around it for a while.
     pub fn mark_slow(&self, node: u32) {
         if self.suspect.write().insert(node, Instant::now()).is_none() {

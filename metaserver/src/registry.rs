@@ -248,6 +248,12 @@ impl Registry {
 
     /// A placement group of `k+m` distinct nodes for a new file.
     pub fn place(&self, layout: &Layout) -> Result<Vec<u32>> {
+        self.place_avoiding(layout, &[])
+    }
+
+    /// [`Registry::place`], leaving out the nodes in `avoid` (ones a client could not reach)
+    /// when enough others are up.
+    pub fn place_avoiding(&self, layout: &Layout, avoid: &[u32]) -> Result<Vec<u32>> {
         let width = layout.width() as usize;
         let needed = (layout.k as usize + 1).min(width);
         let now = Instant::now();
@@ -286,27 +292,20 @@ impl Registry {
                 up.len() + down.len()
             )));
         }
-        // Prefer nodes heard from lately: one that stopped answering a moment ago is still "up"
-        // until the node timeout, but a new file placed on it would start out degraded.
+        // Prefer nodes heard from lately (one that stopped answering a moment ago is still "up"
+        // until the node timeout, but a new file placed on it would start out degraded), and
+        // nodes the client can reach: up nodes in rotated order, stably sorted by those two.
         let fresh_within = (self.timeout / 3).min(Duration::from_secs(3));
-        let fresh: Vec<u32> = up
-            .iter()
-            .copied()
-            .filter(|id| {
-                inner.nodes[id]
-                    .last_heartbeat
-                    .is_some_and(|t| now.saturating_duration_since(t) < fresh_within)
-            })
-            .collect();
-        let pool = if fresh.len() >= width { fresh } else { up.clone() };
-        let start = inner.cursor % pool.len();
+        let start = inner.cursor % up.len();
         inner.cursor = inner.cursor.wrapping_add(1);
-        let mut group: Vec<u32> =
-            pool.iter().cycle().skip(start).take(width.min(pool.len())).copied().collect();
-        if group.len() < width {
-            let rest: Vec<u32> = up.iter().copied().filter(|id| !group.contains(id)).collect();
-            group.extend(rest.into_iter().take(width - group.len()));
-        }
+        let mut ranked: Vec<u32> = up.iter().cycle().skip(start).take(up.len()).copied().collect();
+        ranked.sort_by_key(|id| {
+            let quiet = inner.nodes[id]
+                .last_heartbeat
+                .is_none_or(|t| now.saturating_duration_since(t) >= fresh_within);
+            (avoid.contains(id), quiet)
+        });
+        let mut group: Vec<u32> = ranked.into_iter().take(width).collect();
         if group.len() < width {
             let dstart = start % down.len().max(1);
             group.extend(down.iter().cycle().skip(dstart).take(width - group.len()));
@@ -561,6 +560,11 @@ mod tests {
         // A wider layout takes the quiet ones too rather than fail.
         let g = r.place(&Layout::new(3, 1, 4096).unwrap()).unwrap();
         assert_eq!(g.len(), 4);
+        // Nodes a client could not reach are left out while enough others are fresh.
+        for _ in 0..10 {
+            let g = r.place_avoiding(&Layout::new(1, 1, 4096).unwrap(), &[1]).unwrap();
+            assert!(!g.contains(&1), "{g:?}");
+        }
     }
 
     #[test]

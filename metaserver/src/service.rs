@@ -140,7 +140,7 @@ impl Meta for MetaService {
                     uid: r.uid,
                     gid: r.gid,
                 };
-                let (inode, created) = ns.create(&new, r.rdev, r.exclusive)?;
+                let (inode, created) = ns.create_avoiding(&new, r.rdev, r.exclusive, &r.avoid_nodes)?;
                 if r.open {
                     ns.sessions().opened(r.client_id, inode.ino);
                 }

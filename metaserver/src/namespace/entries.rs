@@ -89,6 +89,18 @@ impl Namespace {
     /// inode and whether it was created: a non-exclusive create of an existing regular file
     /// returns that file.
     pub fn create(&self, new: &NewEntry<'_>, rdev: u32, exclusive: bool) -> Result<(Inode, bool)> {
+        self.create_avoiding(new, rdev, exclusive, &[])
+    }
+
+    /// [`Namespace::create`], placing a new regular file away from the nodes in `avoid` when
+    /// enough others are up.
+    pub fn create_avoiding(
+        &self,
+        new: &NewEntry<'_>,
+        rdev: u32,
+        exclusive: bool,
+        avoid: &[u32],
+    ) -> Result<(Inode, bool)> {
         check_name(new.name)?;
         let kind = match new.mode & S_IFMT {
             0 => S_IFREG,
@@ -119,7 +131,7 @@ impl Namespace {
                     return Ok((inode, false));
                 }
                 let placement = if kind == S_IFREG {
-                    Some(self.registry.place(&self.dir(new.parent)?.layout())?)
+                    Some(self.registry.place_avoiding(&self.dir(new.parent)?.layout(), avoid)?)
                 } else {
                     None
                 };
