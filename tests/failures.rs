@@ -326,15 +326,13 @@ fn a_crashed_writer_leaves_no_shards_behind_and_acknowledged_files_survive() {
 
     // Once the writer's lease ran out, fsck sees its shards as unreferenced (not as data: the
     // filesystem is clean), and --repair deletes them.
-    let mut last = serde_json::Value::Null;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
         let (code, r) = cli_json(&cluster, &["fsck"]);
         if code == 0 && r["unreferenced_shards"]["stale"].as_u64().unwrap_or(0) > 0 {
             break;
         }
-        last = r;
-        assert!(std::time::Instant::now() < deadline, "fsck never reported the leftovers: {last}");
+        assert!(std::time::Instant::now() < deadline, "fsck never reported the leftovers: {r}");
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     let (code, repaired) = cli_json(&cluster, &["fsck", "--repair"]);
