@@ -19,29 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::{eventually, kill9, random_bytes, sha256, Cluster, KillOnDrop, Mount};
-
-/// splitmix64: a tiny seeded generator, the same sequence on every platform.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn pick<I: ExactSizeIterator>(&mut self, mut items: I) -> I::Item {
-        let n = items.len() as u64;
-        items.nth(self.below(n) as usize).expect("non-empty")
-    }
-}
+use support::{eventually, kill9, random_bytes, sha256, Cluster, KillOnDrop, Mount, Rng};
 
 fn status(cluster: &Cluster) -> serde_json::Value {
     let out = cluster.cli(&["status", "--json"]);
@@ -144,7 +122,7 @@ fn burst(root: PathBuf, seed: u64, progress: Arc<Progress>) -> (Expected, Vec<Re
         let roll = rng.below(100);
         let started = Instant::now();
         let (what, result): (String, std::io::Result<()>) = if roll < 15 && exp.dirs.len() < 24 {
-            let parent = rng.pick(exp.dirs.iter()).clone();
+            let parent = rng.pick_from(exp.dirs.iter()).clone();
             let path = join(&parent, &format!("d{next}"));
             let result = fs::create_dir(abs(&path));
             match &result {
@@ -157,7 +135,7 @@ fn burst(root: PathBuf, seed: u64, progress: Arc<Progress>) -> (Expected, Vec<Re
             }
             (format!("mkdir {path}"), result)
         } else if roll < 60 || exp.files.is_empty() {
-            let dir = rng.pick(exp.dirs.iter()).clone();
+            let dir = rng.pick_from(exp.dirs.iter()).clone();
             let path = join(&dir, &format!("f{next}"));
             let result = create_file(&abs(&path), &burst_content(next));
             match &result {
@@ -175,10 +153,10 @@ fn burst(root: PathBuf, seed: u64, progress: Arc<Progress>) -> (Expected, Vec<Re
             (format!("create {path}"), result)
         } else if roll < 85 {
             let (from, seed) = {
-                let (p, s) = rng.pick(exp.files.iter());
+                let (p, s) = rng.pick_from(exp.files.iter());
                 (p.clone(), *s)
             };
-            let dir = rng.pick(exp.dirs.iter()).clone();
+            let dir = rng.pick_from(exp.dirs.iter()).clone();
             let to = join(&dir, &format!("r{next}"));
             let result = fs::rename(abs(&from), abs(&to));
             exp.files.remove(&from);
@@ -198,7 +176,7 @@ fn burst(root: PathBuf, seed: u64, progress: Arc<Progress>) -> (Expected, Vec<Re
             (format!("rename {from} -> {to}"), result)
         } else {
             let (path, seed) = {
-                let (p, s) = rng.pick(exp.files.iter());
+                let (p, s) = rng.pick_from(exp.files.iter());
                 (p.clone(), *s)
             };
             let result = fs::remove_file(abs(&path));
@@ -361,22 +339,23 @@ fn compare(exp: &Expected, found: &BTreeMap<String, Found>) -> Vec<String> {
     problems
 }
 
-/// Start the metaserver again the way `cairn up` started it (same config, same port), logging
-/// next to the other logs. `cairn up` does not restart a child that died.
-fn restart_meta(cluster: &Cluster) -> std::process::Child {
-    let config = cluster.data.join("meta/meta.toml");
+/// Start a server of the cluster again with the config `cairn up` wrote for it (`meta` or
+/// `chunk-N`: same port, same identity and data), as an operator would after a crash; `cairn
+/// up` does not restart a child that died. Logs go next to the others.
+fn restart_server(cluster: &Cluster, role: &str, dir: &str) -> std::process::Child {
+    let config = cluster.data.join(format!("{dir}/{role}.toml"));
     let log = fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(cluster.data.join("logs/meta-restarted.log"))
-        .expect("meta log");
+        .open(cluster.data.join(format!("logs/{dir}-restarted.log")))
+        .expect("server log");
     Command::new(support::CAIRN)
-        .args(["meta", "--config", config.to_str().expect("utf8")])
+        .args([role, "--config", config.to_str().expect("utf8")])
         .stdin(Stdio::null())
         .stdout(log.try_clone().expect("log"))
         .stderr(log)
         .spawn()
-        .expect("spawn cairn meta")
+        .expect("spawn a cairn server")
 }
 
 /// A seeded burst of creates (write + fsync + close), renames, unlinks and mkdirs runs on the
@@ -428,7 +407,7 @@ fn metaserver_killed_mid_burst_keeps_a_consistent_namespace() {
             progress.failed.load(Ordering::SeqCst) >= failed_before + 20
         });
         let restarted_at = Instant::now();
-        meta.0 = Some(restart_meta(&cluster));
+        meta.0 = Some(restart_server(&cluster, "meta", "meta"));
         outages.push((killed_at, restarted_at));
     }
     let ok_at_restart = progress.ok.load(Ordering::SeqCst);
@@ -787,24 +766,6 @@ fn chunkserver_on_a_full_small_disk_does_not_fail_the_cluster() {
     drop(guard);
 }
 
-/// Start chunkserver `n` (its `data/chunk-n` config, so the same identity and shards) again, as
-/// an operator would after a crash; logs go next to the others.
-fn restart_chunk(cluster: &Cluster, n: usize) -> std::process::Child {
-    let config = cluster.data.join(format!("chunk-{n}/chunk.toml"));
-    let log = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(cluster.data.join(format!("logs/chunk-{n}-restarted.log")))
-        .expect("chunk log");
-    Command::new(support::CAIRN)
-        .args(["chunk", "--config", config.to_str().expect("utf8")])
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("spawn cairn chunk")
-}
-
 /// A writer-and-checker runs on the mount (each file written, fsynced and closed, then a
 /// random earlier one read back and compared), while two chunkservers (m) are killed with
 /// `kill -9`, the workload goes on, and they are started again. Reads never fail; every write
@@ -879,8 +840,8 @@ fn chunkservers_killed_and_revived_under_a_write_verify_workload() {
         serde_json::from_slice::<serde_json::Value>(&out.stdout).map(|s| s["nodes_up"] == 5).unwrap_or(false)
     });
     eventually(90, "writes go on with two chunkservers dead", || acknowledged() >= at_kill + 40);
-    revived.0 .0 = Some(restart_chunk(&cluster, 1));
-    revived.1 .0 = Some(restart_chunk(&cluster, 2));
+    revived.0 .0 = Some(restart_server(&cluster, "chunk", "chunk-1"));
+    revived.1 .0 = Some(restart_server(&cluster, "chunk", "chunk-2"));
     eventually(60, "the revived chunkservers are up", || {
         let out = cluster.cli(&["status", "--json"]);
         serde_json::from_slice::<serde_json::Value>(&out.stdout).map(|s| s["nodes_up"] == 7).unwrap_or(false)

@@ -20,7 +20,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use support::{random_bytes, sha256, Cluster, Mount};
+use support::{random_bytes, sha256, Cluster, Mount, Rng};
 
 const UNIT: u64 = 64 << 10;
 const STRIPE: u64 = 4 * UNIT;
@@ -32,27 +32,6 @@ const CLIENT_CHECK_EVERY: usize = 100;
 const DIRS: [&str; 2] = ["d0", "d1"];
 const XATTRS: [&str; 3] = ["user.a", "user.b", "user.c"];
 const MODES: [u32; 6] = [0o644, 0o600, 0o755, 0o640, 0o700, 0o4755];
-
-/// splitmix64: tiny, and the same sequence on every platform and crate version.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn pick<T: Clone>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len() as u64) as usize].clone()
-    }
-}
 
 #[derive(Clone, Debug)]
 enum Op {

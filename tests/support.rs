@@ -46,28 +46,7 @@ impl Cluster {
     /// Like [`Cluster::start_in`], with extra `cairn up` arguments.
     pub fn start_with(parent: &Path, chunkservers: u32, ec: &str, unit_kib: u32, extra: &[&str]) -> Cluster {
         let root = tempfile::Builder::new().prefix("cairn-test-").tempdir_in(parent).expect("tempdir");
-        let data = root.path().join("data");
-        let mnt = root.path().join("mnt");
-        let args = vec![
-            "up".to_string(),
-            "--data-dir".into(),
-            data.display().to_string(),
-            "--mount".into(),
-            mnt.display().to_string(),
-            "--chunkservers".into(),
-            chunkservers.to_string(),
-            "--ec".into(),
-            ec.into(),
-            "--unit-kib".into(),
-            unit_kib.to_string(),
-            "--meta-port".into(),
-            "0".into(),
-        ];
-        let args: Vec<String> = args.into_iter().chain(extra.iter().map(|s| s.to_string())).collect();
-        let mut cluster =
-            Cluster { root, data, mnt, nodes: Vec::new(), meta_addr: String::new(), up: None, args };
-        cluster.restart();
-        cluster
+        Cluster::start_prepared(root, chunkservers, ec, unit_kib, extra)
     }
 
     /// (Re)start `cairn up` on this cluster's data dir.
@@ -395,5 +374,31 @@ impl Drop for KillOnDrop {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// A seeded pseudo-random sequence (splitmix64), so a failing run can be replayed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    pub fn pick<T: Clone>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len() as u64) as usize].clone()
+    }
+
+    pub fn pick_from<I: ExactSizeIterator>(&mut self, mut items: I) -> I::Item {
+        let n = items.len() as u64;
+        items.nth(self.below(n) as usize).expect("non-empty")
     }
 }

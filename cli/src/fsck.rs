@@ -21,15 +21,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn_client::MetaConn;
-use cairn_common::{CairnError, Result, MAX_MESSAGE_BYTES};
+use cairn_common::{CairnError, Result};
 use cairn_proto as p;
-use cairn_proto::chunk_client::ChunkClient;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
-use tonic::transport::Endpoint;
 
 use crate::admin::human;
-use crate::tree::{open_file, resolve, walk, Opened};
+use crate::tree::{batch_len, chunk_client, open_file, resolve, walk, Opened};
 
 /// Most shards, and most bytes, per CheckShards request.
 const BATCH_SHARDS: usize = 256;
@@ -390,24 +388,16 @@ async fn check_node(
     let client = match addr {
         None => return unavailable(&shards, format!("chunkserver {node} is not registered")),
         Some((addr, false)) => return unavailable(&shards, format!("chunkserver {node} ({addr}) is down")),
-        Some((addr, true)) => Endpoint::from_shared(format!("http://{addr}")).map(|e| {
-            let channel =
-                e.connect_timeout(Duration::from_secs(3)).timeout(Duration::from_secs(600)).connect_lazy();
-            ChunkClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES)
-        }),
+        Some((addr, true)) => chunk_client(&addr),
     };
     let mut client = match client {
         Ok(c) => c,
-        Err(e) => return unavailable(&shards, format!("chunkserver {node}: {e}")),
+        Err(e) => return unavailable(&shards, format!("chunkserver {node}: {}", e.message())),
     };
     let mut rest = &shards[..];
     while !rest.is_empty() {
-        let mut n = 0;
-        let mut bytes = 0;
-        while n < rest.len() && n < BATCH_SHARDS && (n == 0 || bytes + rest[n].bytes <= BATCH_BYTES) {
-            bytes += rest[n].bytes;
-            n += 1;
-        }
+        let n = batch_len(rest, BATCH_SHARDS, BATCH_BYTES, |s| s.bytes);
+        let bytes: u64 = rest[..n].iter().map(|s| s.bytes).sum();
         let (batch, after) = rest.split_at(n);
         rest = after;
         let req = p::CheckShardsRequest { ids: batch.iter().map(|s| s.id).collect(), verify };

@@ -11,9 +11,13 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use cairn_client::MetaConn;
-use cairn_common::{CairnError, ErrorKind, Layout, Result, ROOT_INO};
+use std::time::Duration;
+
+use cairn_common::{CairnError, ErrorKind, Layout, Result, MAX_MESSAGE_BYTES, ROOT_INO};
 use cairn_proto as p;
+use cairn_proto::chunk_client::ChunkClient;
 use futures::stream::{self, StreamExt};
+use tonic::transport::{Channel, Endpoint};
 
 /// Directory entries per ReadDir page, and files opened at once.
 const DIR_PAGE: u32 = 1024;
@@ -46,6 +50,30 @@ impl Opened {
             })
         })
     }
+}
+
+/// A client for the chunkserver at `addr`, for admin work (long deadline: a batch may verify or
+/// move hundreds of MiB).
+pub fn chunk_client(addr: &str) -> Result<ChunkClient<Channel>> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| CairnError::invalid(format!("chunkserver address {addr:?}: {e}")))?;
+    let channel =
+        endpoint.connect_timeout(Duration::from_secs(3)).timeout(Duration::from_secs(600)).connect_lazy();
+    Ok(ChunkClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+}
+
+/// How many of `items` (at least one) go into the next request: at most `max_items`, and no more
+/// than `max_bytes` of them by `bytes`.
+pub fn batch_len<T>(items: &[T], max_items: usize, max_bytes: u64, bytes: impl Fn(&T) -> u64) -> usize {
+    let mut n = 0;
+    let mut total = 0;
+    while n < items.len() && n < max_items && (n == 0 || total + bytes(&items[n]) <= max_bytes) {
+        total += bytes(&items[n]);
+        n += 1;
+    }
+    n
 }
 
 /// Where PATH lives: the metaserver to ask and the path's components inside Cairn. A path
@@ -233,6 +261,15 @@ pub async fn open_file(conn: &MetaConn, client_id: u32, ino: u64, path: String) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batches_respect_count_and_bytes_but_take_at_least_one() {
+        let sizes = [10u64, 10, 10, 100, 5];
+        assert_eq!(batch_len(&sizes, 2, 1000, |b| *b), 2);
+        assert_eq!(batch_len(&sizes, 10, 30, |b| *b), 3);
+        assert_eq!(batch_len(&sizes[3..], 10, 50, |b| *b), 1);
+        assert_eq!(batch_len::<u64>(&[], 10, 50, |b| *b), 0);
+    }
 
     #[test]
     fn mountinfo_escapes_are_undone() {

@@ -15,15 +15,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cairn_common::{CairnError, ErrorKind, Result, MAX_MESSAGE_BYTES};
+use cairn_common::{CairnError, ErrorKind, Result};
 use cairn_proto as p;
-use cairn_proto::chunk_client::ChunkClient;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
-use tonic::transport::Endpoint;
 
 use crate::admin::human;
-use crate::tree::{resolve, walk, Opened};
+use crate::tree::{batch_len, chunk_client, resolve, walk, Opened};
 
 /// Most shards, and most bytes, in one `Promote` request: small enough that the progress bar
 /// moves and a full SSD stops a node soon after it filled.
@@ -213,17 +211,7 @@ async fn promote_node(
     let client = match addr {
         None => Err(CairnError::unavailable(format!("chunkserver {node} is not registered"))),
         Some((_, false)) => Err(CairnError::unavailable(format!("chunkserver {node} is down"))),
-        Some((addr, true)) => Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| CairnError::invalid(format!("chunkserver address {addr:?}: {e}")))
-            .map(|e| {
-                let channel = e
-                    .connect_timeout(Duration::from_secs(3))
-                    .timeout(Duration::from_secs(600))
-                    .connect_lazy();
-                ChunkClient::new(channel)
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                    .max_encoding_message_size(MAX_MESSAGE_BYTES)
-            }),
+        Some((addr, true)) => chunk_client(&addr),
     };
     let mut client = match client {
         Ok(c) => c,
@@ -235,12 +223,8 @@ async fn promote_node(
     };
     let mut rest = &shards[..];
     while !rest.is_empty() {
-        let mut n = 0;
-        let mut bytes = 0;
-        while n < rest.len() && n < BATCH_SHARDS && (n == 0 || bytes + rest[n].bytes <= BATCH_BYTES) {
-            bytes += rest[n].bytes;
-            n += 1;
-        }
+        let n = batch_len(rest, BATCH_SHARDS, BATCH_BYTES, |s| s.bytes);
+        let bytes: u64 = rest[..n].iter().map(|s| s.bytes).sum();
         let (batch, after) = rest.split_at(n);
         rest = after;
         let req = p::PromoteRequest { ids: batch.iter().map(|s| s.id).collect() };

@@ -48,6 +48,11 @@ impl NodeState {
         self.tiers.iter().map(|t| t.free).sum()
     }
 
+    /// Milliseconds since the last heartbeat (`u64::MAX`: never heard from).
+    fn heartbeat_ms_ago(&self, now: Instant) -> u64 {
+        self.last_heartbeat.map_or(u64::MAX, |t| now.saturating_duration_since(t).as_millis() as u64)
+    }
+
     /// Reports tiers and has less than `below` bytes free in all of them together.
     fn is_full(&self, below: u64) -> bool {
         !self.tiers.is_empty() && self.free() < below
@@ -324,9 +329,7 @@ impl Registry {
                 id: *id,
                 addr: n.addr.clone(),
                 up: self.is_up(n, now),
-                last_heartbeat_ms_ago: n
-                    .last_heartbeat
-                    .map_or(u64::MAX, |t| now.saturating_duration_since(t).as_millis() as u64),
+                last_heartbeat_ms_ago: n.heartbeat_ms_ago(now),
                 tiers: n.tiers.clone(),
                 pid: n.pid,
                 state: state_name(n.state).into(),
@@ -346,9 +349,7 @@ impl Registry {
                 id: *id,
                 addr: n.addr.clone(),
                 up: self.is_up(n, now),
-                last_heartbeat_ms_ago: n
-                    .last_heartbeat
-                    .map_or(u64::MAX, |t| now.saturating_duration_since(t).as_millis() as u64),
+                last_heartbeat_ms_ago: n.heartbeat_ms_ago(now),
                 draining: n.state == NODE_DRAINING,
                 free: n.free(),
                 full: n.is_full(FULL_BELOW_BYTES),
@@ -543,12 +544,12 @@ mod tests {
     fn new_files_avoid_nodes_that_went_quiet() {
         let store: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
         let layout = Layout::new(2, 1, 4096).unwrap();
-        // Node timeout 300 ms: a node is preferred while heard from within the last 100 ms.
-        let r = Registry::open(store, Duration::from_millis(300)).unwrap();
+        // Node timeout 6 s: a node is preferred while heard from within the last 2 s.
+        let r = Registry::open(store, Duration::from_secs(6)).unwrap();
         for i in 0..5 {
             r.register(&format!("n{i}"), &format!("127.0.0.1:{}", 100 + i), vec![], 0).unwrap();
         }
-        std::thread::sleep(Duration::from_millis(150));
+        std::thread::sleep(Duration::from_millis(2100));
         for id in [1, 2, 3] {
             r.heartbeat(id, "", vec![], 0).unwrap();
         }
