@@ -276,7 +276,14 @@ fn walk(dir: &Path, prefix: &str, out: &mut Vec<(String, fs::Metadata)>) {
     names.sort();
     for name in names {
         let rel = format!("{prefix}{}", name.to_string_lossy());
-        let md = fs::symlink_metadata(dir.join(&name)).expect("lstat");
+        let md = match fs::symlink_metadata(dir.join(&name)) {
+            Ok(md) => md,
+            // Listed but gone by the time of the lstat: removed in between, or (on the second
+            // client) a kernel dentry cached within its TTL for an inode since removed. Left
+            // out: the snapshot then differs, and the second client's check looks again.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => panic!("lstat {}: {e}", dir.join(&name).display()),
+        };
         let is_dir = md.is_dir();
         out.push((rel.clone(), md));
         if is_dir {
