@@ -290,7 +290,7 @@ impl Client {
         if let Some(file) = last {
             if let Err(e) = &result {
                 tracing::warn!(ino, "last close failed ({e}); discarding what could not be committed");
-                file.abandon(&self.nodes).await;
+                file.abandon(&self.meta, &self.nodes).await;
             }
             // The metaserver drops our locks on the file, and frees it if it was unlinked.
             self.lock_owners.lock().remove(&ino);

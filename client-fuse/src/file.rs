@@ -20,6 +20,7 @@ use futures::future::join_all;
 use parking_lot::Mutex as SyncMutex;
 use tokio::sync::{Mutex, OnceCell};
 
+use crate::meta::MetaConn;
 use crate::metrics;
 use crate::nodes::Nodes;
 use crate::stripe::{read_stripe, write_stripe, Geometry};
@@ -320,16 +321,33 @@ impl OpenFile {
     }
 
     /// Give up on what could not be committed (the last handle closed after a failed flush):
-    /// drop the buffers and delete the shards of stripes written but never committed, which
-    /// nothing else references. Best effort: a chunkserver that cannot be reached keeps them
-    /// as orphans.
-    pub async fn abandon(&self, nodes: &Arc<Nodes>) {
+    /// drop the buffers and delete the shards of stripes written but never committed. A failed
+    /// commit may still have been applied (the metaserver died after writing it, before
+    /// answering), so only shards the metaserver confirms it does not reference are deleted;
+    /// when it cannot be asked, they stay, and its reconciliation deletes them once this
+    /// client's session is gone. Best effort: a chunkserver that cannot be reached keeps them.
+    pub async fn abandon(&self, meta: &MetaConn, nodes: &Arc<Nodes>) {
         let mut inner = self.inner.lock().await;
         inner.dirty.clear();
         inner.size_dirty = false;
-        let mut by_node: BTreeMap<u32, Vec<cairn_common::ShardId>> = BTreeMap::new();
-        for info in std::mem::take(&mut inner.uncommitted).into_values() {
+        let uncommitted: Vec<StripeInfo> = std::mem::take(&mut inner.uncommitted).into_values().collect();
+        for info in &uncommitted {
             inner.stripes.remove(&info.index);
+        }
+        drop(inner);
+        let committed = match self.committed_versions(meta, &uncommitted).await {
+            Ok(versions) => versions,
+            Err(e) => {
+                tracing::warn!(
+                    ino = self.geo.ino,
+                    "cannot tell which stripes were committed ({e}); leaving their shards to the \
+                     metaserver's reconciliation"
+                );
+                return;
+            }
+        };
+        let mut by_node: BTreeMap<u32, Vec<cairn_common::ShardId>> = BTreeMap::new();
+        for info in uncommitted.iter().filter(|i| committed.get(&i.index) != Some(&i.version)) {
             for index in 0..self.geo.layout.width() {
                 if info.missing & (1 << index) == 0 && self.geo.layout.shard_len(index, info.written_len) > 0
                 {
@@ -342,6 +360,35 @@ impl OpenFile {
         for result in join_all(deletes).await {
             if let Err(e) = result {
                 tracing::warn!(ino = self.geo.ino, "could not delete uncommitted shards: {e}");
+            }
+        }
+    }
+
+    /// The committed version of each stripe of `stripes` that has a record, from the metaserver.
+    async fn committed_versions(
+        &self,
+        meta: &MetaConn,
+        stripes: &[StripeInfo],
+    ) -> Result<BTreeMap<u64, u64>> {
+        let mut out = BTreeMap::new();
+        let (Some(first), Some(last)) =
+            (stripes.iter().map(|s| s.index).min(), stripes.iter().map(|s| s.index).max())
+        else {
+            return Ok(out);
+        };
+        let mut from = first;
+        loop {
+            let req = cairn_proto::ListStripesRequest { ino: self.geo.ino, from, limit: 4096 };
+            let page = match meta.list_stripes(req).await {
+                Ok(page) => page,
+                // The file is gone: nothing references its shards.
+                Err(e) if e.kind() == cairn_common::ErrorKind::NotFound => return Ok(out),
+                Err(e) => return Err(e),
+            };
+            out.extend(page.stripes.iter().map(|s| (s.index, s.version)));
+            match page.stripes.last() {
+                Some(s) if page.more && s.index < last => from = s.index + 1,
+                _ => return Ok(out),
             }
         }
     }
