@@ -8,7 +8,7 @@ cargo build --workspace --all-targets
 scripts/pjdfstest.sh target/debug/cairn
 mkdir -p target
 set +e
-cargo test --workspace -- --test-threads=2 2>&1 | tee target/test.log
+cargo test --workspace --no-fail-fast -- --test-threads=2 2>&1 | tee target/test.log
 status=${PIPESTATUS[0]}
 set -e
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }

@@ -5,7 +5,7 @@ mod support;
 
 use std::fs;
 
-use support::{eventually, kill9, random_bytes, sha256, Cluster};
+use support::{cli_json, eventually, kill9, random_bytes, sha256, Cluster};
 
 fn status(cluster: &Cluster) -> serde_json::Value {
     let out = cluster.cli(&["status", "--json"]);
@@ -111,22 +111,6 @@ fn more_than_m_damaged_shards_read_as_eio_never_wrong_data() {
     assert_eq!(destroyed, 3);
     let err = fs::read(cluster.mnt.join("doomed")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
-}
-
-/// Run `cairn <args> --json`: the exit status and the parsed report.
-fn cli_json(cluster: &Cluster, args: &[&str]) -> (i32, serde_json::Value) {
-    let mut all = args.to_vec();
-    all.push("--json");
-    let out = cluster.cli(&all);
-    let code = out.status.code().unwrap_or(-1);
-    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "cairn {args:?} (exit {code}): {e}\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (code, json)
 }
 
 /// Shard files whose name says stripe `stripe` of inode `ino` (hex as in the file names).
@@ -293,10 +277,7 @@ fn drained_node_is_emptied_removed_and_a_new_node_takes_files() {
     eventually(30, "the new chunkserver holds shards", || shards_by_node(&cluster)[&newest] > 0);
 }
 
-// Passes alone; run beside the other tests it failed twice (once the partial file's stripes
-// were found committed, once the shard count after --repair differed): cause not found yet.
 #[test]
-#[ignore = "flaky when run concurrently with other cluster tests; under investigation"]
 fn a_crashed_writer_leaves_no_shards_behind_and_acknowledged_files_survive() {
     // Short lease and grace, so the leftovers of the killed client are judged within seconds.
     let cluster = Cluster::start_with(
@@ -325,14 +306,22 @@ fn a_crashed_writer_leaves_no_shards_behind_and_acknowledged_files_survive() {
     drop(writer);
 
     // Once the writer's lease ran out, fsck sees its shards as unreferenced (not as data: the
-    // filesystem is clean), and --repair deletes them.
+    // filesystem is clean), and --repair deletes them. Shard writes the client had sent may
+    // still land after it died, and a shard counts as stale only once older than the grace
+    // period: wait until every shard beyond the committed ones is reported stale.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
+        let on_disk = cluster.shard_files().len() as u64;
         let (code, r) = cli_json(&cluster, &["fsck"]);
-        if code == 0 && r["unreferenced_shards"]["stale"].as_u64().unwrap_or(0) > 0 {
+        let stale = r["unreferenced_shards"]["stale"].as_u64().unwrap_or(0);
+        if code == 0 && stale >= 12 && stale == on_disk - committed as u64 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "fsck never reported the leftovers: {r}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "fsck never reported all {} leftovers: {r}",
+            on_disk - committed as u64
+        );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     let (code, repaired) = cli_json(&cluster, &["fsck", "--repair"]);

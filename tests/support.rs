@@ -402,3 +402,19 @@ impl Rng {
         items.nth(self.below(n) as usize).expect("non-empty")
     }
 }
+
+/// Run `cairn <args> --json`: the exit status and the parsed report.
+pub fn cli_json(cluster: &Cluster, args: &[&str]) -> (i32, serde_json::Value) {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let out = cluster.cli(&all);
+    let code = out.status.code().unwrap_or(-1);
+    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "cairn {args:?} (exit {code}): {e}\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (code, json)
+}

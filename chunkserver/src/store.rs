@@ -114,6 +114,8 @@ pub(crate) struct DirUsage {
     pub(crate) read_bytes: u64,
     pub(crate) promotions: u64,
     pub(crate) demotions: u64,
+    pub(crate) writes: u64,
+    pub(crate) write_bytes: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -511,6 +513,7 @@ impl ShardStore {
             off_thread(data.len(), move || shard::encode_header(&id, &data)).await?
         };
         let file_len = (header.len() + data.len()) as u64;
+        let payload = data.len() as u64;
         let _claim = self.claims.claim(id).await;
         let current = self.index.lock().shards.get(&id).map(|loc| loc.dir);
         let dir = self.pick_dir(&id, file_len, current)?;
@@ -541,7 +544,10 @@ impl ShardStore {
         let old = {
             let mut index = self.index.lock();
             index.hot.forget(&id);
-            index.insert(id, Location { dir, file_len, last_access })
+            let old = index.insert(id, Location { dir, file_len, last_access });
+            index.usage[dir].writes += 1;
+            index.usage[dir].write_bytes += payload;
+            old
         };
         if let Some(old) = old.filter(|old| old.dir != dir) {
             // The previous copy lived in another directory: remove it, or it would come back at
@@ -743,6 +749,8 @@ impl ShardStore {
                     read_bytes: used.read_bytes,
                     promotions: used.promotions,
                     demotions: used.demotions,
+                    writes: used.writes,
+                    write_bytes: used.write_bytes,
                 }
             })
             .collect()

@@ -90,6 +90,8 @@ fake_meta! {
     drain_node(NodeRequest) -> NodeReply;
     activate_node(NodeRequest) -> NodeReply;
     remove_node(NodeRequest) -> Empty;
+    get_layout(InoRequest) -> LayoutReply;
+    set_layout(SetLayoutRequest) -> LayoutReply;
 }
 
 /// Serve the fake metaserver on `listener` in the background.

@@ -2,8 +2,12 @@
 //! crates. Every failure prints one clear line to stderr and exits non-zero.
 
 mod admin;
+mod bench;
 mod fsck;
+mod info;
+mod mount;
 mod node;
+mod stats;
 mod tree;
 mod up;
 mod warmup;
@@ -27,32 +31,98 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a metaserver.
+    /// Run a metaserver. Settings: the TOML file, then CAIRN_META_<KEY> environment variables,
+    /// then --set flags (docs/configuration.md lists every key).
     Meta {
         #[arg(long)]
-        config: PathBuf,
+        config: Option<PathBuf>,
+        /// Override one setting, e.g. --set listen=0.0.0.0:9400 (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
     },
-    /// Run a chunkserver.
+    /// Run a chunkserver. Settings: the TOML file, then CAIRN_CHUNK_<KEY> environment
+    /// variables, then --set flags (docs/configuration.md lists every key).
     Chunk {
         #[arg(long)]
-        config: PathBuf,
+        config: Option<PathBuf>,
+        /// Override one setting, e.g. --set ssd_dirs=/nvme0/cairn,/nvme1/cairn (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
     },
-    /// Mount a Cairn cluster (stays in the foreground; SIGINT/SIGTERM unmount).
+    /// Mount a Cairn cluster. Stays in the foreground (SIGINT/SIGTERM unmount) unless
+    /// --background, which returns once the mount is ready.
     Mount {
         /// The metaserver's address.
         #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
         meta: String,
         mountpoint: PathBuf,
         /// FUSE request threads.
-        #[arg(long, default_value_t = 4)]
+        #[arg(long, env = "CAIRN_MOUNT_THREADS", default_value_t = 4)]
         threads: usize,
         /// Attribute and entry cache lifetime in the kernel, milliseconds.
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, env = "CAIRN_MOUNT_ATTR_TTL_MS", default_value_t = 1000)]
         attr_ttl_ms: u64,
         /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9410).
-        #[arg(long)]
+        #[arg(long, env = "CAIRN_MOUNT_METRICS")]
         metrics: Option<String>,
+        /// Refuse every change (EROFS): for datasets that jobs only read.
+        #[arg(long, env = "CAIRN_MOUNT_READ_ONLY")]
+        read_only: bool,
+        /// Run as a daemon and return once the mount is ready.
+        #[arg(long)]
+        background: bool,
+        /// The daemon's log file (--background; default /var/log/cairn-mount-PATH.log as root).
+        #[arg(long, requires = "background")]
+        log: Option<PathBuf>,
     },
+    /// Benchmark a directory through the file API: big files written and read, small files
+    /// written, read and stat'ed, by several threads at once (works on any directory, for a
+    /// baseline).
+    Bench {
+        path: PathBuf,
+        /// Size of each thread's big file (0: skip).
+        #[arg(long, value_parser = parse_size_or_zero, default_value = "256M")]
+        big_file_size: u64,
+        /// I/O size for the big files.
+        #[arg(long, value_parser = up::parse_size, default_value = "1M")]
+        block_size: u64,
+        /// Size of each small file.
+        #[arg(long, value_parser = parse_size_or_zero, default_value = "128K")]
+        small_file_size: u64,
+        /// Small files per thread (0: skip).
+        #[arg(long, default_value_t = 100)]
+        small_files: u64,
+        #[arg(long, short = 'p', default_value_t = 4)]
+        threads: u64,
+        /// Leave the files behind (in PATH/__cairn_bench_PID).
+        #[arg(long)]
+        keep: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Unmount a Cairn mount (the mount process exits by itself).
+    Umount {
+        mountpoint: PathBuf,
+        /// Detach now even if files are open; they keep working until closed.
+        #[arg(long, short = 'l')]
+        lazy: bool,
+    },
+    /// Where a file lives: inode, layout, stripes, and which chunkservers hold its shards (for a
+    /// directory: the layout its new files get).
+    Info {
+        /// A path under a Cairn mount, or inside the Cairn namespace.
+        path: PathBuf,
+        #[arg(long, env = "CAIRN_META")]
+        meta: Option<String>,
+        /// List every stripe (the default shows the first few).
+        #[arg(long)]
+        stripes: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The erasure-coding layout of a directory: what files created in it get.
+    #[command(subcommand)]
+    Layout(LayoutCommand),
     /// Start a whole local cluster (metaserver + chunkservers, each its own process) and mount it.
     Up(up::UpArgs),
     /// Capacity per chunkserver and tier, raw and usable after erasure-coding overhead.
@@ -71,6 +141,21 @@ enum Command {
         #[arg(long, env = "CAIRN_META")]
         meta: Option<String>,
         /// Print the summary as JSON (and no progress bar).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Live per-second view of the cluster: metadata requests, shard reads and writes, SSD hit
+    /// ratio, tier moves, degraded stripes, rebuild rate.
+    Stats {
+        #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
+        meta: String,
+        /// Seconds between lines.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// Stop after this many lines (default: until interrupted).
+        #[arg(long)]
+        count: Option<u64>,
+        /// One JSON object per line.
         #[arg(long)]
         json: bool,
     },
@@ -117,6 +202,33 @@ enum Command {
 }
 
 #[derive(Subcommand)]
+enum LayoutCommand {
+    /// Show the layout of a directory (or of a file).
+    Get {
+        path: PathBuf,
+        #[arg(long, env = "CAIRN_META")]
+        meta: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set the layout new files in a directory get (existing files keep theirs; new
+    /// subdirectories inherit it).
+    Set {
+        path: PathBuf,
+        /// Data+parity shards per stripe, e.g. 4+2 or 8+3.
+        #[arg(long, value_parser = info::parse_ec, required_unless_present = "unit")]
+        ec: Option<(u32, u32)>,
+        /// Bytes per data shard per stripe, e.g. 256K or 1M (a multiple of 4K).
+        #[arg(long, value_parser = up::parse_size)]
+        unit: Option<u64>,
+        #[arg(long, env = "CAIRN_META")]
+        meta: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
 enum NodeCommand {
     /// Every chunkserver with its state.
     List {
@@ -154,27 +266,92 @@ enum NodeCommand {
 }
 
 fn main() -> ExitCode {
+    // Run as mount(8)'s helper (`mount -t fuse.cairn`, `mount -t cairn`, /etc/fstab).
+    let argv0 = std::env::args().next().unwrap_or_default();
+    let name = std::path::Path::new(&argv0).file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if name == "mount.cairn" || name == "mount.fuse.cairn" {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        return match mount::helper(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{name}: {}", e.message());
+                // mount(8): 32 is "mount failure".
+                ExitCode::from(32)
+            }
+        };
+    }
     let cli = Cli::parse();
     cairn_common::telemetry::init_logging();
     let result = match cli.command {
-        Command::Meta { config } => load(&config).and_then(|c: cairn_common::config::MetaConfig| {
-            c.validate()?;
-            runtime()?.block_on(cairn_meta::run(c))
-        }),
-        Command::Chunk { config } => load(&config).and_then(|c: cairn_common::config::ChunkConfig| {
-            c.validate()?;
-            runtime()?.block_on(cairn_chunk::run(c))
-        }),
-        Command::Mount { meta, mountpoint, threads, attr_ttl_ms, metrics } => {
-            cairn_client::mount(cairn_client::MountOptions {
-                meta,
-                mountpoint,
-                threads,
-                attr_ttl: Duration::from_millis(attr_ttl_ms),
-                allow_other: unsafe { libc::geteuid() } == 0,
-                metrics,
-            })
+        Command::Meta { config, set } => load(config, cairn_common::config::META_ENV_PREFIX, &set).and_then(
+            |c: cairn_common::config::MetaConfig| {
+                c.validate()?;
+                runtime()?.block_on(cairn_meta::run(c))
+            },
+        ),
+        Command::Chunk { config, set } => load(config, cairn_common::config::CHUNK_ENV_PREFIX, &set)
+            .and_then(|c: cairn_common::config::ChunkConfig| {
+                c.validate()?;
+                runtime()?.block_on(cairn_chunk::run(c))
+            }),
+        Command::Mount { meta, mountpoint, threads, attr_ttl_ms, metrics, read_only, background, log } => {
+            if background {
+                let args =
+                    mount::MountArgs { meta, mountpoint, threads, attr_ttl_ms, metrics, read_only, log };
+                mount::background(&args)
+            } else {
+                cairn_client::mount(cairn_client::MountOptions {
+                    meta,
+                    mountpoint,
+                    threads,
+                    attr_ttl: Duration::from_millis(attr_ttl_ms),
+                    allow_other: unsafe { libc::geteuid() } == 0,
+                    metrics,
+                    read_only,
+                })
+            }
         }
+        Command::Stats { meta, interval, count, json } => {
+            if !(interval.is_finite() && interval >= 0.1) {
+                Err(cairn_common::CairnError::invalid("--interval must be at least 0.1 seconds"))
+            } else {
+                let every = Duration::from_secs_f64(interval);
+                runtime().and_then(|rt| rt.block_on(stats::stats(&meta, every, count, json)))
+            }
+        }
+        Command::Bench {
+            path,
+            big_file_size,
+            block_size,
+            small_file_size,
+            small_files,
+            threads,
+            keep,
+            json,
+        } => bench::run(bench::Options {
+            path,
+            big_file_size,
+            block_size,
+            small_file_size,
+            small_files,
+            threads,
+            keep,
+            json,
+        }),
+        Command::Umount { mountpoint, lazy } => mount::umount(&mountpoint, lazy),
+        Command::Info { path, meta, stripes, json } => {
+            runtime().and_then(|rt| rt.block_on(info::info(&path, meta, stripes, json)))
+        }
+        Command::Layout(cmd) => runtime().and_then(|rt| {
+            rt.block_on(async {
+                match cmd {
+                    LayoutCommand::Get { path, meta, json } => info::layout_get(&path, meta, json).await,
+                    LayoutCommand::Set { path, ec, unit, meta, json } => {
+                        info::layout_set(&path, meta, ec, unit, json).await
+                    }
+                }
+            })
+        }),
         Command::Up(args) => up::run(args),
         Command::Df { meta, json } => runtime().and_then(|rt| rt.block_on(admin::df(&meta, json))),
         Command::Warmup { path, meta, json } => {
@@ -210,6 +387,15 @@ fn main() -> ExitCode {
     }
 }
 
+/// A size (see [`up::parse_size`]) where 0 means "skip".
+fn parse_size_or_zero(text: &str) -> std::result::Result<u64, String> {
+    if text.trim() == "0" {
+        Ok(0)
+    } else {
+        up::parse_size(text)
+    }
+}
+
 /// A command with its own exit status (fsck, scrub): errors exit 8, as e2fsck's operational
 /// errors do.
 fn exit_code(result: cairn_common::Result<u8>) -> ExitCode {
@@ -222,8 +408,12 @@ fn exit_code(result: cairn_common::Result<u8>) -> ExitCode {
     }
 }
 
-fn load<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> cairn_common::Result<T> {
-    cairn_common::config::load(path)
+fn load<T: serde::de::DeserializeOwned + serde::Serialize + Default>(
+    path: Option<PathBuf>,
+    env_prefix: &str,
+    set: &[String],
+) -> cairn_common::Result<T> {
+    cairn_common::config::load_with(path.as_deref(), env_prefix, std::env::vars(), set)
 }
 
 fn runtime() -> cairn_common::Result<tokio::runtime::Runtime> {

@@ -105,7 +105,7 @@ pub fn resolve(path: &Path, meta: Option<String>) -> Result<(String, Vec<Vec<u8>
     Ok((meta, components.clone(), shown(&components)))
 }
 
-fn shown(components: &[Vec<u8>]) -> String {
+pub fn shown(components: &[Vec<u8>]) -> String {
     format!("/{}", components.iter().map(|c| String::from_utf8_lossy(c)).collect::<Vec<_>>().join("/"))
 }
 
@@ -127,7 +127,7 @@ fn cairn_mounts() -> Vec<(PathBuf, String)> {
 }
 
 /// Undo mountinfo's octal escapes (`\040` for a space).
-fn unescape(field: &str) -> String {
+pub fn unescape(field: &str) -> String {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -147,6 +147,21 @@ fn unescape(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The attributes of the entry at `components` (the root for none), looked up one component
+/// at a time; an error names the whole path.
+pub async fn lookup(conn: &MetaConn, components: &[Vec<u8>]) -> Result<p::Attr> {
+    let mut attr = conn.get_attr(p::InoRequest { ino: ROOT_INO }).await?.attr;
+    for name in components {
+        let parent = attr.as_ref().map_or(ROOT_INO, |a| a.ino);
+        attr = conn
+            .lookup(p::LookupRequest { parent, name: name.clone() })
+            .await
+            .map_err(|e| CairnError::new(e.kind(), format!("{}: {}", shown(components), e.message())))?
+            .attr;
+    }
+    attr.ok_or_else(|| CairnError::internal("lookup: no attributes"))
+}
+
 /// Walk the tree at `components` and hand every regular file in it to `on_file` (once per
 /// inode). Returns the number of directories walked. `progress` is called after each page.
 pub async fn walk(
@@ -156,18 +171,8 @@ pub async fn walk(
     mut progress: impl FnMut(),
 ) -> Result<usize> {
     let top = shown(components);
-    let mut ino = ROOT_INO;
-    let mut mode = S_IFDIR;
-    for name in components {
-        let attr = conn
-            .lookup(p::LookupRequest { parent: ino, name: name.clone() })
-            .await
-            .map_err(|e| CairnError::new(e.kind(), format!("{top}: {}", e.message())))?
-            .attr
-            .ok_or_else(|| CairnError::internal("lookup: no attributes"))?;
-        ino = attr.ino;
-        mode = attr.mode;
-    }
+    let attr = lookup(conn, components).await?;
+    let (ino, mode) = (attr.ino, attr.mode);
     let client_id = conn.register_client(p::Empty {}).await?.client_id;
     let mut seen = HashSet::new();
     let mut directories = 0;

@@ -33,6 +33,8 @@ pub struct MountOptions {
     pub allow_other: bool,
     /// Serve Prometheus metrics at `http://ADDR/metrics`.
     pub metrics: Option<String>,
+    /// Mount read-only: the kernel refuses every change with EROFS.
+    pub read_only: bool,
 }
 
 /// Connect to the metaserver and serve the mount until it is unmounted (`umount`, or SIGINT /
@@ -73,6 +75,9 @@ pub fn mount(opts: MountOptions) -> Result<()> {
         MountOption::Dev,
         MountOption::Suid,
     ];
+    if opts.read_only {
+        config.mount_options.push(MountOption::RO);
+    }
     if opts.allow_other {
         config.acl = fuser::SessionACL::All;
     }

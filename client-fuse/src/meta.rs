@@ -88,4 +88,6 @@ impl MetaConn {
     rpc!(drain_node, p::NodeRequest, p::NodeReply);
     rpc!(activate_node, p::NodeRequest, p::NodeReply);
     rpc!(remove_node, p::NodeRequest, p::Empty);
+    rpc!(get_layout, p::InoRequest, p::LayoutReply);
+    rpc!(set_layout, p::SetLayoutRequest, p::LayoutReply);
 }

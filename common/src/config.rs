@@ -1,6 +1,12 @@
 //! Configuration files. Each server reads one TOML file into a serde struct whose fields all
 //! have documented defaults; unknown keys are rejected so a typo is an error, not a silently
 //! ignored setting.
+//!
+//! Every key can also be set without editing the file: an environment variable
+//! `CAIRN_META_<KEY>` / `CAIRN_CHUNK_<KEY>` (upper case) overrides the file, and a flag
+//! `--set key=value` overrides both. A value is taken as the key's type: a list key takes
+//! comma-separated items (`ssd_dirs=/a,/b`) or a TOML array, a string key takes the text as
+//! it is, anything else is read as a TOML value (`sync=true`, `unit=1048576`).
 
 use std::path::{Path, PathBuf};
 
@@ -230,6 +236,70 @@ pub fn load<T: DeserializeOwned>(path: &Path) -> Result<T> {
     toml::from_str(&text).map_err(|e| CairnError::invalid(format!("config {}: {e}", path.display())))
 }
 
+/// Environment variable prefixes of the two server configs.
+pub const META_ENV_PREFIX: &str = "CAIRN_META_";
+pub const CHUNK_ENV_PREFIX: &str = "CAIRN_CHUNK_";
+
+/// A config from an optional file (else every default), then environment variables named
+/// `env_prefix` + KEY, then `sets` (`key=value` from `--set` flags), each override checked on
+/// its own so an error names the variable or flag it came from.
+pub fn load_with<T: DeserializeOwned + Serialize + Default>(
+    path: Option<&Path>,
+    env_prefix: &str,
+    env: impl IntoIterator<Item = (String, String)>,
+    sets: &[String],
+) -> Result<T> {
+    let mut table = match path {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| CairnError::invalid(format!("cannot read config {}: {e}", path.display())))?;
+            // Parse as T first, for its precise errors (unknown key, wrong type) with the file name.
+            toml::from_str::<T>(&text)
+                .map_err(|e| CairnError::invalid(format!("config {}: {e}", path.display())))?;
+            text.parse::<toml::Table>()
+                .map_err(|e| CairnError::invalid(format!("config {}: {e}", path.display())))?
+        }
+        None => toml::Table::new(),
+    };
+    let defaults = toml::Table::try_from(T::default())
+        .map_err(|e| CairnError::internal(format!("default config: {e}")))?;
+    let mut overrides: Vec<(String, String, String)> = Vec::new();
+    let mut env: Vec<(String, String)> = env.into_iter().filter(|(k, _)| k.starts_with(env_prefix)).collect();
+    env.sort();
+    for (name, value) in env {
+        let key = name[env_prefix.len()..].to_ascii_lowercase();
+        overrides.push((name, key, value));
+    }
+    for set in sets {
+        let (key, value) = set
+            .split_once('=')
+            .ok_or_else(|| CairnError::invalid(format!("--set {set:?}: expected key=value")))?;
+        overrides.push((format!("--set {key}"), key.trim().to_string(), value.to_string()));
+    }
+    for (source, key, text) in overrides {
+        let value = override_value(defaults.get(&key), &text);
+        // Alone over the defaults: an unknown key or a value of the wrong type is named here.
+        let single = toml::Table::from_iter([(key.clone(), value.clone())]);
+        toml::Value::Table(single)
+            .try_into::<T>()
+            .map_err(|e| CairnError::invalid(format!("{source}={text}: {}", e.to_string().trim())))?;
+        table.insert(key, value);
+    }
+    toml::Value::Table(table).try_into().map_err(|e| CairnError::invalid(format!("config: {e}")))
+}
+
+/// `text` as a TOML value of the kind `default` has (see the module comment).
+fn override_value(default: Option<&toml::Value>, text: &str) -> toml::Value {
+    let parsed = || format!("v = {text}").parse::<toml::Table>().ok().and_then(|mut t| t.remove("v"));
+    match default {
+        Some(toml::Value::String(_)) => toml::Value::String(text.to_string()),
+        Some(toml::Value::Array(_)) if !text.trim_start().starts_with('[') => toml::Value::Array(
+            text.split(',').filter(|s| !s.is_empty()).map(|s| toml::Value::String(s.trim().into())).collect(),
+        ),
+        _ => parsed().unwrap_or_else(|| toml::Value::String(text.to_string())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -276,6 +346,50 @@ mod tests {
         load::<MetaConfig>(&dir.join("meta.toml")).unwrap().validate().unwrap();
         let chunk = load::<ChunkConfig>(&dir.join("chunk.toml")).unwrap();
         assert_eq!(chunk.hdd_dirs.len(), 2);
+    }
+
+    #[test]
+    fn env_and_set_override_the_file_and_name_their_source() {
+        let dir = std::env::temp_dir().join(format!("cairn-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("chunk.toml");
+        std::fs::write(&file, "listen = \"127.0.0.1:1\"\nqueue_depth = 8\nsync = false\n").unwrap();
+        let env = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        let cfg: ChunkConfig = load_with(
+            Some(&file),
+            CHUNK_ENV_PREFIX,
+            env(&[
+                ("CAIRN_CHUNK_QUEUE_DEPTH", "16"),
+                ("CAIRN_CHUNK_SSD_DIRS", "/a,/b"),
+                ("CAIRN_META", "ignored: the CLI's metaserver address"),
+                ("PATH", "/bin"),
+            ]),
+            &["queue_depth=32".into(), "sync=true".into(), "ssd_capacity=1048576".into()],
+        )
+        .unwrap();
+        assert_eq!(cfg.listen, "127.0.0.1:1", "from the file");
+        assert_eq!(cfg.queue_depth, 32, "--set beats env beats file");
+        assert!(cfg.sync);
+        assert_eq!(cfg.ssd_dirs, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert_eq!(cfg.ssd_capacity, Some(1 << 20));
+        // No file: defaults, and a string key keeps text that looks like a number.
+        let meta: MetaConfig =
+            load_with(None, META_ENV_PREFIX, env(&[("CAIRN_META_EC", "8+3")]), &["unit=65536".into()])
+                .unwrap();
+        assert_eq!((meta.ec.as_str(), meta.unit), ("8+3", 65536));
+        let e = load_with::<MetaConfig>(None, META_ENV_PREFIX, env(&[("CAIRN_META_LISTN", "x")]), &[])
+            .unwrap_err();
+        assert!(e.message().contains("CAIRN_META_LISTN") && e.message().contains("listn"), "{}", e.message());
+        let e = load_with::<MetaConfig>(None, META_ENV_PREFIX, [], &["unit=lots".into()]).unwrap_err();
+        assert!(e.message().contains("--set unit=lots"), "{}", e.message());
+        let e = load_with::<MetaConfig>(None, META_ENV_PREFIX, [], &["unit".into()]).unwrap_err();
+        assert!(e.message().contains("key=value"), "{}", e.message());
+        let e =
+            load_with::<ChunkConfig>(Some(&dir.join("none.toml")), CHUNK_ENV_PREFIX, [], &[]).unwrap_err();
+        assert!(e.message().contains("none.toml"), "{}", e.message());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -42,6 +42,17 @@ pub fn serve(listen: &str) -> Result<SocketAddr> {
     Ok(bound)
 }
 
+/// Requests this process answered, leaving out [`BACKGROUND_METHODS`].
+static FOREGROUND_REQUESTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Methods servers call on a timer, not on behalf of a user.
+const BACKGROUND_METHODS: [&str; 5] = ["Heartbeat", "ClientHeartbeat", "ClusterStatus", "ListNodes", "Stat"];
+
+/// Requests this process answered since start, heartbeats and status polls left out.
+pub fn foreground_requests() -> u64 {
+    FOREGROUND_REQUESTS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// A tower layer for a tonic server: counts and times every request by method and outcome.
 #[derive(Clone, Copy)]
 pub struct RpcMetricsLayer {
@@ -102,6 +113,9 @@ where
                     .map_or("Ok", |c| code_name(tonic::Code::from_i32(c))),
                 Err(_) => "TransportError",
             };
+            if !BACKGROUND_METHODS.contains(&method.as_str()) {
+                FOREGROUND_REQUESTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             metrics::counter!(RPC_REQUESTS, "service" => service, "method" => method.clone(), "code" => code)
                 .increment(1);
             metrics::histogram!(RPC_SECONDS, "service" => service, "method" => method)

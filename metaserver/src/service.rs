@@ -85,6 +85,7 @@ fn status_reply(ns: &Namespace) -> Result<ClusterStatusReply> {
         bytes_rebuilt: repair.bytes_rebuilt,
         rebuild_rate: repair.rate,
         stale_shards_deleted: repair.stale_shards_deleted,
+        requests: cairn_common::metrics::foreground_requests(),
     })
 }
 
@@ -404,6 +405,21 @@ impl Meta for MetaService {
         let node = req.into_inner().node;
         let info = self.run(move |ns| ns.registry().set_state(node, NODE_ACTIVE)).await?;
         Ok(Response::new(NodeReply { node: Some(info) }))
+    }
+
+    async fn get_layout(&self, req: Request<InoRequest>) -> Result<Response<LayoutReply>, Status> {
+        let ino = req.into_inner().ino;
+        let layout = self.run(move |ns| ns.get_layout(check_ino(ino)?)).await?;
+        Ok(Response::new(LayoutReply { layout: Some(layout.into()) }))
+    }
+
+    async fn set_layout(&self, req: Request<SetLayoutRequest>) -> Result<Response<LayoutReply>, Status> {
+        let r = req.into_inner();
+        let layout = cairn_common::Layout::try_from(
+            r.layout.as_ref().ok_or_else(|| Status::invalid_argument("SetLayout without a layout"))?,
+        )?;
+        let inode = self.run(move |ns| ns.set_layout(check_ino(r.ino)?, layout)).await?;
+        Ok(Response::new(LayoutReply { layout: Some(inode.layout().into()) }))
     }
 
     async fn remove_node(&self, req: Request<NodeRequest>) -> Result<Response<Empty>, Status> {

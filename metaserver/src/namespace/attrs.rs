@@ -2,7 +2,7 @@
 //! statfs. Every change sets ctime; a size change of a regular file truncates its stripes (see
 //! `files.rs`).
 
-use cairn_common::{CairnError, ErrorKind, Result, XATTR_NAME_MAX, XATTR_SIZE_MAX};
+use cairn_common::{CairnError, ErrorKind, Layout, Result, XATTR_NAME_MAX, XATTR_SIZE_MAX};
 use cairn_proto::{SetAttrRequest, StatFsReply};
 
 use super::{check_time, Namespace};
@@ -159,6 +159,51 @@ impl Namespace {
                 }
                 tx.batch.delete(Cf::Xattrs, key);
                 tx.commit()
+            },
+        )
+    }
+
+    /// The layout of `ino`: a file's own, or the one a directory gives files created in it.
+    pub fn get_layout(&self, ino: u64) -> Result<Layout> {
+        let inode = self.inode(ino)?;
+        if !inode.is_dir() && !inode.is_reg() {
+            return Err(CairnError::invalid(format!(
+                "inode {ino} is neither a directory nor a regular file"
+            )));
+        }
+        Ok(inode.layout())
+    }
+
+    /// Give directory `ino` a new layout for the files (and subdirectories) created in it from
+    /// now on; files already there keep theirs (their shards are not re-encoded). Refused when
+    /// the cluster has fewer chunkservers than the layout is wide: nothing could be created.
+    pub fn set_layout(&self, ino: u64, layout: Layout) -> Result<Inode> {
+        layout.validate()?;
+        let nodes = self.registry.nodes().iter().filter(|n| n.state == "active").count();
+        if (layout.width() as usize) > nodes {
+            return Err(CairnError::invalid(format!(
+                "a {}+{} layout needs {} chunkservers, the cluster has {nodes} active",
+                layout.k,
+                layout.m,
+                layout.width()
+            )));
+        }
+        self.locked(
+            || vec![ino],
+            || {
+                let mut tx = self.tx();
+                let inode = tx.get(ino)?;
+                if !inode.is_dir() {
+                    return Err(CairnError::new(
+                        ErrorKind::NotDir,
+                        format!("inode {ino} is not a directory; a file's layout is fixed at create"),
+                    ));
+                }
+                inode.set_layout(layout);
+                inode.set_ctime(&cairn_common::time::now());
+                let out = inode.clone();
+                tx.commit()?;
+                Ok(out)
             },
         )
     }

@@ -1,0 +1,329 @@
+//! Mounting the usual ways: `cairn mount --background` (returns once the mount is ready),
+//! `cairn umount`, and the `mount.cairn` / `mount.fuse.cairn` helper that `mount -t fuse.cairn`
+//! and `/etc/fstab` run.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cairn_common::{CairnError, Result};
+
+/// How long `--background` waits for the mount to appear.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What a mount needs, from flags or from `-o` options.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MountArgs {
+    pub meta: String,
+    pub mountpoint: PathBuf,
+    pub threads: usize,
+    pub attr_ttl_ms: u64,
+    pub metrics: Option<String>,
+    pub read_only: bool,
+    /// Where a background mount writes its log.
+    pub log: Option<PathBuf>,
+}
+
+impl MountArgs {
+    /// The foreground `cairn mount` command line that serves this mount.
+    fn foreground_args(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec![
+            "mount".into(),
+            "--meta".into(),
+            self.meta.clone().into(),
+            "--threads".into(),
+            self.threads.to_string().into(),
+            "--attr-ttl-ms".into(),
+            self.attr_ttl_ms.to_string().into(),
+        ];
+        if let Some(m) = &self.metrics {
+            args.extend(["--metrics".into(), m.into()]);
+        }
+        if self.read_only {
+            args.push("--read-only".into());
+        }
+        args.push(self.mountpoint.clone().into_os_string());
+        args
+    }
+}
+
+/// Start the mount as a daemon (its own session, stdio on a log file) and return once the
+/// kernel shows it mounted, or with the daemon's own error if it exits first.
+pub fn background(args: &MountArgs) -> Result<()> {
+    let mountpoint = args
+        .mountpoint
+        .canonicalize()
+        .map_err(|e| CairnError::from_io(&format!("mount point {}", args.mountpoint.display()), &e))?;
+    if !mountpoint.is_dir() {
+        return Err(CairnError::invalid(format!("mount point {} is not a directory", mountpoint.display())));
+    }
+    if mounted_at(&mountpoint).is_some() {
+        return Err(CairnError::new(
+            cairn_common::ErrorKind::Exists,
+            format!("something is already mounted at {}", mountpoint.display()),
+        ));
+    }
+    let log = args.log.clone().unwrap_or_else(|| default_log(&mountpoint));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .map_err(|e| CairnError::from_io(&format!("mount log {}", log.display()), &e))?;
+    let exe = std::env::current_exe().map_err(|e| CairnError::from_io("the cairn binary", &e))?;
+    let mut fg = args.clone();
+    fg.mountpoint = mountpoint.clone();
+    let mut cmd = Command::new(exe);
+    cmd.args(fg.foreground_args())
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().map_err(|e| CairnError::from_io("mount log", &e))?)
+        .stderr(file);
+    // SAFETY: setsid is async-signal-safe; it detaches the daemon from our terminal and
+    // process group so that the shell (or mount(8)) returning does not take it along.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| CairnError::from_io("start the mount daemon", &e))?;
+    let start = Instant::now();
+    loop {
+        if mounted_at(&mountpoint).is_some() {
+            println!(
+                "mounted {} at {} (pid {}, log {})",
+                args.meta,
+                mountpoint.display(),
+                child.id(),
+                log.display()
+            );
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait().map_err(|e| CairnError::from_io("mount daemon", &e))? {
+            return Err(CairnError::io(format!(
+                "the mount daemon exited ({status}) before the mount was ready: {}",
+                last_error_line(&log)
+            )));
+        }
+        if start.elapsed() > READY_TIMEOUT {
+            let _ = child.kill();
+            return Err(CairnError::unavailable(format!(
+                "{} was not mounted within {}s: {}",
+                mountpoint.display(),
+                READY_TIMEOUT.as_secs(),
+                last_error_line(&log)
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn default_log(mountpoint: &Path) -> PathBuf {
+    let name: String = mountpoint
+        .to_string_lossy()
+        .trim_matches('/')
+        .chars()
+        .map(|c| if c == '/' { '-' } else { c })
+        .collect();
+    let dir = if unsafe { libc::geteuid() } == 0 { "/var/log" } else { "/tmp" };
+    PathBuf::from(dir).join(format!("cairn-mount-{}.log", if name.is_empty() { "root" } else { &name }))
+}
+
+fn last_error_line(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .rev()
+        .find(|l| l.starts_with("cairn:") || l.contains("ERROR"))
+        .or_else(|| text.lines().last())
+        .map(|l| l.trim().to_string())
+        .unwrap_or_else(|| format!("see {}", log.display()))
+}
+
+/// The filesystem type and source mounted exactly at `mountpoint`, from /proc/self/mountinfo.
+pub fn mounted_at(mountpoint: &Path) -> Option<(String, String)> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().rev().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let mp = crate::tree::unescape(left.split(' ').nth(4)?);
+        let mut right = right.split(' ');
+        let (fstype, source) = (right.next()?, right.next()?);
+        (Path::new(&mp) == mountpoint).then(|| (fstype.to_string(), source.to_string()))
+    })
+}
+
+/// Unmount a Cairn mount: the daemon sees the unmount and exits. `lazy` detaches it even while
+/// files are open (they keep working until closed).
+pub fn umount(mountpoint: &Path, lazy: bool) -> Result<()> {
+    let mp = mountpoint
+        .canonicalize()
+        .map_err(|e| CairnError::from_io(&format!("mount point {}", mountpoint.display()), &e))?;
+    match mounted_at(&mp) {
+        Some((fstype, source)) if source.starts_with("cairn:") && fstype.starts_with("fuse") => {}
+        Some((fstype, _)) => {
+            return Err(CairnError::invalid(format!("{} is a {fstype} mount, not Cairn", mp.display())))
+        }
+        None => return Err(CairnError::invalid(format!("nothing is mounted at {}", mp.display()))),
+    }
+    let mut cmd = Command::new("fusermount3");
+    cmd.arg("-u");
+    if lazy {
+        cmd.arg("-z");
+    }
+    let out = cmd.arg(&mp).output();
+    match out {
+        Ok(o) if o.status.success() => Ok(()),
+        // Without fusermount3 (or as root, where the syscall is allowed) unmount directly.
+        _ if unsafe { libc::geteuid() } == 0 => {
+            use std::os::unix::ffi::OsStrExt;
+            let c = std::ffi::CString::new(mp.as_os_str().as_bytes())
+                .map_err(|_| CairnError::invalid("mount point contains NUL"))?;
+            let flags = if lazy { libc::MNT_DETACH } else { 0 };
+            // SAFETY: c is a valid NUL-terminated path.
+            if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
+                let e = std::io::Error::last_os_error();
+                return Err(CairnError::from_io(&format!("umount {}", mp.display()), &e));
+            }
+            Ok(())
+        }
+        Ok(o) => Err(CairnError::io(format!(
+            "fusermount3 -u {}: {}",
+            mp.display(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))),
+        Err(e) => Err(CairnError::from_io("fusermount3", &e)),
+    }
+}
+
+/// Parse what mount(8) hands a helper: `SOURCE DIR [-o OPTS] [-n] [-s] [-f] [-v] [-r|-w]`.
+/// SOURCE is the metaserver address (`host:port`, optionally prefixed `cairn:`). Options Cairn
+/// knows: `threads=N`, `attr_ttl_ms=N`, `metrics=ADDR`, `log=FILE`, `ro`/`rw`; the generic ones
+/// mount(8), fstab and systemd use (`defaults`, `_netdev`, `noauto`, `nofail`, `x-*`, ...) are
+/// accepted and ignored. Anything else is refused by name.
+pub fn parse_helper_args(args: &[String]) -> Result<MountArgs> {
+    let mut positional = Vec::new();
+    let mut options = Vec::new();
+    let mut it = args.iter();
+    let mut read_only = false;
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-o" => options.push(it.next().ok_or_else(|| CairnError::invalid("-o needs options"))?.clone()),
+            o if o.starts_with("-o") => options.push(o[2..].to_string()),
+            "-r" => read_only = true,
+            "-w" | "-n" | "-s" | "-f" | "-v" => {}
+            o if o.starts_with('-') => return Err(CairnError::invalid(format!("unknown flag {o}"))),
+            _ => positional.push(a.clone()),
+        }
+    }
+    let [source, mountpoint] = positional.as_slice() else {
+        return Err(CairnError::invalid("usage: mount.cairn META_ADDR MOUNTPOINT [-o OPTIONS]"));
+    };
+    let meta = source.strip_prefix("cairn:").unwrap_or(source).to_string();
+    if !meta.contains(':') {
+        return Err(CairnError::invalid(format!(
+            "{source:?} is not a metaserver address like 10.0.0.1:9400"
+        )));
+    }
+    let mut parsed = MountArgs {
+        meta,
+        mountpoint: PathBuf::from(mountpoint),
+        threads: 4,
+        attr_ttl_ms: 1000,
+        metrics: None,
+        read_only,
+        log: None,
+    };
+    for opt in options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
+        let (key, value) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        let number = |v: Option<&str>| -> Result<u64> {
+            v.and_then(|v| v.parse().ok())
+                .ok_or_else(|| CairnError::invalid(format!("mount option {opt}: needs a number")))
+        };
+        match key {
+            "threads" => parsed.threads = number(value)?.clamp(1, 256) as usize,
+            "attr_ttl_ms" => parsed.attr_ttl_ms = number(value)?,
+            "metrics" => parsed.metrics = Some(value.unwrap_or_default().to_string()),
+            "log" => parsed.log = value.map(PathBuf::from),
+            "ro" => parsed.read_only = true,
+            "rw" => parsed.read_only = false,
+            "defaults" | "_netdev" | "auto" | "noauto" | "nofail" | "user" | "nouser" | "users" | "owner"
+            | "exec" | "noexec" | "suid" | "nosuid" | "dev" | "nodev" | "atime" | "noatime" | "relatime"
+            | "async" | "sync" => {}
+            k if k.starts_with("x-") || k == "comment" => {}
+            _ => return Err(CairnError::invalid(format!("unknown mount option {opt:?}"))),
+        }
+    }
+    Ok(parsed)
+}
+
+/// Run as `mount.cairn` / `mount.fuse.cairn`: mount in the background and return when ready.
+pub fn helper(args: &[String]) -> Result<()> {
+    background(&parse_helper_args(args)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn fstab_style_options_parse_and_unknown_ones_are_named() {
+        let a = parse_helper_args(&strings(&[
+            "cairn:10.0.0.1:9400",
+            "/mnt/data",
+            "-o",
+            "rw,_netdev,noauto,x-systemd.automount,threads=8,attr_ttl_ms=5000,metrics=127.0.0.1:9410",
+        ]))
+        .unwrap();
+        assert_eq!(a.meta, "10.0.0.1:9400");
+        assert_eq!(a.mountpoint, PathBuf::from("/mnt/data"));
+        assert_eq!((a.threads, a.attr_ttl_ms, a.read_only), (8, 5000, false));
+        assert_eq!(a.metrics.as_deref(), Some("127.0.0.1:9410"));
+        let ro = parse_helper_args(&strings(&["10.0.0.1:9400", "/mnt", "-oro"])).unwrap();
+        assert!(ro.read_only);
+        let e = parse_helper_args(&strings(&["10.0.0.1:9400", "/mnt", "-o", "bogus=1"])).unwrap_err();
+        assert!(e.message().contains("bogus=1"), "{}", e.message());
+        let e = parse_helper_args(&strings(&["10.0.0.1:9400", "/mnt", "-o", "threads=many"])).unwrap_err();
+        assert!(e.message().contains("threads=many"), "{}", e.message());
+        assert!(parse_helper_args(&strings(&["/mnt"])).is_err());
+        assert!(parse_helper_args(&strings(&["nohost", "/mnt"])).is_err());
+    }
+
+    #[test]
+    fn foreground_command_carries_every_option() {
+        let a = MountArgs {
+            meta: "h:1".into(),
+            mountpoint: "/m".into(),
+            threads: 3,
+            attr_ttl_ms: 7,
+            metrics: Some("h:2".into()),
+            read_only: true,
+            log: None,
+        };
+        let args: Vec<String> = a.foreground_args().into_iter().map(|s| s.into_string().unwrap()).collect();
+        assert_eq!(
+            args,
+            strings(&[
+                "mount",
+                "--meta",
+                "h:1",
+                "--threads",
+                "3",
+                "--attr-ttl-ms",
+                "7",
+                "--metrics",
+                "h:2",
+                "--read-only",
+                "/m"
+            ])
+        );
+    }
+}
