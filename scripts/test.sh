@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Install what the tests need, run pjdfstest against a real mount, then the whole test suite.
-# The last line is the total over every test binary: "tests: N passed, N failed".
+# Install what the tests need, run pjdfstest against a real mount, validate deploy/ against
+# the Kubernetes, Compose and Dockerfile schemas, then the whole test suite (every test binary,
+# even after one fails). The last line is the total over every test binary:
+# "tests: N passed, N failed".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -8,9 +10,13 @@ cargo build --workspace --all-targets
 scripts/pjdfstest.sh target/debug/cairn
 mkdir -p target
 set +e
+scripts/validate-deploy.sh
+deploy_status=$?
 cargo test --workspace --no-fail-fast -- --test-threads=2 2>&1 | tee target/test.log
 status=${PIPESTATUS[0]}
 set -e
+[ "$deploy_status" -eq 0 ] || echo "scripts/validate-deploy.sh failed (exit $deploy_status)"
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' target/test.log
+[ "$status" -ne 0 ] || status=$deploy_status
 exit "$status"

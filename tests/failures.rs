@@ -295,14 +295,34 @@ fn a_crashed_writer_leaves_no_shards_behind_and_acknowledged_files_survive() {
         f.sync_all().unwrap();
     }
     let committed = cluster.shard_files().len();
-    // Six stripes written out, never committed: the client dies first.
-    let mut partial = fs::File::create(writer.dir.join("partial")).unwrap();
-    std::io::Write::write_all(&mut partial, &random_bytes(6 << 20, 951)).unwrap();
+    // Six stripes written out, never committed: the client dies first. The file is written by
+    // a process of its own that never forks: FUSE sends FLUSH (which commits) at every close
+    // of a copy of the descriptor, and a process spawned meanwhile by this test binary (other
+    // tests run in parallel) would inherit a copy of it and close it at exec.
+    let mut partial = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import os, sys, time\n\
+             fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)\n\
+             data = os.urandom(6 << 20)\n\
+             while data: data = data[os.write(fd, data):]\n\
+             print('written', flush=True)\n\
+             time.sleep(600)\n",
+        ])
+        .arg(writer.dir.join("partial"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(partial.stdout.take().unwrap()), &mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "written");
     eventually(30, "the unfinished file's stripes reach the chunkservers", || {
         cluster.shard_files().len() >= committed + 12
     });
     writer.kill9();
-    drop(partial);
+    let _ = partial.kill();
+    let _ = partial.wait();
     drop(writer);
 
     // Once the writer's lease ran out, fsck sees its shards as unreferenced (not as data: the

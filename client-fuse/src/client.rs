@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cairn_common::{CairnError, ErrorKind, Layout, Result};
 use cairn_proto as p;
@@ -60,7 +60,15 @@ pub struct Client {
     dirs: Mutex<HashMap<u64, Arc<DirHandle>>>,
     /// (mtime, size) of each inode when this client last opened it, for FOPEN_KEEP_CACHE.
     seen: Mutex<HashMap<u64, (i64, u32, u64)>>,
+    /// Extended attributes found absent, until when: the kernel asks for
+    /// `security.capability` before every write, and the answer is nearly always "none". Kept
+    /// as long as attributes are (`attr_ttl`); a change through this client drops the inode's
+    /// entries at once.
+    absent_xattrs: Mutex<HashMap<(u64, Vec<u8>), Instant>>,
 }
+
+/// Most absent-xattr answers remembered; past it the cache starts over.
+const ABSENT_XATTRS_MAX: usize = 65536;
 
 impl Client {
     /// Register with the metaserver (which hands out the id that makes stripe versions unique).
@@ -82,6 +90,7 @@ impl Client {
             handles: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             seen: Mutex::new(HashMap::new()),
+            absent_xattrs: Mutex::new(HashMap::new()),
         })
     }
 
@@ -383,12 +392,36 @@ impl Client {
     }
 
     pub async fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
-        Ok(self.meta.get_xattr(p::XattrRequest { ino, name: name.to_vec() }).await?.value)
+        let key = (ino, name.to_vec());
+        if self.absent_xattrs.lock().get(&key).is_some_and(|until| Instant::now() < *until) {
+            return Err(CairnError::new(ErrorKind::NoData, "no such xattr"));
+        }
+        match self.meta.get_xattr(p::XattrRequest { ino, name: name.to_vec() }).await {
+            Ok(reply) => Ok(reply.value),
+            Err(e) => {
+                if e.kind() == ErrorKind::NoData && !self.options.attr_ttl.is_zero() {
+                    let mut absent = self.absent_xattrs.lock();
+                    if absent.len() >= ABSENT_XATTRS_MAX {
+                        absent.clear();
+                    }
+                    absent.insert(key, Instant::now() + self.options.attr_ttl);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Forget what is cached about `ino`'s xattrs (this client changes them).
+    fn xattrs_changed(&self, ino: u64) {
+        self.absent_xattrs.lock().retain(|(i, _), _| *i != ino);
     }
 
     pub async fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
         let req = p::SetXattrRequest { ino, name: name.to_vec(), value: value.to_vec(), flags };
-        self.meta.set_xattr(req).await.map(|_| ())
+        let result = self.meta.set_xattr(req).await.map(|_| ());
+        // After the change (a lookup racing with it may have found the name still absent).
+        self.xattrs_changed(ino);
+        result
     }
 
     pub async fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
@@ -396,7 +429,9 @@ impl Client {
     }
 
     pub async fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
-        self.meta.remove_xattr(p::XattrRequest { ino, name: name.to_vec() }).await.map(|_| ())
+        let result = self.meta.remove_xattr(p::XattrRequest { ino, name: name.to_vec() }).await.map(|_| ());
+        self.xattrs_changed(ino);
+        result
     }
 
     pub fn opendir(&self, ino: u64) -> u64 {
