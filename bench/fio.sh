@@ -33,7 +33,7 @@ PY
 job seqwrite --rw=write --bs=1M --size="$sz" --numjobs=1 --end_fsync=1 --filename=big
 drop
 job seqread --rw=read --bs=1M --size="$sz" --numjobs=1 --filename=big
-job seqread-warm --rw=read --bs=1M --size="$sz" --numjobs=1 --filename=big
+job seqread-warm --invalidate=0 --rw=read --bs=1M --size="$sz" --numjobs=1 --filename=big
 drop
 job randread4k --rw=randread --bs=4k --size="$sz" --runtime="$rt" --time_based --numjobs=4 --filename=big
 drop

@@ -253,6 +253,8 @@ enum NodeCommand {
         id: u32,
         #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
         meta: String,
+        #[arg(long)]
+        json: bool,
     },
     /// Forget a chunkserver that no file needs (drain it first), or a dead one with --force.
     Remove {
@@ -262,6 +264,8 @@ enum NodeCommand {
         force: bool,
         #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
         meta: String,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -372,8 +376,10 @@ fn main() -> ExitCode {
                 match cmd {
                     NodeCommand::List { meta, json } => node::list(&meta, json).await,
                     NodeCommand::Drain { id, wait, meta, json } => node::drain(&meta, id, wait, json).await,
-                    NodeCommand::Activate { id, meta } => node::activate(&meta, id).await,
-                    NodeCommand::Remove { id, force, meta } => node::remove(&meta, id, force).await,
+                    NodeCommand::Activate { id, meta, json } => node::activate(&meta, id, json).await,
+                    NodeCommand::Remove { id, force, meta, json } => {
+                        node::remove(&meta, id, force, json).await
+                    }
                 }
             })
         }),

@@ -97,19 +97,27 @@ pub async fn drain(meta: &str, id: u32, wait: bool, as_json: bool) -> Result<()>
     Ok(())
 }
 
-pub async fn activate(meta: &str, id: u32) -> Result<()> {
+pub async fn activate(meta: &str, id: u32, as_json: bool) -> Result<()> {
     let conn = cairn_client::connect_meta(meta).await?;
     let node = conn.activate_node(p::NodeRequest { node: id, force: false }).await?.node.unwrap_or_default();
-    println!("chunkserver {id} ({}) is active: it takes new files again", node.addr);
+    if as_json {
+        println!("{}", serde_json::json!({ "node": id, "addr": node.addr, "state": node.state }));
+    } else {
+        println!("chunkserver {id} ({}) is active: it takes new files again", node.addr);
+    }
     Ok(())
 }
 
-pub async fn remove(meta: &str, id: u32, force: bool) -> Result<()> {
+pub async fn remove(meta: &str, id: u32, force: bool, as_json: bool) -> Result<()> {
     let conn = cairn_client::connect_meta(meta).await?;
     conn.remove_node(p::NodeRequest { node: id, force }).await?;
-    println!(
-        "chunkserver {id} removed{}",
-        if force { "; shards it held are rebuilt on the other nodes" } else { "" }
-    );
+    if as_json {
+        println!("{}", serde_json::json!({ "node": id, "state": "removed", "forced": force }));
+    } else {
+        println!(
+            "chunkserver {id} removed{}",
+            if force { "; shards it held are rebuilt on the other nodes" } else { "" }
+        );
+    }
     Ok(())
 }

@@ -139,7 +139,24 @@ fn io_err(what: &str, path: &Path) -> impl Fn(std::io::Error) -> CairnError {
     move |e| CairnError::from_io(&context, &e)
 }
 
+/// A port free now, for a server started a moment later. Taken below the kernel's ephemeral
+/// range: a port the kernel handed out for `:0` is also what it hands out as the source port of
+/// outgoing connections (the chunkservers' own, to the metaserver), so one of those could take
+/// it before the server binds it ("Address already in use" at start-up).
 fn free_port() -> Result<u16> {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
+        .unwrap_or(32768);
+    const LOWEST: u16 = 10000;
+    if ephemeral_low > LOWEST + 1000 {
+        for _ in 0..200 {
+            let port = LOWEST + (rand::random::<u16>() % (ephemeral_low - LOWEST));
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| CairnError::from_io("bind", &e))?;
     Ok(l.local_addr().map_err(|e| CairnError::from_io("bind", &e))?.port())
 }
