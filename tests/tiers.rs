@@ -193,6 +193,27 @@ fn shards_destage_come_back_when_read_twice_and_warm_up() {
         all_in(&tiers_of(&c, hot, true), "ssd")
     });
 
+    // `warmup --status` counts where the tree's shards are, from the chunkservers, and moves
+    // nothing: it agrees with the shard files on disk.
+    let status = |c: &Cluster| -> Value {
+        let out = c.cli(&["warmup", "--status", "/warm", "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let on_disk = |c: &Cluster| -> (u64, u64) {
+        let tiers: Vec<String> = warm.iter().flat_map(|&i| tiers_of(c, i, false)).collect();
+        let ssd = tiers.iter().filter(|t| *t == "ssd").count() as u64;
+        (ssd, tiers.len() as u64 - ssd)
+    };
+    // (The mover may still be at work: compare until the two views agree.)
+    let mut before = Value::Null;
+    eventually(30, "warmup --status agrees with the shard files on disk", || {
+        before = status(&c);
+        let counted = (before["ssd"].as_u64().unwrap(), before["hdd"].as_u64().unwrap());
+        counted == on_disk(&c) && counted.1 > 0
+    });
+    assert_eq!((before["missing"].as_u64(), before["unknown"].as_u64()), (Some(0), Some(0)), "{before}");
+
     // Warmup through the mount path: every shard of the tree, parity included, on SSD.
     let (ok, summary, stderr) = warmup_json(&c, c.mnt.join("warm").to_str().unwrap());
     assert!(ok, "warmup failed: {stderr}\n{summary}");
@@ -208,6 +229,9 @@ fn shards_destage_come_back_when_read_twice_and_warm_up() {
     for &i in &warm {
         assert!(all_in(&tiers_of(&c, i, false), "ssd"), "inode {i} not all on SSD");
     }
+    let after = status(&c);
+    assert_eq!((after["ssd"].as_u64(), after["hdd"].as_u64()), (Some(shards), Some(0)), "{after}");
+    assert_eq!(after["ssd_share"].as_f64(), Some(1.0), "{after}");
     // Again, by its path inside Cairn: nothing left to do.
     let (ok, again, stderr) = warmup_json(&c, "/warm");
     assert!(ok, "{stderr}");

@@ -167,7 +167,8 @@ impl Chunk for ChunkService {
                     }
                     Err(e) => (ShardState::ShardUnreadable, e.message().into()),
                 };
-                ShardCheck { id: Some(id.into()), state: state as i32, error }
+                let tier = self.store.tier_of(&id).map_or(String::new(), |t| t.as_str().to_string());
+                ShardCheck { id: Some(id.into()), state: state as i32, error, tier }
             })
             .buffered(CHECK_CONCURRENCY)
             .collect()

@@ -132,10 +132,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Move every shard of a file or directory tree to the SSD tier now, before a job reads it.
+    /// Move every shard of a file or directory tree to the SSD tier now, before a job reads it
+    /// (with --status: show how much of it is on the SSD tier, moving nothing).
     Warmup {
         /// A path under a Cairn mount, or a path inside the Cairn namespace (`/datasets/x`).
         path: PathBuf,
+        /// Report how many of the tree's shards and bytes are on SSD and on HDD; move nothing.
+        #[arg(long)]
+        status: bool,
+        /// The tier to move the shards into: `ssd` (cold shards reach HDD by themselves).
+        #[arg(long, default_value = "ssd", value_parser = ["ssd"])]
+        tier: String,
         /// The metaserver's address (default: the one of the mount PATH is under, else
         /// 127.0.0.1:9400).
         #[arg(long, env = "CAIRN_META")]
@@ -358,9 +365,13 @@ fn main() -> ExitCode {
         }),
         Command::Up(args) => up::run(args),
         Command::Df { meta, json } => runtime().and_then(|rt| rt.block_on(admin::df(&meta, json))),
-        Command::Warmup { path, meta, json } => {
-            runtime().and_then(|rt| rt.block_on(warmup::warmup(&path, meta, json)))
-        }
+        Command::Warmup { path, status, tier: _, meta, json } => runtime().and_then(|rt| {
+            if status {
+                rt.block_on(warmup::status(&path, meta, json))
+            } else {
+                rt.block_on(warmup::warmup(&path, meta, json))
+            }
+        }),
         Command::Status { meta, json } => runtime().and_then(|rt| rt.block_on(admin::status(&meta, json))),
         Command::Scrub { path, all: _, meta, json } => {
             let opts = fsck::Options { path, meta, verify: true, repair: true, fsck: false, json };

@@ -144,6 +144,50 @@ fn io_err(what: &str, path: &Path) -> impl Fn(std::io::Error) -> CairnError {
 /// outgoing connections (the chunkservers' own, to the metaserver), so one of those could take
 /// it before the server binds it ("Address already in use" at start-up).
 fn free_port() -> Result<u16> {
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..100 {
+        let port = probe_port()?;
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return Ok(port);
+        }
+    }
+    Err(CairnError::unavailable("no free port found"))
+}
+
+/// Serialises the start-up of `cairn up` processes on one machine (an flock on a file in the
+/// temp dir): a port found free stays unbound until the child binds it, and another `cairn up`
+/// starting meanwhile could pick the same one. Held from choosing ports until every child has
+/// bound them. Given up after a minute (a stuck holder does not block forever).
+struct PortLock {
+    /// The locked file; the lock goes with it when dropped.
+    _file: Option<std::fs::File>,
+}
+
+impl PortLock {
+    async fn acquire() -> PortLock {
+        use std::os::fd::AsRawFd;
+        let path = std::env::temp_dir().join("cairn-up-ports.lock");
+        let Ok(file) = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path)
+        else {
+            return PortLock { _file: None };
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        // SAFETY: flock on a descriptor this function owns.
+        while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            if Instant::now() > deadline {
+                eprintln!("cairn up: {} stayed locked; choosing ports without it", path.display());
+                return PortLock { _file: None };
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        PortLock { _file: Some(file) }
+    }
+}
+
+/// One candidate port (see [`free_port`] for why below the ephemeral range).
+fn probe_port() -> Result<u16> {
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|t| t.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
@@ -213,10 +257,7 @@ fn is_mounted(mountpoint: &Path) -> bool {
 /// A free port on 127.0.0.1 for a child's metrics endpoint (Prometheus scrapes
 /// `http://ADDR/metrics`).
 fn free_local_addr() -> Result<String> {
-    let probe = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| CairnError::from_io("cannot find a free port for metrics", &e))?;
-    let addr = probe.local_addr().map_err(|e| CairnError::from_io("metrics port", &e))?;
-    Ok(addr.to_string())
+    Ok(format!("127.0.0.1:{}", free_port()?))
 }
 
 async fn up(args: UpArgs) -> Result<()> {
@@ -228,6 +269,8 @@ async fn up(args: UpArgs) -> Result<()> {
     if is_mounted(&mountpoint) {
         return Err(CairnError::invalid(format!("{} is already a mount point", mountpoint.display())));
     }
+    // Held until every child has bound its ports (the mount is up): see `PortLock`.
+    let port_lock = PortLock::acquire().await;
     let cluster = cluster_file(&args)?;
     let layout = Layout::parse_ec(&cluster.ec)?;
     if args.chunkservers < layout.width() {
@@ -339,6 +382,7 @@ async fn up(args: UpArgs) -> Result<()> {
         Ok(())
     }
     .await;
+    drop(port_lock);
     if let Err(e) = result {
         shutdown(&mut procs, &mountpoint).await;
         return Err(e);

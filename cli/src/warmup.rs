@@ -1,5 +1,6 @@
 //! `cairn warmup PATH`: pull every shard of a file or directory tree into the SSD tier before a
-//! job reads it.
+//! job reads it. `cairn warmup --status PATH`: how much of it is on the SSD tier now (asks each
+//! chunkserver where the shards are, moves nothing).
 //!
 //! The walk (`tree.rs`) goes through the metaserver only, so it works without a mount and never
 //! reads file data. From each file's layout, placement and stripe records it derives the shard
@@ -182,6 +183,120 @@ pub async fn warmup(path: &Path, meta: Option<String>, as_json: bool) -> Result<
         "some shards could not be promoted"
     };
     Err(CairnError::new(kind, format!("warmup of {shown}: {not_promoted} shards not promoted: {what}")))
+}
+
+/// Shards asked about in one `CheckShards` request.
+const STATUS_BATCH: usize = 4096;
+
+/// Where one chunkserver keeps the tree's shards.
+#[derive(Default)]
+struct Placement {
+    shards: u64,
+    ssd: u64,
+    ssd_bytes: u64,
+    hdd: u64,
+    hdd_bytes: u64,
+    missing: u64,
+    /// Shards that could not be asked about (node down or unreachable).
+    unknown: u64,
+    error: Option<String>,
+}
+
+/// `cairn warmup --status PATH`: how many of the tree's shards (and bytes) are on the SSD tier.
+pub async fn status(path: &Path, meta: Option<String>, as_json: bool) -> Result<()> {
+    let (meta_addr, components, shown) = resolve(path, meta)?;
+    let conn = cairn_client::connect_meta(&meta_addr).await?;
+    let mut plan = Plan::default();
+    plan.directories = walk(&conn, &components, |f| add_file(&mut plan, f), || {}).await?;
+    let addrs: HashMap<u32, String> =
+        conn.list_nodes(p::Empty {}).await?.nodes.into_iter().map(|n| (n.id, n.addr)).collect();
+    let tasks = plan.shards.iter().map(|(node, shards)| {
+        let addr = addrs.get(node).cloned();
+        async move { (*node, placement_on(*node, addr, shards).await) }
+    });
+    let nodes: Vec<(u32, Placement)> = futures::future::join_all(tasks).await;
+    let sum = |f: fn(&Placement) -> u64| nodes.iter().map(|(_, n)| f(n)).sum::<u64>();
+    let (shards, ssd, ssd_bytes) = (sum(|n| n.shards), sum(|n| n.ssd), sum(|n| n.ssd_bytes));
+    let (hdd, hdd_bytes, missing, unknown) =
+        (sum(|n| n.hdd), sum(|n| n.hdd_bytes), sum(|n| n.missing), sum(|n| n.unknown));
+    let share = if plan.bytes > 0 { ssd_bytes as f64 / plan.bytes as f64 } else { 1.0 };
+    if as_json {
+        let per_node: Vec<_> = nodes
+            .iter()
+            .map(|(node, n)| {
+                json!({
+                    "node": node, "addr": addrs.get(node), "shards": n.shards, "ssd": n.ssd,
+                    "ssd_bytes": n.ssd_bytes, "hdd": n.hdd, "hdd_bytes": n.hdd_bytes,
+                    "missing": n.missing, "unknown": n.unknown, "error": n.error,
+                })
+            })
+            .collect();
+        let out = json!({
+            "path": shown, "files": plan.files, "directories": plan.directories, "shards": shards,
+            "bytes": plan.bytes, "ssd": ssd, "ssd_bytes": ssd_bytes, "hdd": hdd, "hdd_bytes": hdd_bytes,
+            "missing": missing, "unknown": unknown, "ssd_share": share, "nodes": per_node,
+        });
+        println!("{}", serde_json::to_string_pretty(&out).expect("json"));
+    } else {
+        println!(
+            "warmup status {shown}: {} files in {} directories, {} in {shards} shards",
+            plan.files,
+            plan.directories,
+            human(plan.bytes)
+        );
+        println!(
+            "  on SSD {ssd} shards ({}, {:.0}%), on HDD {hdd} ({}){}{}",
+            human(ssd_bytes),
+            share * 100.0,
+            human(hdd_bytes),
+            if missing > 0 { format!(", {missing} missing") } else { String::new() },
+            if unknown > 0 {
+                format!(", {unknown} on chunkservers that did not answer")
+            } else {
+                String::new()
+            },
+        );
+        for (node, n) in &nodes {
+            let addr = addrs.get(node).map_or("?", |a| a.as_str());
+            match &n.error {
+                Some(e) => println!("  node {node} ({addr}): {e}"),
+                None => println!("  node {node} ({addr}): {} on SSD, {} on HDD", n.ssd, n.hdd),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Ask chunkserver `node` where each of `shards` is.
+async fn placement_on(node: u32, addr: Option<String>, shards: &[Shard]) -> Placement {
+    let mut out = Placement { shards: shards.len() as u64, ..Placement::default() };
+    let asked = async {
+        let addr =
+            addr.ok_or_else(|| CairnError::unavailable(format!("chunkserver {node} is not registered")))?;
+        let mut client = chunk_client(&addr)?;
+        for batch in shards.chunks(STATUS_BATCH) {
+            let ids = batch.iter().map(|s| s.id).collect();
+            let reply = client
+                .check_shards(p::CheckShardsRequest { ids, verify: false })
+                .await
+                .map_err(CairnError::from)?
+                .into_inner();
+            for (shard, result) in batch.iter().zip(reply.results) {
+                match result.tier.as_str() {
+                    "ssd" => (out.ssd, out.ssd_bytes) = (out.ssd + 1, out.ssd_bytes + shard.bytes),
+                    "hdd" => (out.hdd, out.hdd_bytes) = (out.hdd + 1, out.hdd_bytes + shard.bytes),
+                    _ => out.missing += 1,
+                }
+            }
+        }
+        Ok::<(), CairnError>(())
+    }
+    .await;
+    if let Err(e) = asked {
+        out.unknown = out.shards - out.ssd - out.hdd - out.missing;
+        out.error = Some(e.message().to_string());
+    }
+    out
 }
 
 fn add_file(plan: &mut Plan, f: Opened) {

@@ -13,7 +13,7 @@ use cairn_proto as p;
 use parking_lot::Mutex;
 
 use crate::dir::DirHandle;
-use crate::file::{OpenFile, Versions};
+use crate::file::{Changes, OpenFile, Versions};
 use crate::meta::MetaConn;
 use crate::nodes::Nodes;
 use crate::stripe::Geometry;
@@ -65,7 +65,20 @@ pub struct Client {
     /// as long as attributes are (`attr_ttl`); a change through this client drops the inode's
     /// entries at once.
     absent_xattrs: Mutex<HashMap<(u64, Vec<u8>), Instant>>,
+    /// Change counters by inode (hashed into [`EPOCH_BUCKETS`]): advanced by every commit and
+    /// truncation this client makes. An open reads its inode's counter before asking the
+    /// metaserver; if the counter moved before the answer is applied, the answer may predate
+    /// this client's own commit (one process closing the file while another opens it) and is
+    /// asked for again, rather than bringing back stripes this client already replaced.
+    epochs: Vec<AtomicU64>,
+    /// Commits and truncations by this client, of any inode (for lookups, whose inode is not
+    /// known before the answer).
+    commits: AtomicU64,
 }
+
+const EPOCH_BUCKETS: usize = 1024;
+/// Opens retried because a commit of this client raced with them, before giving up.
+const OPEN_ATTEMPTS: usize = 16;
 
 /// Most absent-xattr answers remembered; past it the cache starts over.
 const ABSENT_XATTRS_MAX: usize = 65536;
@@ -91,7 +104,17 @@ impl Client {
             dirs: Mutex::new(HashMap::new()),
             seen: Mutex::new(HashMap::new()),
             absent_xattrs: Mutex::new(HashMap::new()),
+            epochs: (0..EPOCH_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            commits: AtomicU64::new(0),
         })
+    }
+
+    fn epoch(&self, ino: u64) -> &AtomicU64 {
+        &self.epochs[(ino % EPOCH_BUCKETS as u64) as usize]
+    }
+
+    fn changes(&self, ino: u64) -> Changes<'_> {
+        Changes { inode: self.epoch(ino), any: &self.commits }
     }
 
     fn open_file(&self, ino: u64) -> Option<Arc<OpenFile>> {
@@ -118,14 +141,36 @@ impl Client {
         attr
     }
 
+    /// Attributes from the metaserver may predate a commit this client made while the request
+    /// was out (one process closes the file while another stats or appends to it); handed to
+    /// the kernel, such a size would move its end of file back and an `O_APPEND` write would
+    /// land on data already written. So when a commit of this client went out meanwhile, ask
+    /// again.
     pub async fn lookup(&self, parent: u64, name: &[u8]) -> Result<p::Attr> {
-        let attr = self.meta.lookup(p::LookupRequest { parent, name: name.to_vec() }).await?.attr;
-        Ok(self.local_view(need(attr)?).await)
+        for attempt in 1.. {
+            let commits = self.commits.load(Ordering::Acquire);
+            let attr = need(self.meta.lookup(p::LookupRequest { parent, name: name.to_vec() }).await?.attr)?;
+            // After local_view: it waits for a flush in progress, which advances the counter.
+            let attr = self.local_view(attr).await;
+            if attempt < OPEN_ATTEMPTS && self.commits.load(Ordering::Acquire) != commits {
+                continue;
+            }
+            return Ok(attr);
+        }
+        unreachable!("the loop returns")
     }
 
     pub async fn getattr(&self, ino: u64) -> Result<p::Attr> {
-        let attr = self.meta.get_attr(p::InoRequest { ino }).await?.attr;
-        Ok(self.local_view(need(attr)?).await)
+        for attempt in 1.. {
+            let epoch = self.epoch(ino).load(Ordering::Acquire);
+            let attr = need(self.meta.get_attr(p::InoRequest { ino }).await?.attr)?;
+            let attr = self.local_view(attr).await;
+            if attempt < OPEN_ATTEMPTS && self.epoch(ino).load(Ordering::Acquire) != epoch {
+                continue;
+            }
+            return Ok(attr);
+        }
+        unreachable!("the loop returns")
     }
 
     pub async fn setattr(&self, req: p::SetAttrRequest) -> Result<p::Attr> {
@@ -133,14 +178,25 @@ impl Client {
         let file = self.open_file(ino);
         if let (Some(file), Some(_)) = (&file, req.size) {
             // Truncation acts on committed stripes: publish buffered writes first.
-            file.flush(&self.nodes, &self.meta, &self.versions).await?;
+            file.flush(&self.nodes, &self.meta, &self.versions, self.changes(ino)).await?;
         }
         let size = req.size;
-        let attr = need(self.meta.set_attr(req).await?.attr)?;
+        let epoch = self.epoch(ino).load(Ordering::Acquire);
+        let set = self.meta.set_attr(req).await;
+        if size.is_some() {
+            self.changes(ino).bump();
+        }
+        let attr = need(set?.attr)?;
         if let (Some(file), Some(size)) = (file, size) {
             file.truncated(size).await;
         }
-        Ok(self.local_view(attr).await)
+        let attr = self.local_view(attr).await;
+        // Another commit of this client went out meanwhile (see `lookup`): its size may be
+        // newer than the one in this answer.
+        if self.epoch(ino).load(Ordering::Acquire) != epoch + u64::from(size.is_some()) {
+            return self.getattr(ino).await;
+        }
+        Ok(attr)
     }
 
     /// Create (and with `open`, open) a file. A non-exclusive create that finds the name taken
@@ -171,7 +227,11 @@ impl Client {
             };
             return Ok((self.local_view(attr).await, opened.fh));
         }
-        let fh = self.register_open(info, Vec::new(), false).await?;
+        // A new inode: no commit of this client can have raced with its creation.
+        let fh = self
+            .register_open(info, Vec::new(), false, None)
+            .await?
+            .ok_or_else(|| CairnError::internal("create: registration refused"))?;
         Ok((attr, fh))
     }
 
@@ -208,31 +268,45 @@ impl Client {
     /// Open a regular file: fetch its layout, placement and stripe records (close-to-open:
     /// every open sees the newest commit).
     pub async fn open(&self, ino: u64, truncate: bool) -> Result<OpenOutcome> {
-        let reply = self.meta.open(p::OpenRequest { ino, client_id: self.client_id }).await?;
-        let info = reply.file.ok_or_else(|| CairnError::internal("open: no file info"))?;
-        let attr = need(info.attr)?;
-        let mut stripes = reply.stripes;
-        let mut more = reply.more;
-        while more {
-            let from = stripes.last().map_or(0, |s| s.index + 1);
-            let page = self.meta.list_stripes(p::ListStripesRequest { ino, from, limit: 4096 }).await?;
-            stripes.extend(page.stripes);
-            more = page.more;
+        for attempt in 1.. {
+            let epoch = self.epoch(ino).load(Ordering::Acquire);
+            let reply = self.meta.open(p::OpenRequest { ino, client_id: self.client_id }).await?;
+            let info = reply.file.ok_or_else(|| CairnError::internal("open: no file info"))?;
+            let attr = need(info.attr)?;
+            let mut stripes = reply.stripes;
+            let mut more = reply.more;
+            while more {
+                let from = stripes.last().map_or(0, |s| s.index + 1);
+                let page = self.meta.list_stripes(p::ListStripesRequest { ino, from, limit: 4096 }).await?;
+                stripes.extend(page.stripes);
+                more = page.more;
+            }
+            // After the last try, take the answer anyway: an open file keeps its newer state.
+            let check = (attempt < OPEN_ATTEMPTS).then_some(epoch);
+            let Some(fh) = self.register_open(info, stripes, true, check).await? else {
+                tracing::debug!(ino, attempt, "open raced with a commit of this client; asking again");
+                continue;
+            };
+            let mtime = attr.mtime.unwrap_or_default();
+            let stamp = (mtime.sec, mtime.nsec, attr.size);
+            let previous = self.seen.lock().insert(ino, stamp);
+            let keep_cache = !truncate && previous == Some(stamp);
+            return Ok(OpenOutcome { fh, keep_cache, changed: previous.is_some_and(|p| p != stamp) });
         }
-        let mtime = attr.mtime.unwrap_or_default();
-        let stamp = (mtime.sec, mtime.nsec, attr.size);
-        let previous = self.seen.lock().insert(ino, stamp);
-        let keep_cache = !truncate && previous == Some(stamp);
-        let fh = self.register_open(info, stripes, true).await?;
-        Ok(OpenOutcome { fh, keep_cache, changed: previous.is_some_and(|p| p != stamp) })
+        unreachable!("the loop returns")
     }
 
+    /// Count a handle on the file, creating its [`OpenFile`] from `info` and `stripes` or, with
+    /// `refresh`, updating the existing one. With `epoch_then` (the inode's change counter
+    /// before the open was sent), an answer that predates a commit of this client is refused:
+    /// `None`, nothing registered.
     async fn register_open(
         &self,
         info: p::FileInfo,
         stripes: Vec<p::StripeInfo>,
         refresh: bool,
-    ) -> Result<u64> {
+        epoch_then: Option<u64>,
+    ) -> Result<Option<u64>> {
         let attr = need(info.attr)?;
         let layout = Layout::try_from(&info.layout.ok_or_else(|| CairnError::internal("no layout"))?)?;
         if info.placement.len() != layout.width() as usize {
@@ -242,6 +316,8 @@ impl Client {
                 info.placement.len()
             )));
         }
+        let epoch = self.epoch(attr.ino);
+        let stale = |now: u64| epoch_then.is_some_and(|then| then != now);
         let existing = {
             let mut files = self.files.lock();
             match files.get_mut(&attr.ino) {
@@ -249,6 +325,9 @@ impl Client {
                     o.handles += 1;
                     Some(o.file.clone())
                 }
+                // A commit advances the counter before its file leaves `files`, so checking
+                // under this lock catches every commit the answer may have missed.
+                None if stale(epoch.load(Ordering::Acquire)) => return Ok(None),
                 None => {
                     let geo = Geometry { ino: attr.ino, layout, placement: info.placement };
                     let file = Arc::new(OpenFile::new(geo, attr.size, stripes.clone()));
@@ -258,11 +337,27 @@ impl Client {
             }
         };
         if let (Some(file), true) = (existing, refresh) {
-            file.refresh(attr.size, stripes).await;
+            let then = epoch_then.unwrap_or_else(|| epoch.load(Ordering::Acquire));
+            if !file.refresh(attr.size, stripes, epoch, then).await {
+                self.drop_handle(attr.ino);
+                return Ok(None);
+            }
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles.lock().insert(fh, attr.ino);
-        Ok(fh)
+        Ok(Some(fh))
+    }
+
+    /// Undo the handle count of a registration that was refused.
+    fn drop_handle(&self, ino: u64) {
+        let mut files = self.files.lock();
+        if let Some(o) = files.get_mut(&ino) {
+            if o.handles > 1 {
+                o.handles -= 1;
+            } else {
+                files.remove(&ino);
+            }
+        }
     }
 
     pub async fn read(&self, fh: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
@@ -276,7 +371,8 @@ impl Client {
     /// Write out buffered data and commit it (close, fsync).
     pub async fn flush(&self, fh: u64) -> Result<()> {
         let file = self.handle_file(fh)?;
-        file.flush(&self.nodes, &self.meta, &self.versions).await.map(|_| ())
+        let ino = self.handles.lock().get(&fh).copied().unwrap_or(0);
+        file.flush(&self.nodes, &self.meta, &self.versions, self.changes(ino)).await.map(|_| ())
     }
 
     /// Close a handle: commit, and forget the file when it was the last handle.

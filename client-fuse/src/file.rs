@@ -12,6 +12,7 @@
 //!   read as zeros.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cairn_common::{CairnError, Result};
@@ -24,6 +25,21 @@ use crate::meta::MetaConn;
 use crate::metrics;
 use crate::nodes::Nodes;
 use crate::stripe::{read_stripe, write_stripe, Geometry};
+
+/// The change counters a commit or truncation advances: the inode's (bucketed) and the
+/// client's.
+#[derive(Clone, Copy)]
+pub struct Changes<'a> {
+    pub inode: &'a AtomicU64,
+    pub any: &'a AtomicU64,
+}
+
+impl Changes<'_> {
+    pub fn bump(&self) {
+        self.inode.fetch_add(1, Ordering::AcqRel);
+        self.any.fetch_add(1, Ordering::AcqRel);
+    }
+}
 
 /// Stripes buffered per file before the oldest is written out even if not full.
 const MAX_DIRTY_STRIPES: usize = 4;
@@ -87,12 +103,26 @@ impl OpenFile {
     }
 
     /// Take the metaserver's newest view (a new open), unless this client has unflushed writes.
-    pub async fn refresh(&self, size: u64, stripes: Vec<StripeInfo>) {
+    /// Take the metaserver's view of the file from an open, unless this client holds changes
+    /// it has not committed. Refused (false) when this client committed to the file, or
+    /// truncated it, since `epoch_then` was read before the open was sent: the view predates
+    /// that change and would bring back the old stripes.
+    pub async fn refresh(
+        &self,
+        size: u64,
+        stripes: Vec<StripeInfo>,
+        epoch: &AtomicU64,
+        epoch_then: u64,
+    ) -> bool {
         let mut inner = self.inner.lock().await;
+        if epoch.load(Ordering::Acquire) != epoch_then {
+            return false;
+        }
         if inner.dirty.is_empty() && inner.uncommitted.is_empty() && !inner.size_dirty {
             inner.size = size;
             inner.stripes = stripes.into_iter().map(|s| (s.index, s)).collect();
         }
+        true
     }
 
     /// The size this client sees, including writes not yet committed.
@@ -296,11 +326,15 @@ impl OpenFile {
 
     /// Write out every buffered stripe and commit size and stripe versions to the metaserver.
     /// Returns the committed attributes, or `None` when there was nothing to commit.
+    /// `changes` (the client's change counters) are advanced when a commit goes out, while
+    /// this file's lock is still held, so an open or getattr racing with the commit sees them
+    /// moved.
     pub async fn flush(
         &self,
         nodes: &Arc<Nodes>,
         meta: &crate::MetaConn,
         versions: &Versions,
+        changes: Changes<'_>,
     ) -> Result<Option<Attr>> {
         let mut inner = self.inner.lock().await;
         let all: Vec<u64> = inner.dirty.keys().copied().collect();
@@ -314,7 +348,10 @@ impl OpenFile {
             stripes: inner.uncommitted.values().cloned().collect(),
             mtime: Some(cairn_common::time::now()),
         };
-        let attr = meta.commit(req).await?.attr.ok_or_else(|| CairnError::internal("commit: no attr"))?;
+        let committed = meta.commit(req).await;
+        // Even a failed commit may have been applied (the answer was lost): count it as a change.
+        changes.bump();
+        let attr = committed?.attr.ok_or_else(|| CairnError::internal("commit: no attr"))?;
         inner.uncommitted.clear();
         inner.size_dirty = false;
         Ok(Some(attr))
