@@ -65,14 +65,13 @@ pub struct Client {
     /// as long as attributes are (`attr_ttl`); a change through this client drops the inode's
     /// entries at once.
     absent_xattrs: Mutex<HashMap<(u64, Vec<u8>), Instant>>,
-    /// Change counters by inode (hashed into [`EPOCH_BUCKETS`]): advanced by every commit and
-    /// truncation this client makes. An open reads its inode's counter before asking the
-    /// metaserver; if the counter moved before the answer is applied, the answer may predate
-    /// this client's own commit (one process closing the file while another opens it) and is
-    /// asked for again, rather than bringing back stripes this client already replaced.
+    /// Commits and truncations by this client, numbered in `commits`; per inode (hashed into
+    /// [`EPOCH_BUCKETS`]) the number of its latest one, advanced while the file's lock is held.
+    /// A request reads the counter before asking the metaserver; if the inode changed before
+    /// the answer is applied, the answer may predate this client's own commit (one process
+    /// closing the file while another opens it) and is asked for again, rather than bringing
+    /// back stripes or an end of file this client already replaced.
     epochs: Vec<AtomicU64>,
-    /// Commits and truncations by this client, of any inode (for lookups, whose inode is not
-    /// known before the answer).
     commits: AtomicU64,
 }
 
@@ -148,11 +147,12 @@ impl Client {
     /// again.
     pub async fn lookup(&self, parent: u64, name: &[u8]) -> Result<p::Attr> {
         for attempt in 1.. {
-            let commits = self.commits.load(Ordering::Acquire);
+            // The inode is known only from the answer: note where the sequence of changes was.
+            let before = self.commits.load(Ordering::Acquire);
             let attr = need(self.meta.lookup(p::LookupRequest { parent, name: name.to_vec() }).await?.attr)?;
             // After local_view: it waits for a flush in progress, which advances the counter.
             let attr = self.local_view(attr).await;
-            if attempt < OPEN_ATTEMPTS && self.commits.load(Ordering::Acquire) != commits {
+            if attempt < OPEN_ATTEMPTS && self.epoch(attr.ino).load(Ordering::Acquire) > before {
                 continue;
             }
             return Ok(attr);
@@ -181,7 +181,7 @@ impl Client {
             file.flush(&self.nodes, &self.meta, &self.versions, self.changes(ino)).await?;
         }
         let size = req.size;
-        let epoch = self.epoch(ino).load(Ordering::Acquire);
+        let before = self.commits.load(Ordering::Acquire);
         let set = self.meta.set_attr(req).await;
         if size.is_some() {
             self.changes(ino).bump();
@@ -193,7 +193,7 @@ impl Client {
         let attr = self.local_view(attr).await;
         // Another commit of this client went out meanwhile (see `lookup`): its size may be
         // newer than the one in this answer.
-        if self.epoch(ino).load(Ordering::Acquire) != epoch + u64::from(size.is_some()) {
+        if self.commits.load(Ordering::Acquire) != before + u64::from(size.is_some()) {
             return self.getattr(ino).await;
         }
         Ok(attr)

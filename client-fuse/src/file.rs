@@ -26,8 +26,8 @@ use crate::metrics;
 use crate::nodes::Nodes;
 use crate::stripe::{read_stripe, write_stripe, Geometry};
 
-/// The change counters a commit or truncation advances: the inode's (bucketed) and the
-/// client's.
+/// The change counters a commit or truncation advances: the client's sequence of changes
+/// (`any`), and for the inode (bucketed) the number of its latest change in that sequence.
 #[derive(Clone, Copy)]
 pub struct Changes<'a> {
     pub inode: &'a AtomicU64,
@@ -36,8 +36,8 @@ pub struct Changes<'a> {
 
 impl Changes<'_> {
     pub fn bump(&self) {
-        self.inode.fetch_add(1, Ordering::AcqRel);
-        self.any.fetch_add(1, Ordering::AcqRel);
+        let seq = self.any.fetch_add(1, Ordering::AcqRel) + 1;
+        self.inode.fetch_max(seq, Ordering::AcqRel);
     }
 }
 
