@@ -308,7 +308,8 @@ impl ShardStore {
 
     /// One round of the mover: demote least recently used SSD shards while SSD use is above
     /// the high watermark (down to the low one), then promote hot HDD shards while SSD use
-    /// stays under the high watermark. Shards busy with a write, delete or move are skipped
+    /// stays under the high watermark, making room for them by demoting SSD shards not read
+    /// within the promotion window (never recently read ones). Shards busy with a write, delete or move are skipped
     /// until the next pass; a failed move is logged and counted, never fatal.
     pub async fn mover_pass(&self) -> PassReport {
         let mut report = PassReport::default();
@@ -353,7 +354,8 @@ impl ShardStore {
         for id in hot {
             let Some(loc) = self.location(&id) else { continue };
             let (used, capacity) = self.tier_fill(Tier::Ssd);
-            if loc.file_len > self.policy.promotion_room(used, capacity) {
+            let room = self.policy.promotion_room(used, capacity);
+            if loc.file_len > room && !self.displace_cold(loc.file_len - room, now, &mut report).await {
                 continue;
             }
             match self.move_if_free(id, Tier::Ssd).await {
@@ -369,6 +371,38 @@ impl ShardStore {
             }
         }
         report
+    }
+
+    /// Make `need` bytes of room on the SSD tier for a hot shard by demoting cold SSD shards
+    /// ([`TierPolicy::pick_displacements`]). False when there are not enough cold ones or a
+    /// demotion failed.
+    async fn displace_cold(&self, need: u64, now: u64, report: &mut PassReport) -> bool {
+        let candidates: Vec<(ShardId, u64, u64)> = {
+            let index = self.index.lock();
+            (index.shards.iter())
+                .filter(|(_, loc)| self.dirs[loc.dir].tier == Tier::Ssd)
+                .map(|(id, loc)| (*id, loc.last_access, loc.file_len))
+                .collect()
+        };
+        let Some(victims) = self.policy.pick_displacements(candidates, need, now) else {
+            return false;
+        };
+        tracing::debug!(need, shards = victims.len(), "SSD tier full: demoting cold shards for a hot one");
+        for id in victims {
+            match self.move_if_free(id, Tier::Hdd).await {
+                Some(Ok(bytes)) => {
+                    report.demoted += 1;
+                    report.bytes += bytes;
+                }
+                Some(Err(e)) => {
+                    report.failed += 1;
+                    tracing::warn!(shard = %id, "demotion failed: {e}");
+                    return false;
+                }
+                None => return false,
+            }
+        }
+        true
     }
 
     /// Shards hot enough to be promoted and not moved yet (the mover's backlog).

@@ -217,6 +217,38 @@ async fn promotion_stays_under_the_high_watermark(engine: MakeEngine) {
     assert_eq!(store.mover_pass().await, super::PassReport::default(), "no demotion follows");
 }
 
+async fn hot_shards_displace_cold_ones_on_a_full_ssd(engine: MakeEngine) {
+    let dirs = Dirs::new();
+    let clock = clock();
+    let store = dirs.open(engine(), &clock).await;
+    // 14 shards fill the SSD tier to just under its high watermark: no room for a 15th.
+    assert!(write_shards(&store, &clock, 14).await.iter().all(|t| *t == Tier::Ssd));
+    for n in [20, 21] {
+        store.write(id(n), data(n)).await.unwrap();
+        store.move_shard(id(n), Tier::Hdd).await.unwrap();
+    }
+    // Eleven minutes later the SSD shards are cold; shard 20 is read twice from HDD: hot.
+    clock.advance(Duration::from_secs(660));
+    assert_reads_exact(&store, 20).await;
+    assert_reads_exact(&store, 20).await;
+    let report = store.mover_pass().await;
+    assert_eq!((report.promoted, report.demoted), (1, 1), "{report:?}");
+    assert_eq!(store.tier_of(&id(20)), Some(Tier::Ssd));
+    assert_eq!(store.tier_of(&id(0)), Some(Tier::Hdd), "the least recently used shard made room");
+    // Every SSD shard read just now: a hot shard 21 displaces none of them and waits on HDD.
+    for n in 1..14 {
+        assert_reads_exact(&store, n).await;
+    }
+    assert_reads_exact(&store, 21).await;
+    assert_reads_exact(&store, 21).await;
+    let report = store.mover_pass().await;
+    assert_eq!((report.promoted, report.demoted), (0, 0), "{report:?}");
+    assert_eq!(store.tier_of(&id(21)), Some(Tier::Hdd));
+    for n in (0..14).chain([20, 21]) {
+        assert_reads_exact(&store, n).await;
+    }
+}
+
 async fn an_interrupted_move_is_settled_at_open(engine: MakeEngine) {
     let dirs = Dirs::new();
     let clock = clock();
@@ -397,6 +429,7 @@ mover_tests!(
     full_ssd_writes_to_hdd_and_demotes_lru,
     hdd_shards_read_twice_in_the_window_are_promoted,
     promotion_stays_under_the_high_watermark,
+    hot_shards_displace_cold_ones_on_a_full_ssd,
     an_interrupted_move_is_settled_at_open,
     a_corrupt_copy_aborts_the_move,
     promote_moves_named_shards_until_ssd_is_full,

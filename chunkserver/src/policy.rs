@@ -128,6 +128,28 @@ impl TierPolicy {
         }
         out
     }
+
+    /// The SSD shards to demote so that a hot HDD shard fits (`need` more bytes) on an SSD tier
+    /// at its high watermark: only shards not read within `promote_window` (cold), least
+    /// recently used first, as few as free `need`. `None` when the cold shards cannot free
+    /// enough: then nothing is displaced, so a hot working set larger than the SSD tier does
+    /// not thrash it. `shards` as for [`TierPolicy::pick_demotions`].
+    pub fn pick_displacements(
+        &self,
+        shards: impl IntoIterator<Item = (ShardId, u64, u64)>,
+        need: u64,
+        now: u64,
+    ) -> Option<Vec<ShardId>> {
+        let cold: Vec<_> = shards
+            .into_iter()
+            .filter(|&(_, at, _)| now.saturating_sub(at) > self.promote_window_ms)
+            .collect();
+        let bytes: std::collections::HashMap<ShardId, u64> =
+            cold.iter().map(|&(id, _, len)| (id, len)).collect();
+        let picked = self.pick_demotions(cold, need);
+        let freed: u64 = picked.iter().map(|id| bytes[id]).sum();
+        (freed >= need && !picked.is_empty()).then_some(picked)
+    }
 }
 
 /// Recent HDD reads of HDD shards, for the promotion rule. Only shards read from HDD have an
@@ -215,6 +237,20 @@ mod tests {
             promote_after_reads: 2,
             promote_window_ms: 600_000,
         }
+    }
+
+    #[test]
+    fn hot_shards_displace_only_cold_ones_lru_first() {
+        let p = TierPolicy { promote_window_ms: 600_000, ..TierPolicy::default() };
+        let id = |n: u64| ShardId { ino: n, stripe: 0, index: 0, version: 1 };
+        let now = 2_000_000;
+        // Shards 1 and 2 last read long ago (2 before 1), shard 3 a minute ago.
+        let shards = [(id(1), 500_000, 100), (id(2), 100_000, 100), (id(3), now - 60_000, 100)];
+        assert_eq!(p.pick_displacements(shards, 50, now), Some(vec![id(2)]));
+        assert_eq!(p.pick_displacements(shards, 150, now), Some(vec![id(2), id(1)]));
+        // The recently read shard is never taken: not enough cold bytes, nothing displaced.
+        assert_eq!(p.pick_displacements(shards, 250, now), None);
+        assert_eq!(p.pick_displacements([(id(3), now - 60_000, 100)], 10, now), None);
     }
 
     #[test]
