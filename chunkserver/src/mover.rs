@@ -319,30 +319,9 @@ impl ShardStore {
         let (used, capacity) = self.tier_fill(Tier::Ssd);
         let goal = self.policy.demotion_goal(used, capacity);
         if goal > 0 {
-            let candidates: Vec<(ShardId, u64, u64)> = {
-                let index = self.index.lock();
-                (index.shards.iter())
-                    .filter(|(_, loc)| self.dirs[loc.dir].tier == Tier::Ssd)
-                    .map(|(id, loc)| (*id, loc.last_access, loc.file_len))
-                    .collect()
-            };
             tracing::info!(used, capacity, goal, "SSD tier above its high watermark: demoting");
-            for id in self.policy.pick_demotions(candidates, goal) {
-                match self.move_if_free(id, Tier::Hdd).await {
-                    Some(Ok(bytes)) => {
-                        report.demoted += 1;
-                        report.bytes += bytes;
-                    }
-                    Some(Err(e)) => {
-                        report.failed += 1;
-                        tracing::warn!(shard = %id, "demotion failed: {e}");
-                        if e.kind() == ErrorKind::NoSpace {
-                            break;
-                        }
-                    }
-                    None => {}
-                }
-            }
+            let picked = self.policy.pick_demotions(self.ssd_shards(), goal);
+            self.demote(&picked, &mut report).await;
         }
 
         let now = self.clock.now_ms();
@@ -377,32 +356,44 @@ impl ShardStore {
     /// ([`TierPolicy::pick_displacements`]). False when there are not enough cold ones or a
     /// demotion failed.
     async fn displace_cold(&self, need: u64, now: u64, report: &mut PassReport) -> bool {
-        let candidates: Vec<(ShardId, u64, u64)> = {
-            let index = self.index.lock();
-            (index.shards.iter())
-                .filter(|(_, loc)| self.dirs[loc.dir].tier == Tier::Ssd)
-                .map(|(id, loc)| (*id, loc.last_access, loc.file_len))
-                .collect()
-        };
-        let Some(victims) = self.policy.pick_displacements(candidates, need, now) else {
+        let Some(victims) = self.policy.pick_displacements(self.ssd_shards(), need, now) else {
             return false;
         };
         tracing::debug!(need, shards = victims.len(), "SSD tier full: demoting cold shards for a hot one");
-        for id in victims {
+        self.demote(&victims, report).await == victims.len()
+    }
+
+    /// `(id, last access, file bytes)` of every shard on the SSD tier.
+    fn ssd_shards(&self) -> Vec<(ShardId, u64, u64)> {
+        let index = self.index.lock();
+        (index.shards.iter())
+            .filter(|(_, loc)| self.dirs[loc.dir].tier == Tier::Ssd)
+            .map(|(id, loc)| (*id, loc.last_access, loc.file_len))
+            .collect()
+    }
+
+    /// Move `ids` to HDD, counting in `report`; a shard busy with other work is skipped, and a
+    /// full HDD tier stops the rest. Returns how many moved.
+    async fn demote(&self, ids: &[ShardId], report: &mut PassReport) -> usize {
+        let mut moved = 0;
+        for &id in ids {
             match self.move_if_free(id, Tier::Hdd).await {
                 Some(Ok(bytes)) => {
                     report.demoted += 1;
                     report.bytes += bytes;
+                    moved += 1;
                 }
                 Some(Err(e)) => {
                     report.failed += 1;
                     tracing::warn!(shard = %id, "demotion failed: {e}");
-                    return false;
+                    if e.kind() == ErrorKind::NoSpace {
+                        break;
+                    }
                 }
-                None => return false,
+                None => {}
             }
         }
-        true
+        moved
     }
 
     /// Shards hot enough to be promoted and not moved yet (the mover's backlog).

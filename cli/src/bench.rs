@@ -18,15 +18,37 @@ use serde_json::json;
 
 use crate::admin::human;
 
+#[derive(clap::Args)]
 pub struct Options {
-    pub path: PathBuf,
-    pub big_file_size: u64,
-    pub block_size: u64,
-    pub small_file_size: u64,
-    pub small_files: u64,
-    pub threads: u64,
-    pub keep: bool,
-    pub json: bool,
+    path: PathBuf,
+    /// Size of each thread's big file (0: skip).
+    #[arg(long, value_parser = parse_size_or_zero, default_value = "256M")]
+    big_file_size: u64,
+    /// I/O size for the big files.
+    #[arg(long, value_parser = crate::up::parse_size, default_value = "1M")]
+    block_size: u64,
+    /// Size of each small file.
+    #[arg(long, value_parser = parse_size_or_zero, default_value = "128K")]
+    small_file_size: u64,
+    /// Small files per thread (0: skip).
+    #[arg(long, default_value_t = 100)]
+    small_files: u64,
+    #[arg(long, short = 'p', default_value_t = 4)]
+    threads: u64,
+    /// Leave the files behind (in PATH/__cairn_bench_PID).
+    #[arg(long)]
+    keep: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+/// A size (see [`crate::up::parse_size`]) where 0 means "skip".
+fn parse_size_or_zero(text: &str) -> std::result::Result<u64, String> {
+    if text.trim() == "0" {
+        Ok(0)
+    } else {
+        crate::up::parse_size(text)
+    }
 }
 
 /// One phase's outcome.

@@ -78,28 +78,7 @@ enum Command {
     /// Benchmark a directory through the file API: big files written and read, small files
     /// written, read and stat'ed, by several threads at once (works on any directory, for a
     /// baseline).
-    Bench {
-        path: PathBuf,
-        /// Size of each thread's big file (0: skip).
-        #[arg(long, value_parser = parse_size_or_zero, default_value = "256M")]
-        big_file_size: u64,
-        /// I/O size for the big files.
-        #[arg(long, value_parser = up::parse_size, default_value = "1M")]
-        block_size: u64,
-        /// Size of each small file.
-        #[arg(long, value_parser = parse_size_or_zero, default_value = "128K")]
-        small_file_size: u64,
-        /// Small files per thread (0: skip).
-        #[arg(long, default_value_t = 100)]
-        small_files: u64,
-        #[arg(long, short = 'p', default_value_t = 4)]
-        threads: u64,
-        /// Leave the files behind (in PATH/__cairn_bench_PID).
-        #[arg(long)]
-        keep: bool,
-        #[arg(long)]
-        json: bool,
-    },
+    Bench(bench::Options),
     /// Unmount a Cairn mount (the mount process exits by itself).
     Umount {
         mountpoint: PathBuf,
@@ -330,25 +309,7 @@ fn main() -> ExitCode {
                 runtime().and_then(|rt| rt.block_on(stats::stats(&meta, every, count, json)))
             }
         }
-        Command::Bench {
-            path,
-            big_file_size,
-            block_size,
-            small_file_size,
-            small_files,
-            threads,
-            keep,
-            json,
-        } => bench::run(bench::Options {
-            path,
-            big_file_size,
-            block_size,
-            small_file_size,
-            small_files,
-            threads,
-            keep,
-            json,
-        }),
+        Command::Bench(opts) => bench::run(opts),
         Command::Umount { mountpoint, lazy } => mount::umount(&mountpoint, lazy),
         Command::Info { path, meta, stripes, json } => {
             runtime().and_then(|rt| rt.block_on(info::info(&path, meta, stripes, json)))
@@ -401,15 +362,6 @@ fn main() -> ExitCode {
             eprintln!("cairn: {}", e.message());
             ExitCode::FAILURE
         }
-    }
-}
-
-/// A size (see [`up::parse_size`]) where 0 means "skip".
-fn parse_size_or_zero(text: &str) -> std::result::Result<u64, String> {
-    if text.trim() == "0" {
-        Ok(0)
-    } else {
-        up::parse_size(text)
     }
 }
 

@@ -144,14 +144,11 @@ fn last_error_line(log: &Path) -> String {
 
 /// The filesystem type and source mounted exactly at `mountpoint`, from /proc/self/mountinfo.
 pub fn mounted_at(mountpoint: &Path) -> Option<(String, String)> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().rev().find_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        let mp = crate::tree::unescape(left.split(' ').nth(4)?);
-        let mut right = right.split(' ');
-        let (fstype, source) = (right.next()?, right.next()?);
-        (Path::new(&mp) == mountpoint).then(|| (fstype.to_string(), source.to_string()))
-    })
+    crate::tree::mounts()
+        .into_iter()
+        .rev()
+        .find(|m| m.mount_point == mountpoint)
+        .map(|m| (m.fstype, m.source))
 }
 
 /// Unmount a Cairn mount: the daemon sees the unmount and exits. `lazy` detaches it even while

@@ -112,22 +112,39 @@ pub fn shown(components: &[Vec<u8>]) -> String {
 /// Mounted Cairn filesystems: (mount point, metaserver address), from `/proc/self/mountinfo`
 /// (a `cairn mount` is a FUSE filesystem with source `cairn:HOST:PORT`).
 fn cairn_mounts() -> Vec<(PathBuf, String)> {
+    mounts()
+        .into_iter()
+        .filter_map(|m| {
+            let meta = m.source.strip_prefix("cairn:")?;
+            let fuse = m.fstype == "fuse" || m.fstype.starts_with("fuse.");
+            fuse.then(|| (m.mount_point, meta.to_string()))
+        })
+        .collect()
+}
+
+/// One line of `/proc/self/mountinfo`.
+pub struct MountEntry {
+    pub mount_point: PathBuf,
+    pub fstype: String,
+    pub source: String,
+}
+
+/// Every mount this process sees, in mount order.
+pub fn mounts() -> Vec<MountEntry> {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
     info.lines()
         .filter_map(|line| {
             let (left, right) = line.split_once(" - ")?;
-            let mount_point = unescape(left.split(' ').nth(4)?);
+            let mount_point = PathBuf::from(unescape(left.split(' ').nth(4)?));
             let mut right = right.split(' ');
-            let (fstype, source) = (right.next()?, right.next()?);
-            let meta = source.strip_prefix("cairn:")?;
-            let fuse = fstype == "fuse" || fstype.starts_with("fuse.");
-            fuse.then(|| (PathBuf::from(mount_point), meta.to_string()))
+            let (fstype, source) = (right.next()?.to_string(), right.next()?.to_string());
+            Some(MountEntry { mount_point, fstype, source })
         })
         .collect()
 }
 
 /// Undo mountinfo's octal escapes (`\040` for a space).
-pub fn unescape(field: &str) -> String {
+fn unescape(field: &str) -> String {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

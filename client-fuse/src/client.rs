@@ -121,12 +121,19 @@ impl Client {
     }
 
     fn handle_file(&self, fh: u64) -> Result<Arc<OpenFile>> {
+        self.handle(fh).map(|(_, file)| file)
+    }
+
+    /// The inode and open file behind handle `fh`.
+    fn handle(&self, fh: u64) -> Result<(u64, Arc<OpenFile>)> {
         let ino = *self
             .handles
             .lock()
             .get(&fh)
             .ok_or_else(|| CairnError::invalid(format!("bad file handle {fh}")))?;
-        self.open_file(ino).ok_or_else(|| CairnError::invalid(format!("file handle {fh} is closed")))
+        let file =
+            self.open_file(ino).ok_or_else(|| CairnError::invalid(format!("file handle {fh} is closed")))?;
+        Ok((ino, file))
     }
 
     /// Overlay what this client knows and the metaserver does not yet: the size of a file with
@@ -370,8 +377,7 @@ impl Client {
 
     /// Write out buffered data and commit it (close, fsync).
     pub async fn flush(&self, fh: u64) -> Result<()> {
-        let file = self.handle_file(fh)?;
-        let ino = self.handles.lock().get(&fh).copied().unwrap_or(0);
+        let (ino, file) = self.handle(fh)?;
         file.flush(&self.nodes, &self.meta, &self.versions, self.changes(ino)).await.map(|_| ())
     }
 
