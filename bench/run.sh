@@ -49,6 +49,7 @@ run_on "$work/mnt" cairn
 kill -INT $up; wait $up 2>/dev/null || true
 trap - EXIT
 
+glusterd_before=$(pgrep -x glusterd || true)
 for peer in $peers; do
   case $peer in
     moosefs) up_script=moosefs-up.sh mnt=/tmp/peers/mfs/mnt ;;
@@ -68,6 +69,8 @@ for peer in $peers; do
   fi
   run_on "$mnt" "$peer"
   bash "$peers_dir/peers-down.sh" > /dev/null 2>&1 || true
+  # peers-down.sh leaves glusterd running; stop the one this run started.
+  if [ "$peer" = gluster ] && [ -z "$glusterd_before" ]; then pkill -x glusterd || true; fi
 done
 
 echo
