@@ -14,7 +14,6 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${WORK:-/var/tmp/cairn-bench}
-peers_dir=${PEERS_DIR:-$repo/../shared/peers}
 peers=${PEERS:-}
 export SZ=${SZ:-1g} RT=${RT:-15} SMALL=${SMALL:-2000}
 mdn=${MDN:-10000}
@@ -23,7 +22,7 @@ command -v fio >/dev/null || apt-get install -y -q fio
 
 cd "$repo"
 cargo build --release -q -p cairn
-cairn=$repo/target/release/cairn
+. bench/lib.sh
 
 rm -rf "$work"
 mkdir -p "$work/ext4" "$work/mnt"
@@ -40,37 +39,14 @@ run_on() { # dir label
 run_on "$work/ext4" ext4
 
 # Cairn: a whole local cluster, release build, default layout (4+2, 1 MiB units).
-"$cairn" up --data-dir "$work/cairn" --mount "$work/mnt" --meta-port 0 > "$work/up.log" 2>&1 &
-up=$!
-trap 'kill -INT $up 2>/dev/null; wait $up 2>/dev/null || true' EXIT
-for _ in $(seq 600); do grep -q "^ready" "$work/up.log" && break; sleep 0.1; done
-grep -q "^ready" "$work/up.log" || { cat "$work/up.log"; exit 1; }
+cairn_start "$work/mnt"
 run_on "$work/mnt" cairn
-kill -INT $up; wait $up 2>/dev/null || true
-trap - EXIT
+cairn_stop
 
-glusterd_before=$(pgrep -x glusterd || true)
 for peer in $peers; do
-  case $peer in
-    moosefs) up_script=moosefs-up.sh mnt=/tmp/peers/mfs/mnt ;;
-    gluster) up_script=gluster-up.sh mnt=/tmp/peers/gl/mnt ;;
-    juicefs) up_script=juicefs-up.sh mnt=/tmp/peers/jfs/mnt ;;
-    *) echo "unknown peer $peer (moosefs, gluster, juicefs)" >&2; continue ;;
-  esac
-  if [ "$peer" = moosefs ] && ! command -v mfsmaster >/dev/null; then
-    apt-get install -y -q moosefs-master moosefs-chunkserver moosefs-client moosefs-cli >/dev/null || true
-  fi
-  if [ "$peer" = gluster ] && ! command -v glusterd >/dev/null; then
-    apt-get install -y -q glusterfs-server glusterfs-client >/dev/null || true
-  fi
-  if ! bash "$peers_dir/$up_script" > "$work/$peer-up.log" 2>&1 || ! mountpoint -q "$mnt"; then
-    echo "== $peer: could not start (see $work/$peer-up.log); left out"
-    continue
-  fi
-  run_on "$mnt" "$peer"
-  bash "$peers_dir/peers-down.sh" > /dev/null 2>&1 || true
-  # peers-down.sh leaves glusterd running; stop the one this run started.
-  if [ "$peer" = gluster ] && [ -z "$glusterd_before" ]; then pkill -x glusterd || true; fi
+  peer_start "$peer" || continue
+  run_on "$peer_mnt" "$peer"
+  peer_stop "$peer"
 done
 
 echo

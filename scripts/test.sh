@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Install what the tests need, run pjdfstest against a real mount, validate deploy/ against
-# the Kubernetes, Compose and Dockerfile schemas, then the whole test suite (every test binary,
-# even after one fails). The last line is the total over every test binary:
-# "tests: N passed, N failed".
+# Install what the tests need (Debian packages; PyTorch into target/ml-venv), run pjdfstest
+# against a real mount, validate deploy/ against the Kubernetes, Compose and Dockerfile schemas,
+# then the whole test suite (every test binary, even after one fails). The last line is the total
+# over every test binary: "tests: N passed, N failed".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
+bench/ml/venv.sh target/ml-venv torch  # PyTorch for tests/training.rs (about a minute)
 cargo build --workspace --all-targets
 scripts/pjdfstest.sh target/debug/cairn
 mkdir -p target

@@ -1,0 +1,60 @@
+# Sourced by bench/run.sh and bench/ml/run.sh: start and stop Cairn (`cairn up`, release build)
+# and the installed peers (with the scripts in $PEERS_DIR, default ../shared/peers next to the
+# repository). Needs $repo and $work.
+peers_dir=${PEERS_DIR:-$repo/../shared/peers}
+glusterd_before=$(pgrep -x glusterd || true)
+
+# cairn_start MOUNTPOINT [cairn up flags...]: a whole local cluster under $work/cairn (default
+# layout 4+2, 1 MiB units), mounted; returns when it is ready. Sets $cairn_pid.
+cairn_start() {
+  local mnt=$1
+  shift
+  mkdir -p "$mnt"
+  "$repo/target/release/cairn" up --data-dir "$work/cairn" --mount "$mnt" --meta-port 0 "$@" > "$work/up.log" 2>&1 &
+  cairn_pid=$!
+  trap cairn_stop EXIT
+  for _ in $(seq 600); do grep -q "^ready" "$work/up.log" && return 0; sleep 0.1; done
+  cat "$work/up.log" >&2
+  return 1
+}
+
+cairn_stop() {
+  [ -n "${cairn_pid:-}" ] || return 0
+  kill -INT "$cairn_pid" 2>/dev/null || true
+  wait "$cairn_pid" 2>/dev/null || true
+  cairn_pid=
+  trap - EXIT
+}
+
+# peer_start NAME: moosefs, gluster or juicefs, installed on first use; sets $peer_mnt. Fails
+# (and says why) when the peer cannot be started.
+peer_start() {
+  local script
+  case $1 in
+    moosefs) script=moosefs-up.sh peer_mnt=/tmp/peers/mfs/mnt ;;
+    gluster) script=gluster-up.sh peer_mnt=/tmp/peers/gl/mnt ;;
+    juicefs) script=juicefs-up.sh peer_mnt=/tmp/peers/jfs/mnt ;;
+    *) echo "unknown peer $1 (moosefs, gluster, juicefs)" >&2; return 1 ;;
+  esac
+  if [ "$1" = moosefs ] && ! command -v mfsmaster >/dev/null; then
+    apt-get install -y -q moosefs-master moosefs-chunkserver moosefs-client moosefs-cli >/dev/null || true
+  fi
+  if [ "$1" = gluster ] && ! command -v glusterd >/dev/null; then
+    apt-get install -y -q glusterfs-server glusterfs-client >/dev/null || true
+  fi
+  if ! bash "$peers_dir/$script" > "$work/$1-up.log" 2>&1 || ! mountpoint -q "$peer_mnt"; then
+    echo "== $1: could not start (see $work/$1-up.log); left out"
+    return 1
+  fi
+}
+
+peer_stop() {
+  bash "$peers_dir/peers-down.sh" > /dev/null 2>&1 || true
+  # peers-down.sh leaves glusterd running; stop the one this run started.
+  if [ "$1" = gluster ] && [ -z "$glusterd_before" ]; then pkill -x glusterd || true; fi
+}
+
+drop_caches() {
+  sync
+  echo 3 > /proc/sys/vm/drop_caches
+}
