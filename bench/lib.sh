@@ -42,6 +42,10 @@ peer_start() {
   if [ "$1" = gluster ] && ! command -v glusterd >/dev/null; then
     apt-get install -y -q glusterfs-server glusterfs-client >/dev/null || true
   fi
+  # A fresh cluster every time: state a previous run left (a MooseFS chunkserver's id from an
+  # older master, say) would stop it from starting.
+  peer_stop "$1"
+  rm -rf "$(dirname "$peer_mnt")"
   if ! bash "$peers_dir/$script" > "$work/$1-up.log" 2>&1 || ! mountpoint -q "$peer_mnt"; then
     echo "== $1: could not start (see $work/$1-up.log); left out"
     return 1

@@ -124,9 +124,17 @@ fn warmup_json(c: &Cluster, path: &str) -> (bool, Value, String) {
 
 #[test]
 fn shards_destage_come_back_when_read_twice_and_warm_up() {
-    let c = Cluster::start_with(Path::new("/tmp"), 6, "4+2", UNIT_KIB, &["--ssd-capacity", "8M"]);
+    // The HDD tier reads with O_DIRECT: every HDD read below goes through the aligned path.
+    let c = Cluster::start_with(
+        Path::new("/tmp"),
+        6,
+        "4+2",
+        UNIT_KIB,
+        &["--ssd-capacity", "8M", "--hdd-direct-io"],
+    );
     let toml = fs::read_to_string(c.data.join("chunk-1/chunk.toml")).unwrap();
     assert!(toml.contains(&format!("ssd_capacity = {SSD_CAP}")), "{toml}");
+    assert!(toml.contains("hdd_direct_io = true"), "{toml}");
 
     // Oldest first: a directory to warm up, a file to read twice, then filler. 55 MiB of data
     // is 82 MiB of shards, against 48 MiB of SSD over the six chunkservers.

@@ -24,14 +24,19 @@ def jpeg_files(args):
     paths = common.files(args.root, "imagenet")
     labels = [common.image_label(p) for p in paths]
 
-    def load(path, label):
-        jpeg = tf.io.read_file(path)
+    def read(path, label):
+        return tf.io.read_file(path), label, path
+
+    def decode(jpeg, label, path):
         return crop(tf.io.decode_jpeg(jpeg, channels=3)), label, jpeg, path
 
+    # Reads and decodes are separate stages: --workers files are read at once (each read waits on
+    # the filesystem, not on a core), decoding gets what the cores can give.
     return (
         tf.data.Dataset.from_tensor_slices((paths, labels))
         .shuffle(len(paths), reshuffle_each_iteration=True)
-        .map(load, num_parallel_calls=AUTOTUNE, deterministic=False)
+        .map(read, num_parallel_calls=max(args.workers, 1), deterministic=False)
+        .map(decode, num_parallel_calls=AUTOTUNE, deterministic=False)
     )
 
 

@@ -1,7 +1,10 @@
 //! Shard I/O through the chunkserver's own store (`ShardStore`: header, BLAKE3 block checksums,
-//! temp file + rename, fsync when `sync`), with each I/O engine, on a directory of this
-//! machine's disk: shard writes per second and MB/s, whole-shard reads, and 4 KiB reads at
-//! random offsets from many tasks at once (each verifies its 64 KiB checksum block). Run:
+//! temp file + rename, fsync when `sync`), with each I/O engine, through the page cache and
+//! with O_DIRECT reads (`hdd_direct_io`), on a directory of this machine's disk: shard writes
+//! per second and MB/s, whole-shard reads from a cold cache, and 4 KiB reads at random offsets
+//! from many tasks at once (each verifies its 64 KiB checksum block), right after the whole
+//! reads (warm for buffered reads) and from a cold cache. "Cold": every shard file's pages
+//! dropped with posix_fadvise(DONTNEED) first. Run:
 //! `cargo run --release -p cairn-bench --bin shard-io [DIR]` (default: a temp dir under
 //! /var/tmp). Regressions in the store show here before they show in fio through FUSE.
 
@@ -22,17 +25,24 @@ fn id(n: u64) -> ShardId {
     ShardId { ino: 1_000 + n, stripe: 0, index: 0, version: 1 }
 }
 
-async fn run(dir: &std::path::Path, kind: IoEngineKind, sync: bool) -> cairn_common::Result<()> {
-    let root = dir.join(format!("{kind:?}-{sync}"));
+async fn run(
+    dir: &std::path::Path,
+    kind: IoEngineKind,
+    sync: bool,
+    direct: bool,
+) -> cairn_common::Result<()> {
+    let root = dir.join(format!("{kind:?}-{sync}-{direct}"));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).map_err(|e| cairn_common::CairnError::from_io("mkdir", &e))?;
     let options = StoreOptions {
-        ssd_dirs: vec![root.join("ssd")],
-        hdd_dirs: vec![],
+        ssd_dirs: if direct { vec![] } else { vec![root.join("ssd")] },
+        hdd_dirs: if direct { vec![root.join("hdd")] } else { vec![] },
         sync,
         reserve_bytes: 0,
         policy: TierPolicy::default(),
         mover_rate_bytes: 1 << 30,
+        ssd_direct_io: false,
+        hdd_direct_io: direct,
     };
     let store = Arc::new(ShardStore::open(options, engine::open(kind, 64)).await?);
     let data =
@@ -47,13 +57,14 @@ async fn run(dir: &std::path::Path, kind: IoEngineKind, sync: bool) -> cairn_com
         r?;
     }
     let secs = start.elapsed().as_secs_f64();
-    let label = format!("{kind:?} sync={sync}");
+    let label = format!("{kind:?} sync={sync}{}", if direct { " O_DIRECT" } else { "" });
     println!(
-        "{label:18} write 1 MiB shards   {:7.0} shards/s {:8.1} MB/s",
+        "{label:27} write 1 MiB shards   {:7.0} shards/s {:8.1} MB/s",
         SHARDS as f64 / secs,
         (SHARDS as usize * SHARD) as f64 / secs / 1e6
     );
 
+    drop_cached_under(&root);
     let start = Instant::now();
     let reads = (0..SHARDS).map(|n| {
         let store = store.clone();
@@ -65,11 +76,21 @@ async fn run(dir: &std::path::Path, kind: IoEngineKind, sync: bool) -> cairn_com
     }
     let secs = start.elapsed().as_secs_f64();
     println!(
-        "{label:18} read whole shards    {:7.0} shards/s {:8.1} MB/s",
+        "{label:27} read whole, cold     {:7.0} shards/s {:8.1} MB/s",
         SHARDS as f64 / secs,
         bytes as f64 / secs / 1e6
     );
+    let warm = small_reads(&store).await?;
+    drop_cached_under(&root);
+    let cold = small_reads(&store).await?;
+    println!("{label:27} read 4 KiB random    {warm:7.0} IOPS after the whole reads, {cold:7.0} IOPS cold");
+    drop(store);
+    let _ = std::fs::remove_dir_all(&root);
+    Ok(())
+}
 
+/// 4 KiB reads at scattered offsets of every shard, `CONCURRENCY` at once; reads per second.
+async fn small_reads(store: &Arc<ShardStore>) -> cairn_common::Result<f64> {
     let start = Instant::now();
     let small = (0..SMALL_READS).map(|i| {
         let store = store.clone();
@@ -80,11 +101,20 @@ async fn run(dir: &std::path::Path, kind: IoEngineKind, sync: bool) -> cairn_com
     for r in futures_join(small, CONCURRENCY).await {
         r?;
     }
-    let secs = start.elapsed().as_secs_f64();
-    println!("{label:18} read 4 KiB random    {:7.0} IOPS", SMALL_READS as f64 / secs);
-    drop(store);
-    let _ = std::fs::remove_dir_all(&root);
-    Ok(())
+    Ok(SMALL_READS as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Drop every file under `dir` from the page cache.
+fn drop_cached_under(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            drop_cached_under(&path);
+        } else if let Ok(file) = std::fs::File::open(&path) {
+            engine::drop_cached(&file);
+        }
+    }
 }
 
 /// Run `futures` with at most `limit` in flight; results in order.
@@ -107,9 +137,9 @@ fn main() {
         SHARDS
     );
     for kind in [IoEngineKind::Uring, IoEngineKind::Pread] {
-        for sync in [true, false] {
-            if let Err(e) = rt.block_on(run(&dir, kind, sync)) {
-                eprintln!("shard-io: {kind:?} sync={sync}: {}", e.message());
+        for (sync, direct) in [(true, false), (false, false), (true, true)] {
+            if let Err(e) = rt.block_on(run(&dir, kind, sync, direct)) {
+                eprintln!("shard-io: {kind:?} sync={sync} direct={direct}: {}", e.message());
                 std::process::exit(1);
             }
         }

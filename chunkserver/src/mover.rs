@@ -29,7 +29,7 @@ use tokio::time::Instant;
 
 use crate::engine::IoEngine;
 use crate::shard::{self, ShardHeader, HEADER_ALIGN};
-use crate::store::{off_thread, Location, ShardStore, Tier};
+use crate::store::{off_thread, Location, ShardFile, ShardStore, Tier};
 
 /// Bytes per copy or verify step (a whole number of checksum blocks).
 const COPY_CHUNK: usize = 16 * BLOCK_SIZE;
@@ -91,17 +91,17 @@ pub struct PassReport {
 
 /// Read shard file `file` through `engine` and check its header names `id`, its length is
 /// `expect_len` bytes (when given) and every block matches its checksum.
-pub async fn verify_file(
+pub(crate) async fn verify_file(
     engine: &dyn IoEngine,
-    file: Arc<std::fs::File>,
+    file: ShardFile,
     id: &ShardId,
     expect_len: Option<u64>,
 ) -> Result<ShardHeader> {
     let io = |e: std::io::Error| CairnError::from_io(&format!("verify shard {id}"), &e);
-    let mut head = engine.read_at(file.clone(), 0, HEADER_ALIGN).await.map_err(io)?;
+    let mut head = file.read_at(engine, 0, HEADER_ALIGN).await.map_err(io)?;
     let header = shard::parse_header(&head, id)?;
     let file_len = header.header_len + header.data_len;
-    let on_disk = file.metadata().map_err(io)?.len();
+    let on_disk = file.file.metadata().map_err(io)?.len();
     if on_disk != file_len || expect_len.is_some_and(|want| want != file_len) {
         return Err(CairnError::corrupt(format!(
             "shard {id}: file has {on_disk} bytes, its header says {file_len}{}",
@@ -109,7 +109,7 @@ pub async fn verify_file(
         )));
     }
     if head.len() < header.header_len as usize {
-        head = engine.read_at(file.clone(), 0, header.header_len as usize).await.map_err(io)?;
+        head = file.read_at(engine, 0, header.header_len as usize).await.map_err(io)?;
     }
     let per_chunk = (COPY_CHUNK / BLOCK_SIZE) as u32;
     let mut block = 0u32;
@@ -121,10 +121,8 @@ pub async fn verify_file(
             .ok_or_else(|| CairnError::corrupt(format!("shard {id}: block hashes truncated")))?
             .to_vec();
         let data_at = header.data_range(&blocks);
-        let data = engine
-            .read_at(file.clone(), data_at.start, (data_at.end - data_at.start) as usize)
-            .await
-            .map_err(io)?;
+        let data =
+            file.read_at(engine, data_at.start, (data_at.end - data_at.start) as usize).await.map_err(io)?;
         let range = blocks.clone();
         off_thread(data.len(), move || header.verify(&range, &hashes, &data)).await??;
         block = blocks.end;
@@ -152,7 +150,7 @@ impl ShardStore {
         let source = self.path(loc.dir, &id);
         let dest = self.path(target, &id);
         let tmp = dest.with_file_name(format!("{}.tmp-move-{:016x}", id.file_name(), rand::random::<u64>()));
-        if let Err(e) = self.copy_verified(&id, &source, &tmp, loc).await {
+        if let Err(e) = self.copy_verified(&id, &source, &tmp, loc, target).await {
             remove_quietly(&tmp).await;
             tracing::warn!(shard = %id, from = %source.display(), "move to {} aborted: {e}", to.as_str());
             return Err(e);
@@ -204,12 +202,18 @@ impl ShardStore {
 
     /// Copy `source` to the new file `tmp` through the engine at the mover's rate, keep the
     /// shard's access time as the copy's mtime, fsync it, and verify every block of the copy.
-    async fn copy_verified(&self, id: &ShardId, source: &Path, tmp: &Path, loc: Location) -> Result<()> {
+    async fn copy_verified(
+        &self,
+        id: &ShardId,
+        source: &Path,
+        tmp: &Path,
+        loc: Location,
+        target: usize,
+    ) -> Result<()> {
         let io = |what: &str, path: &Path, e: std::io::Error| {
             CairnError::from_io(&format!("{what} {}", path.display()), &e)
         };
-        let src = tokio::fs::File::open(source).await.map_err(|e| io("open", source, e))?;
-        let src = Arc::new(src.into_std().await);
+        let src = self.open_shard(loc.dir, source).await.map_err(|e| io("open", source, e))?;
         let dst = tokio::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -223,7 +227,7 @@ impl ShardStore {
         while at < loc.file_len {
             let n = COPY_CHUNK.min((loc.file_len - at) as usize);
             self.limiter.take(n as u64).await;
-            let data = self.engine.read_at(src.clone(), at, n).await.map_err(|e| io("read", source, e))?;
+            let data = src.read_at(self.engine.as_ref(), at, n).await.map_err(|e| io("read", source, e))?;
             if data.len() != n {
                 return Err(CairnError::corrupt(format!(
                     "shard {id}: {} is shorter than the {} bytes indexed",
@@ -242,7 +246,9 @@ impl ShardStore {
             tracing::debug!(path = %tmp.display(), "cannot set the copy's mtime: {e}");
         }
         self.engine.fsync(dst.clone()).await.map_err(|e| io("fsync", tmp, e))?;
-        verify_file(self.engine.as_ref(), dst, id, Some(loc.file_len)).await?;
+        let copy = ShardFile { file: dst, direct: false };
+        verify_file(self.engine.as_ref(), copy.clone(), id, Some(loc.file_len)).await?;
+        self.written_to(target, &copy.file);
         Ok(())
     }
 
@@ -456,10 +462,11 @@ impl ShardStore {
 
     async fn verify_at(&self, id: &ShardId, loc: Location) -> Result<ShardHeader> {
         let path = self.path(loc.dir, id);
-        let file = tokio::fs::File::open(&path)
+        let file = self
+            .open_shard(loc.dir, &path)
             .await
             .map_err(|e| CairnError::from_io(&format!("open {}", path.display()), &e))?;
-        let result = verify_file(self.engine.as_ref(), Arc::new(file.into_std().await), id, None).await;
+        let result = verify_file(self.engine.as_ref(), file, id, None).await;
         if let Err(e) = &result {
             tracing::warn!(path = %path.display(), "shard copy fails verification: {e}");
         }

@@ -52,6 +52,8 @@ impl Dirs {
             // These tests exercise the two-read rule (the default promotes on the first read).
             policy: TierPolicy { ssd_capacity, promote_after_reads: 2, ..TierPolicy::default() },
             mover_rate_bytes: 1 << 30,
+            ssd_direct_io: false,
+            hdd_direct_io: false,
         }
     }
 
@@ -301,6 +303,10 @@ impl IoEngine for Corrupting {
         self.inner.read_at(file, offset, len)
     }
 
+    fn read_at_direct(&self, file: Arc<std::fs::File>, offset: u64, len: usize) -> IoFuture<Vec<u8>> {
+        self.inner.read_at_direct(file, offset, len)
+    }
+
     fn write_at(&self, file: Arc<std::fs::File>, offset: u64, data: Bytes) -> IoFuture<()> {
         if !self.armed.load(Ordering::SeqCst) || data.len() < 8192 {
             return self.inner.write_at(file, offset, data);
@@ -398,6 +404,28 @@ async fn reads_racing_moves_never_fail(engine: MakeEngine) {
     assert_eq!(store.usage()[1].promotions, 20);
 }
 
+/// With `hdd_direct_io`, a shard demoted to HDD is not left in the page cache, reads back
+/// exact (through O_DIRECT), and promotes back to SSD from an O_DIRECT source intact.
+async fn moves_to_and_from_a_direct_io_hdd_tier(engine: MakeEngine) {
+    let dirs = Dirs::new();
+    let clock = clock();
+    let mut options = dirs.options(Some(SSD_CAPACITY));
+    options.hdd_direct_io = true;
+    let store = ShardStore::open_with_clock(options, engine(), clock.clone()).await.unwrap();
+    write_shards(&store, &clock, 2).await;
+    store.move_shard(id(1), Tier::Hdd).await.unwrap();
+    assert_eq!(store.tier_of(&id(1)), Some(Tier::Hdd));
+    let on_hdd = store.shard_path(&id(1)).unwrap();
+    assert!(on_hdd.starts_with(dirs.hdd.path()));
+    assert_eq!(crate::store::tests::cached_pages(&on_hdd), 0, "the demoted copy stayed in the page cache");
+    assert_reads_exact(&store, 1).await;
+    assert_eq!(crate::store::tests::cached_pages(&on_hdd), 0, "an O_DIRECT read filled the page cache");
+    store.move_shard(id(1), Tier::Ssd).await.unwrap();
+    assert_eq!(store.tier_of(&id(1)), Some(Tier::Ssd));
+    assert_reads_exact(&store, 1).await;
+    assert_reads_exact(&store, 0).await;
+}
+
 async fn no_capacity_set_means_the_filesystem(engine: MakeEngine) {
     let dirs = Dirs::new();
     let clock = clock();
@@ -426,6 +454,7 @@ macro_rules! mover_tests {
 }
 
 mover_tests!(
+    moves_to_and_from_a_direct_io_hdd_tier,
     full_ssd_writes_to_hdd_and_demotes_lru,
     hdd_shards_read_twice_in_the_window_are_promoted,
     promotion_stays_under_the_high_watermark,

@@ -66,14 +66,15 @@ impl Scrub {
     pub async fn pass(&mut self) -> Result<ScrubPass> {
         let mut out = ScrubPass::default();
         for id in self.store.shard_ids() {
-            let Some(path) = self.store.shard_path(&id) else { continue };
-            let file = match std::fs::File::open(&path) {
-                Ok(f) => Arc::new(f),
+            let Some(loc) = self.store.location(&id) else { continue };
+            let path = self.store.path(loc.dir, &id);
+            let file = match self.store.open_shard(loc.dir, &path).await {
+                Ok(f) => f,
                 // Deleted or moved since the listing: nothing to check.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(CairnError::from_io(&format!("scrub open {}", path.display()), &e)),
             };
-            let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+            let len = file.file.metadata().map(|m| m.len()).unwrap_or(0);
             out.checked += 1;
             out.bytes += len;
             metrics::counter!(crate::metrics::SCRUB_SHARDS).increment(1);

@@ -41,7 +41,7 @@ use cairn_common::{CairnError, Result, ShardId};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::engine::IoEngine;
+use crate::engine::{drop_cached, IoEngine, IoFuture};
 use crate::mover::RateLimiter;
 use crate::policy::{system_ms, Clock, HotTracker, SystemClock, TierPolicy};
 use crate::shard::{self, HEADER_ALIGN, MAX_SHARD_BYTES};
@@ -79,6 +79,10 @@ pub struct StoreOptions {
     pub policy: TierPolicy,
     /// Most bytes per second copied between tiers.
     pub mover_rate_bytes: u64,
+    /// Read shard files of this tier with O_DIRECT (and drop written shards from the page
+    /// cache), so whole-shard reads do not evict what the page cache is better used for.
+    pub ssd_direct_io: bool,
+    pub hdd_direct_io: bool,
 }
 
 impl StoreOptions {
@@ -90,6 +94,8 @@ impl StoreOptions {
             reserve_bytes: config.reserve_bytes,
             policy: TierPolicy::from_config(config),
             mover_rate_bytes: config.mover_rate_bytes,
+            ssd_direct_io: config.ssd_direct_io,
+            hdd_direct_io: config.hdd_direct_io,
         }
     }
 }
@@ -102,6 +108,26 @@ pub(crate) struct TierDir {
     root: PathBuf,
     /// `{root}/shards`, parent of the 256 bucket directories.
     pub(crate) shards: PathBuf,
+    /// Shard files here are read with O_DIRECT and dropped from the page cache once written.
+    pub(crate) direct: bool,
+}
+
+/// An open shard file, and whether it was opened with O_DIRECT (its tier reads that way).
+#[derive(Clone)]
+pub(crate) struct ShardFile {
+    pub(crate) file: Arc<std::fs::File>,
+    pub(crate) direct: bool,
+}
+
+impl ShardFile {
+    /// `len` bytes at `offset` (fewer at end of file), the way the file was opened.
+    pub(crate) fn read_at(&self, engine: &dyn IoEngine, offset: u64, len: usize) -> IoFuture<Vec<u8>> {
+        if self.direct {
+            engine.read_at_direct(self.file.clone(), offset, len)
+        } else {
+            engine.read_at(self.file.clone(), offset, len)
+        }
+    }
 }
 
 /// What the index knows about one directory: usage (the sum over its shards) and counters
@@ -254,9 +280,14 @@ impl ShardStore {
         engine: Arc<dyn IoEngine>,
         clock: Arc<dyn Clock>,
     ) -> Result<ShardStore> {
-        let dirs: Vec<TierDir> = (options.ssd_dirs.iter().map(|d| (Tier::Ssd, d)))
-            .chain(options.hdd_dirs.iter().map(|d| (Tier::Hdd, d)))
-            .map(|(tier, root)| TierDir { tier, root: root.clone(), shards: root.join("shards") })
+        let dirs: Vec<TierDir> = (options.ssd_dirs.iter().map(|d| (Tier::Ssd, d, options.ssd_direct_io)))
+            .chain(options.hdd_dirs.iter().map(|d| (Tier::Hdd, d, options.hdd_direct_io)))
+            .map(|(tier, root, direct)| TierDir {
+                tier,
+                root: root.clone(),
+                shards: root.join("shards"),
+                direct,
+            })
             .collect();
         if dirs.is_empty() {
             return Err(CairnError::invalid("the chunkserver needs at least one ssd or hdd directory"));
@@ -278,6 +309,9 @@ impl ShardStore {
             claims: Claims::default(),
             limiter: RateLimiter::new(options.mover_rate_bytes),
         };
+        for dir in store.dirs.iter().filter(|d| d.direct) {
+            probe_direct(dir)?;
+        }
         store.settle_duplicates(duplicates).await;
         let usage = store.index.lock().usage.clone();
         for (dir, usage) in store.dirs.iter().zip(&usage) {
@@ -301,7 +335,27 @@ impl ShardStore {
         self.dirs[dir].shards.join(id.bucket()).join(id.file_name())
     }
 
-    /// Where shard `id` is stored, if it is.
+    /// Open shard file `path` of directory `dir` for reading: with O_DIRECT where that tier
+    /// reads that way.
+    pub(crate) async fn open_shard(&self, dir: usize, path: &Path) -> io::Result<ShardFile> {
+        let direct = self.dirs[dir].direct;
+        let mut options = tokio::fs::OpenOptions::new();
+        options.read(true);
+        if direct {
+            options.custom_flags(libc::O_DIRECT);
+        }
+        let file = options.open(path).await?;
+        Ok(ShardFile { file: Arc::new(file.into_std().await), direct })
+    }
+
+    /// After a shard file was written into directory `dir` (and synced): drop its pages from
+    /// the page cache if that tier reads with O_DIRECT.
+    pub(crate) fn written_to(&self, dir: usize, file: &std::fs::File) {
+        if self.dirs[dir].direct {
+            drop_cached(file);
+        }
+    }
+
     /// Every shard this node holds (a snapshot).
     pub fn shard_ids(&self) -> Vec<ShardId> {
         let mut ids: Vec<ShardId> = self.index.lock().shards.keys().copied().collect();
@@ -354,8 +408,8 @@ impl ShardStore {
             return Err(CairnError::not_found(format!("shard {id} is not on this chunkserver")));
         };
         let path = self.path(loc.dir, &id);
-        let file = match std::fs::File::open(&path) {
-            Ok(f) => Arc::new(f),
+        let file = match self.open_shard(loc.dir, &path).await {
+            Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(CairnError::not_found(format!("shard {id}: file {} is gone", path.display())));
             }
@@ -364,7 +418,7 @@ impl ShardStore {
         if verify {
             crate::mover::verify_file(self.engine.as_ref(), file, &id, Some(loc.file_len)).await?;
         } else {
-            let on_disk = file.metadata().map_err(|e| CairnError::from_io("shard metadata", &e))?.len();
+            let on_disk = file.file.metadata().map_err(|e| CairnError::from_io("shard metadata", &e))?.len();
             if on_disk != loc.file_len {
                 return Err(CairnError::corrupt(format!(
                     "shard {id}: file has {on_disk} bytes, {} were written",
@@ -520,7 +574,7 @@ impl ShardStore {
         let path = self.path(dir, &id);
         let tmp = path.with_file_name(format!("{}.tmp-{:016x}", id.file_name(), rand::random::<u64>()));
 
-        let written = self.write_file(&tmp, Bytes::from(header), data).await;
+        let written = self.write_file(dir, &tmp, Bytes::from(header), data).await;
         let renamed = match written {
             Ok(()) => tokio::fs::rename(&tmp, &path)
                 .await
@@ -560,7 +614,7 @@ impl ShardStore {
         Ok(self.dirs[dir].tier)
     }
 
-    async fn write_file(&self, tmp: &Path, header: Bytes, data: Bytes) -> Result<()> {
+    async fn write_file(&self, dir: usize, tmp: &Path, header: Bytes, data: Bytes) -> Result<()> {
         let ctx = || format!("write shard file {}", tmp.display());
         let file = tokio::fs::OpenOptions::new()
             .write(true)
@@ -578,10 +632,11 @@ impl ShardStore {
         .map_err(|e| CairnError::from_io(&ctx(), &e))?;
         if self.sync {
             self.engine
-                .fsync(file)
+                .fsync(file.clone())
                 .await
                 .map_err(|e| CairnError::from_io(&format!("fsync {}", tmp.display()), &e))?;
         }
+        self.written_to(dir, &file);
         Ok(())
     }
 
@@ -604,13 +659,13 @@ impl ShardStore {
 
     /// Resolve and open the file of shard `id`. A file that vanished after the lookup was moved
     /// to another tier or deleted: look again, so a read racing a move never fails.
-    async fn open_for_read(&self, id: &ShardId) -> Result<(Location, PathBuf, Arc<std::fs::File>)> {
+    async fn open_for_read(&self, id: &ShardId) -> Result<(Location, PathBuf, ShardFile)> {
         let mut loc = self.location(id);
         for _ in 0..4 {
             let Some(found) = loc else { break };
             let path = self.path(found.dir, id);
-            match tokio::fs::File::open(&path).await {
-                Ok(f) => return Ok((found, path, Arc::new(f.into_std().await))),
+            match self.open_shard(found.dir, &path).await {
+                Ok(f) => return Ok((found, path, f)),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     let again = self.location(id);
                     if again.map(|l| l.dir) == Some(found.dir) {
@@ -649,15 +704,15 @@ impl ShardStore {
         &self,
         id: &ShardId,
         path: &Path,
-        file: Arc<std::fs::File>,
+        file: ShardFile,
         offset: u64,
         len: u64,
     ) -> Result<(Bytes, u64)> {
         let id = *id;
         let io_err =
             |what: &str, e: io::Error| CairnError::from_io(&format!("{what} {}", path.display()), &e);
-        let prefix =
-            self.engine.read_at(file.clone(), 0, HEADER_ALIGN).await.map_err(|e| io_err("read", e))?;
+        let engine = self.engine.as_ref();
+        let prefix = file.read_at(engine, 0, HEADER_ALIGN).await.map_err(|e| io_err("read", e))?;
         let header = shard::parse_header(&prefix, &id).map_err(|e| corrupt(path, e))?;
         let data_len = header.data_len;
         if offset > data_len {
@@ -675,12 +730,11 @@ impl ShardStore {
             prefix[hashes_at.start as usize..hashes_at.end as usize].to_vec()
         } else {
             let n = (hashes_at.end - hashes_at.start) as usize;
-            self.engine.read_at(file.clone(), hashes_at.start, n).await.map_err(|e| io_err("read", e))?
+            file.read_at(engine, hashes_at.start, n).await.map_err(|e| io_err("read", e))?
         };
         let data_at = header.data_range(&blocks);
-        let data = self
-            .engine
-            .read_at(file, data_at.start, (data_at.end - data_at.start) as usize)
+        let data = file
+            .read_at(engine, data_at.start, (data_at.end - data_at.start) as usize)
             .await
             .map_err(|e| io_err("read", e))?;
         let (verified, data) = {
@@ -870,4 +924,27 @@ fn scan_bucket(
 
 #[cfg(test)]
 #[path = "store_tests.rs"]
-mod tests;
+pub(crate) mod tests;
+
+/// Refuse a tier configured for O_DIRECT on a filesystem that cannot do it (tmpfs before Linux
+/// 6.6, some FUSE and network filesystems), at start rather than at the first read.
+fn probe_direct(dir: &TierDir) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let probe = dir.shards.join(format!(".direct-probe-{:016x}", rand::random::<u64>()));
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&probe);
+    let _ = std::fs::remove_file(&probe);
+    match opened {
+        Ok(_) => Ok(()),
+        Err(e) => Err(CairnError::invalid(format!(
+            "{} {}: {}_direct_io is set but its filesystem refuses O_DIRECT ({e})",
+            dir.tier.as_str(),
+            dir.root.display(),
+            dir.tier.as_str()
+        ))),
+    }
+}

@@ -28,6 +28,8 @@ fn options(ssd: &[&Path], hdd: &[&Path]) -> StoreOptions {
         reserve_bytes: 0,
         policy: crate::policy::TierPolicy::default(),
         mover_rate_bytes: 1 << 30,
+        ssd_direct_io: false,
+        hdd_direct_io: false,
     }
 }
 
@@ -298,6 +300,63 @@ async fn listing_pages_in_id_order_and_check_finds_damage(engine: MakeEngine) {
     assert_eq!(store.check(id(9), false).await.unwrap_err().kind(), ErrorKind::NotFound);
 }
 
+/// Pages of `path` in the page cache (mmap + mincore).
+pub(crate) fn cached_pages(path: &Path) -> usize {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).unwrap();
+    let len = file.metadata().unwrap().len() as usize;
+    let page = 4096;
+    // SAFETY: a read-only shared mapping of a file we hold open, unmapped below; mincore writes
+    // one byte per page into a vector of exactly that many bytes.
+    unsafe {
+        let map =
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0);
+        assert_ne!(map, libc::MAP_FAILED, "mmap {}", path.display());
+        let mut pages = vec![0u8; len.div_ceil(page)];
+        let rc = libc::mincore(map, len, pages.as_mut_ptr());
+        libc::munmap(map, len);
+        assert_eq!(rc, 0, "mincore");
+        pages.iter().filter(|p| **p & 1 != 0).count()
+    }
+}
+
+/// A tier with O_DIRECT reads returns the same verified bytes for any range, and neither its
+/// writes nor its reads leave the shard in the page cache; the same store without O_DIRECT does
+/// (so the measurement can tell). Damage is still caught.
+async fn direct_io_tier_reads_bypass_the_page_cache(engine: MakeEngine) {
+    let len = 3 * BLOCK_SIZE + 4321;
+    let expect = data(len, 7);
+    for direct in [false, true] {
+        let hdd = tempfile::tempdir().unwrap();
+        let mut options = options(&[], &[hdd.path()]);
+        options.hdd_direct_io = direct;
+        let store = ShardStore::open(options, engine()).await.unwrap();
+        store.write(id(1), expect.clone()).await.unwrap();
+        let path = store.shard_path(&id(1)).unwrap();
+        if direct {
+            assert_eq!(cached_pages(&path), 0, "a shard written to an O_DIRECT tier stays cached");
+        }
+        for (offset, n) in [(0, 0), (1, 10), (BLOCK_SIZE - 3, 7), (2 * BLOCK_SIZE + 100, 9999), (len - 5, 5)]
+        {
+            let (got, data_len) = store.read(id(1), offset as u64, n as u64).await.unwrap();
+            let end = if n == 0 { len } else { (offset + n).min(len) };
+            assert!(got == expect.slice(offset..end), "read of {n} at {offset} (direct {direct})");
+            assert_eq!(data_len, len as u64);
+        }
+        store.check(id(1), true).await.unwrap();
+        let cached = cached_pages(&path);
+        if direct {
+            assert_eq!(cached, 0, "O_DIRECT reads filled the page cache");
+        } else {
+            assert!(cached > 0, "buffered reads should leave pages cached (mincore sees none)");
+        }
+        let header_len = crate::shard::header_len_for(len as u64);
+        flip_byte(&path, header_len + BLOCK_SIZE as u64 + 1);
+        let err = store.read(id(1), BLOCK_SIZE as u64, 10).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+    }
+}
+
 macro_rules! store_tests {
     ($($case:ident),* $(,)?) => {
         mod uring_engine {
@@ -328,4 +387,5 @@ store_tests!(
     ssd_is_preferred_and_hdd_serves_alone,
     concurrent_writes_and_reads,
     listing_pages_in_id_order_and_check_finds_damage,
+    direct_io_tier_reads_bypass_the_page_cache,
 );

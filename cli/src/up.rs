@@ -66,6 +66,9 @@ pub struct UpArgs {
     /// HDD reads within the promotion window that bring a shard back to SSD (0: never).
     #[arg(long, default_value_t = ChunkConfig::default().promote_after_reads)]
     promote_after_reads: u32,
+    /// Read every chunkserver's HDD tier with O_DIRECT (bypassing the page cache).
+    #[arg(long)]
+    hdd_direct_io: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -326,6 +329,7 @@ async fn up(args: UpArgs) -> Result<()> {
             ssd_capacity: args.ssd_capacity,
             io_engine: args.io_engine.into(),
             promote_after_reads: args.promote_after_reads,
+            hdd_direct_io: args.hdd_direct_io,
             mover_rate_bytes: args.mover_rate.unwrap_or(ChunkConfig::default().mover_rate_bytes),
             scrub_interval_secs: args.scrub_interval_secs,
             metrics_listen: Some(free_local_addr()?),

@@ -146,6 +146,13 @@ pub struct ChunkConfig {
     /// Most bytes per second the mover (and `cairn warmup`) copies between tiers (default
     /// 200 MiB/s), so moves never starve client I/O.
     pub mover_rate_bytes: u64,
+    /// Read the SSD tier's shard files with O_DIRECT, bypassing the page cache (default false).
+    pub ssd_direct_io: bool,
+    /// Read the HDD tier's shard files with O_DIRECT (default false): whole-shard reads of cold
+    /// data then leave the page cache to hot data. Shards written or moved to such a tier are
+    /// dropped from the page cache once on disk. The chunkserver refuses to start if the
+    /// directory's filesystem cannot do O_DIRECT.
+    pub hdd_direct_io: bool,
     /// Serve Prometheus metrics at `http://ADDR/metrics` (unset: no metrics endpoint).
     pub metrics_listen: Option<String>,
 }
@@ -173,6 +180,8 @@ impl Default for ChunkConfig {
             promote_window_secs: 600,
             mover_interval_ms: 1_000,
             mover_rate_bytes: 200 << 20,
+            ssd_direct_io: false,
+            hdd_direct_io: false,
             metrics_listen: None,
         }
     }

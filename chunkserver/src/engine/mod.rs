@@ -10,11 +10,17 @@
 //! Contract: `read_at` returns up to `len` bytes and fewer only at end of file; `write_at`
 //! writes all of `data` or fails; `fsync` is a full file-integrity sync. Errors are plain
 //! `std::io::Error`s with the OS error preserved, so callers can tell ENOSPC from EIO.
+//! `read_at_direct` is `read_at` for files opened with `O_DIRECT` (tiers configured with
+//! `ssd_direct_io`/`hdd_direct_io`): the caller asks for any range; the engine reads the
+//! [`DIRECT_ALIGN`]-aligned range around it into an aligned buffer and returns the bytes asked
+//! for, so such reads bypass the page cache.
 
+use std::alloc::{self, Layout};
 use std::fs::File;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -40,6 +46,9 @@ pub trait IoEngine: Send + Sync + 'static {
     /// Read up to `len` bytes at `offset`; fewer only when the file ends first.
     fn read_at(&self, file: Arc<File>, offset: u64, len: usize) -> IoFuture<Vec<u8>>;
 
+    /// `read_at` on a file opened with `O_DIRECT`; `offset` and `len` need no alignment.
+    fn read_at_direct(&self, file: Arc<File>, offset: u64, len: usize) -> IoFuture<Vec<u8>>;
+
     /// Write all of `data` at `offset`.
     fn write_at(&self, file: Arc<File>, offset: u64, data: Bytes) -> IoFuture<()>;
 
@@ -63,5 +72,95 @@ pub fn open(kind: IoEngineKind, queue_depth: u32) -> Arc<dyn IoEngine> {
                 Arc::new(PreadEngine::new())
             }
         },
+    }
+}
+
+/// The alignment `O_DIRECT` reads get of their offset, length and buffer: the page size, a
+/// multiple of every logical block size Linux filesystems use.
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// The aligned range `(start, len)` that covers `len` bytes at `offset`.
+pub(crate) fn aligned_span(offset: u64, len: usize) -> (u64, usize) {
+    let align = DIRECT_ALIGN as u64;
+    let start = offset / align * align;
+    let end = (offset + len as u64).div_ceil(align) * align;
+    (start, (end - start) as usize)
+}
+
+/// A zeroed heap buffer aligned to [`DIRECT_ALIGN`] for `O_DIRECT` reads, filled from the front.
+pub(crate) struct AlignedBuf {
+    ptr: NonNull<u8>,
+    cap: usize,
+    filled: usize,
+}
+
+// SAFETY: the buffer owns its allocation exclusively, like a `Vec<u8>`.
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    pub(crate) fn new(cap: usize) -> AlignedBuf {
+        let layout = Self::layout(cap);
+        // SAFETY: the layout has a non-zero size (at least one alignment unit).
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(ptr) else { alloc::handle_alloc_error(layout) };
+        AlignedBuf { ptr, cap, filled: 0 }
+    }
+
+    fn layout(cap: usize) -> Layout {
+        Layout::from_size_align(cap.max(DIRECT_ALIGN), DIRECT_ALIGN).expect("aligned buffer layout")
+    }
+
+    /// Bytes still to fill.
+    pub(crate) fn spare(&self) -> usize {
+        self.cap - self.filled
+    }
+
+    /// Where the next read goes: aligned whenever every read so far returned whole blocks.
+    pub(crate) fn spare_ptr(&mut self) -> *mut u8 {
+        // SAFETY: `filled <= cap`, inside the allocation.
+        unsafe { self.ptr.as_ptr().add(self.filled) }
+    }
+
+    /// The unfilled part, for readers that want a slice (it is zeroed, so initialised).
+    pub(crate) fn spare_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the allocation holds `cap` initialised bytes; `filled..cap` is ours to hand out.
+        unsafe { std::slice::from_raw_parts_mut(self.spare_ptr(), self.spare()) }
+    }
+
+    pub(crate) fn advance(&mut self, n: usize) {
+        self.filled = (self.filled + n).min(self.cap);
+    }
+
+    pub(crate) fn filled(&self) -> usize {
+        self.filled
+    }
+
+    /// The `len` bytes at file offset `offset` out of this buffer, which holds the file from
+    /// `start`; fewer when the file ended first.
+    pub(crate) fn cut(&self, start: u64, offset: u64, len: usize) -> Vec<u8> {
+        let from = ((offset - start) as usize).min(self.filled);
+        let to = (from + len).min(self.filled);
+        // SAFETY: `0..filled` is initialised and inside the allocation.
+        let data = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.filled) };
+        data[from..to].to_vec()
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) };
+    }
+}
+
+/// Ask the kernel to drop a file's cached pages (after a shard was written to a tier that
+/// reads with `O_DIRECT`, so writes do not fill the page cache either). Advice only: dirty
+/// pages stay until written back.
+pub fn drop_cached(file: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain system call on a descriptor we hold; no memory is passed.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        tracing::debug!("posix_fadvise(DONTNEED) failed: {}", io::Error::from_raw_os_error(rc));
     }
 }

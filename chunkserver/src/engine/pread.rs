@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{IoEngine, IoFuture};
+use super::{aligned_span, AlignedBuf, IoEngine, IoFuture, DIRECT_ALIGN};
 
 /// Positional I/O through `spawn_blocking`.
 #[derive(Debug, Default)]
@@ -42,6 +42,28 @@ fn read_full_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// An `O_DIRECT` read: the aligned span around the range into an aligned buffer. A read that
+/// returns less than whole blocks has reached end of file.
+fn read_direct_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    let (start, span) = aligned_span(offset, len);
+    let mut buf = AlignedBuf::new(span);
+    while buf.spare() > 0 {
+        let at = start + buf.filled() as u64;
+        match file.read_at(buf.spare_mut(), at) {
+            Ok(0) => break,
+            Ok(n) => {
+                buf.advance(n);
+                if !n.is_multiple_of(DIRECT_ALIGN) {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(buf.cut(start, offset, len))
+}
+
 impl IoEngine for PreadEngine {
     fn name(&self) -> &'static str {
         "pread"
@@ -49,6 +71,10 @@ impl IoEngine for PreadEngine {
 
     fn read_at(&self, file: Arc<File>, offset: u64, len: usize) -> IoFuture<Vec<u8>> {
         Box::pin(blocking(move || read_full_at(&file, offset, len)))
+    }
+
+    fn read_at_direct(&self, file: Arc<File>, offset: u64, len: usize) -> IoFuture<Vec<u8>> {
+        Box::pin(blocking(move || read_direct_at(&file, offset, len)))
     }
 
     fn write_at(&self, file: Arc<File>, offset: u64, data: Bytes) -> IoFuture<()> {

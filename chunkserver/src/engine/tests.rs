@@ -84,6 +84,38 @@ async fn short_read_at_eof(engine: Arc<dyn IoEngine>) {
     assert!(engine.read_at(file.clone(), 5000, 10).await.unwrap().is_empty());
 }
 
+fn open_direct(path: &std::path::Path) -> Arc<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path);
+    Arc::new(file.expect("open with O_DIRECT (the test directory's filesystem must support it)"))
+}
+
+async fn direct_reads_of_any_range(engine: Arc<dyn IoEngine>) {
+    let dir = tempfile::tempdir().unwrap();
+    let len = (3 << 20) + 123;
+    let data = pattern(len, 5);
+    std::fs::write(dir.path().join("f"), &data).unwrap();
+    let file = open_direct(&dir.path().join("f"));
+    let cases = [(0, 10), (4095, 2), (4096, 4096), (5000, 70_000), (0, len), (len - 10, 100), (100, 0)];
+    for (offset, want) in cases {
+        let got = engine.read_at_direct(file.clone(), offset as u64, want).await.unwrap();
+        let end = (offset + want).min(len);
+        assert!(got == data[offset..end], "direct read of {want} at {offset}: {} bytes", got.len());
+    }
+    assert!(engine.read_at_direct(file.clone(), len as u64, 10).await.unwrap().is_empty());
+    assert!(engine.read_at_direct(file.clone(), len as u64 + 9000, 10).await.unwrap().is_empty());
+    // Many at once, more than the ring holds.
+    let reads: Vec<_> =
+        (0..64).map(|i| tokio::spawn(engine.read_at_direct(file.clone(), i * 40_001, 40_001))).collect();
+    for (i, r) in reads.into_iter().enumerate() {
+        let at = i * 40_001;
+        assert!(r.await.unwrap().unwrap() == data[at..(at + 40_001).min(len)], "read {i}");
+    }
+    // The descriptor really is O_DIRECT: an unaligned plain read is refused by the kernel.
+    let err = engine.read_at(file, 1, 10).await.unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
+}
+
 async fn fsync_files_and_directories(engine: Arc<dyn IoEngine>) {
     let dir = tempfile::tempdir().unwrap();
     let file = rw_file(&dir, "f");
@@ -140,6 +172,7 @@ engine_tests!(
     round_trip_at_offsets,
     many_concurrent_requests,
     short_read_at_eof,
+    direct_reads_of_any_range,
     fsync_files_and_directories,
     errors_on_a_read_only_fd,
     dropping_the_engine_finishes_accepted_requests,

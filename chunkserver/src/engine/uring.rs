@@ -27,11 +27,12 @@ use bytes::Bytes;
 use io_uring::{opcode, squeue, types, IoUring};
 use tokio::sync::oneshot;
 
-use super::{IoEngine, IoFuture};
+use super::{aligned_span, AlignedBuf, IoEngine, IoFuture, DIRECT_ALIGN};
 
 /// `user_data` of the eventfd poll; request slots use small indexes.
 const WAKE: u64 = u64::MAX;
-/// Largest single read or write handed to the kernel; longer ones continue as "short" I/O.
+/// Largest single read or write handed to the kernel; longer ones continue as "short" I/O
+/// (a multiple of [`DIRECT_ALIGN`], so `O_DIRECT` reads continue aligned).
 const MAX_IO: usize = 1 << 30;
 /// Largest queue depth accepted (the config allows 1..=4096).
 const MAX_DEPTH: u32 = 4096;
@@ -84,6 +85,18 @@ impl IoEngine for UringEngine {
 
     fn read_at(&self, file: Arc<File>, offset: u64, len: usize) -> IoFuture<Vec<u8>> {
         self.submit(|reply| Request::Read { file, offset, buf: Vec::with_capacity(len), len, reply })
+    }
+
+    fn read_at_direct(&self, file: Arc<File>, offset: u64, len: usize) -> IoFuture<Vec<u8>> {
+        let (start, span) = aligned_span(offset, len);
+        self.submit(|reply| Request::ReadDirect {
+            file,
+            start,
+            buf: AlignedBuf::new(span),
+            offset,
+            len,
+            reply,
+        })
     }
 
     fn write_at(&self, file: Arc<File>, offset: u64, data: Bytes) -> IoFuture<()> {
@@ -144,6 +157,16 @@ enum Request {
         len: usize,
         reply: oneshot::Sender<io::Result<Vec<u8>>>,
     },
+    /// An `O_DIRECT` read of the aligned span from `start` into `buf`; the caller gets the
+    /// `len` bytes at `offset` out of it.
+    ReadDirect {
+        file: Arc<File>,
+        start: u64,
+        buf: AlignedBuf,
+        offset: u64,
+        len: usize,
+        reply: oneshot::Sender<io::Result<Vec<u8>>>,
+    },
     Write {
         file: Arc<File>,
         offset: u64,
@@ -168,6 +191,7 @@ impl Request {
     fn is_complete(&self) -> bool {
         match self {
             Request::Read { buf, len, .. } => buf.len() == *len,
+            Request::ReadDirect { buf, .. } => buf.spare() == 0,
             Request::Write { data, done, .. } => *done == data.len(),
             Request::Fsync { .. } => false,
         }
@@ -184,6 +208,11 @@ impl Request {
                 opcode::Read::new(types::Fd(file.as_raw_fd()), ptr, want)
                     .offset(*offset + filled as u64)
                     .build()
+            }
+            Request::ReadDirect { file, start, buf, .. } => {
+                let want = buf.spare().min(MAX_IO) as u32;
+                let at = *start + buf.filled() as u64;
+                opcode::Read::new(types::Fd(file.as_raw_fd()), buf.spare_ptr(), want).offset(at).build()
             }
             Request::Write { file, offset, data, done, .. } => {
                 let want = (data.len() - *done).min(MAX_IO) as u32;
@@ -217,6 +246,14 @@ impl Request {
                 // SAFETY: the kernel initialised `n` bytes after the filled part (n <= asked).
                 unsafe { buf.set_len(buf.len() + n) };
             }
+            Request::ReadDirect { buf, .. } => {
+                buf.advance(n);
+                // End of file, or less than whole blocks (which only happens at end of file).
+                if n == 0 || !n.is_multiple_of(DIRECT_ALIGN) {
+                    self.finish(Ok(()));
+                    return Next::Done;
+                }
+            }
             Request::Write { done, .. } => {
                 if n == 0 {
                     self.finish(Err(io::Error::new(io::ErrorKind::WriteZero, "write returned 0 bytes")));
@@ -242,6 +279,9 @@ impl Request {
         match self {
             Request::Read { buf, reply, .. } => {
                 let _ = reply.send(result.map(|()| buf));
+            }
+            Request::ReadDirect { buf, start, offset, len, reply, .. } => {
+                let _ = reply.send(result.map(|()| buf.cut(start, offset, len)));
             }
             Request::Write { reply, .. } | Request::Fsync { reply, .. } => {
                 let _ = reply.send(result);
