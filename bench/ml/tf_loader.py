@@ -114,6 +114,12 @@ def main():
     tf.config.threading.set_inter_op_parallelism_threads(max(args.workers, 1))
     build = {"imagenet": jpeg_files, "tfrecord": tfrecords, "wds": tar_shards, "npz": volumes}[args.format]
     dataset = build(args).batch(args.batch).prefetch(AUTOTUNE)
+    if args.workers > 0:
+        # tf.data runs map functions on a pool as large as the core count; a read blocks its
+        # thread for the filesystem's latency, so --workers reads need that many threads.
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = args.workers + (os.cpu_count() or 1)
+        dataset = dataset.with_options(options)
 
     def checks(batch):
         if args.format == "npz":

@@ -652,7 +652,7 @@ impl ShardStore {
     pub async fn read(&self, id: ShardId, offset: u64, len: u64) -> Result<(Bytes, u64)> {
         id.validate()?;
         let (loc, path, file) = self.open_for_read(&id).await?;
-        let (data, data_len) = self.read_open(&id, &path, file, offset, len).await?;
+        let (data, data_len) = self.read_open(&id, &path, file, loc.file_len, offset, len).await?;
         self.note_read(&id, loc.dir, data.len() as u64);
         Ok((data, data_len))
     }
@@ -705,6 +705,7 @@ impl ShardStore {
         id: &ShardId,
         path: &Path,
         file: ShardFile,
+        file_len: u64,
         offset: u64,
         len: u64,
     ) -> Result<(Bytes, u64)> {
@@ -712,7 +713,20 @@ impl ShardStore {
         let io_err =
             |what: &str, e: io::Error| CairnError::from_io(&format!("{what} {}", path.display()), &e);
         let engine = self.engine.as_ref();
-        let prefix = file.read_at(engine, 0, HEADER_ALIGN).await.map_err(|e| io_err("read", e))?;
+        // A range that starts in the first block is read with the header in one I/O (small
+        // files, whole-shard and sequential reads): the header of a shard up to 8000 KiB is one
+        // 4 KiB page and the data follows it. What the header then says decides; if the guess
+        // was short, the missing parts are read below as usual.
+        let bs = BLOCK_SIZE as u64;
+        let first_read = if offset < bs {
+            let end = if len == 0 { u64::MAX } else { offset.saturating_add(len) };
+            let data_end = end.div_ceil(bs).saturating_mul(bs);
+            (HEADER_ALIGN as u64).saturating_add(data_end).min(file_len.max(HEADER_ALIGN as u64))
+        } else {
+            HEADER_ALIGN as u64
+        };
+        let prefix =
+            Bytes::from(file.read_at(engine, 0, first_read as usize).await.map_err(|e| io_err("read", e))?);
         let header = shard::parse_header(&prefix, &id).map_err(|e| corrupt(path, e))?;
         let data_len = header.data_len;
         if offset > data_len {
@@ -733,17 +747,19 @@ impl ShardStore {
             file.read_at(engine, hashes_at.start, n).await.map_err(|e| io_err("read", e))?
         };
         let data_at = header.data_range(&blocks);
-        let data = file
-            .read_at(engine, data_at.start, (data_at.end - data_at.start) as usize)
-            .await
-            .map_err(|e| io_err("read", e))?;
+        let data = if data_at.end <= prefix.len() as u64 {
+            prefix.slice(data_at.start as usize..data_at.end as usize)
+        } else {
+            let n = (data_at.end - data_at.start) as usize;
+            Bytes::from(file.read_at(engine, data_at.start, n).await.map_err(|e| io_err("read", e))?)
+        };
         let (verified, data) = {
             let blocks = blocks.clone();
             off_thread(data.len(), move || (header.verify(&blocks, &hashes, &data), data)).await?
         };
         verified.map_err(|e| corrupt(path, e))?;
         let first = blocks.start as u64 * BLOCK_SIZE as u64;
-        Ok((Bytes::from(data).slice((offset - first) as usize..(end - first) as usize), data_len))
+        Ok((data.slice((offset - first) as usize..(end - first) as usize), data_len))
     }
 
     /// Delete shards; returns how many existed. Missing ids are not errors.

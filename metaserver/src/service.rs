@@ -36,7 +36,7 @@ impl MetaService {
         self.repair.as_ref().ok_or_else(|| CairnError::unavailable("this metaserver runs no repair").into())
     }
 
-    /// A point read (lookup, getattr, xattr): inline on the request's task. These touch a key
+    /// A point read (lookup, getattr, xattr, open, release): inline on the request's task. These touch a key
     /// or two that RocksDB nearly always has in its memtable or block cache, and the hand-off
     /// to the blocking pool costs more than the read (measured: `bench/mdbench.py` stat rate).
     fn read<T>(&self, f: impl FnOnce(&Namespace) -> Result<T>) -> Result<T, Status> {
@@ -257,28 +257,29 @@ impl Meta for MetaService {
 
     async fn open(&self, req: Request<OpenRequest>) -> Result<Response<OpenReply>, Status> {
         let r = req.into_inner();
-        let (inode, stripes, more) = self
-            .run(move |ns| {
-                let ino = check_ino(r.ino)?;
-                // Count the open before looking: an unlink from now on keeps the file for us.
-                ns.sessions().opened(r.client_id, ino);
-                let opened = ns.open_file(ino);
-                if opened.is_err() {
-                    ns.sessions().released(r.client_id, ino);
-                }
-                opened
-            })
-            .await?;
+        // Reads only (the inode, its stripe records), so inline like the point reads.
+        let (inode, stripes, more) = self.read(|ns| {
+            let ino = check_ino(r.ino)?;
+            // Count the open before looking: an unlink from now on keeps the file for us.
+            ns.sessions().opened(r.client_id, ino);
+            let opened = ns.open_file(ino);
+            if opened.is_err() {
+                ns.sessions().released(r.client_id, ino);
+            }
+            opened
+        })?;
         Ok(Response::new(OpenReply { file: Some(file_info(&inode)), stripes, more }))
     }
 
     async fn release(&self, req: Request<ReleaseRequest>) -> Result<Response<Empty>, Status> {
         let r = req.into_inner();
-        self.run(move |ns| {
-            ns.sessions().released(r.client_id, check_ino(r.ino)?);
-            ns.free_if_orphan(r.ino).map(|_| ())
-        })
-        .await?;
+        let ino = check_ino(r.ino)?;
+        self.ns.sessions().released(r.client_id, ino);
+        // Nearly every file closed is linked: one inline read says so. Freeing an unlinked
+        // one writes, on the blocking pool.
+        if self.read(|ns| ns.is_orphan(ino))? {
+            self.run(move |ns| ns.free_if_orphan(ino).map(|_| ())).await?;
+        }
         Ok(Response::new(Empty {}))
     }
 

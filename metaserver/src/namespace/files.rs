@@ -39,7 +39,7 @@ impl Namespace {
         if !inode.is_reg() {
             return Ok((inode, Vec::new(), false));
         }
-        let (stripes, more) = self.list_stripes(ino, 0, STRIPES_MAX as u32)?;
+        let (stripes, more) = self.stripes_from(ino, 0, STRIPES_MAX as u32)?;
         Ok((inode, stripes, more))
     }
 
@@ -49,6 +49,11 @@ impl Namespace {
         if !inode.is_reg() {
             return Err(CairnError::invalid(format!("inode {ino} is not a regular file")));
         }
+        self.stripes_from(ino, from, limit)
+    }
+
+    /// [`Namespace::list_stripes`] of an inode already known to be a regular file.
+    fn stripes_from(&self, ino: u64, from: u64, limit: u32) -> Result<(Vec<StripeInfo>, bool)> {
         let limit = match limit as usize {
             0 => STRIPES_MAX,
             n => n.min(STRIPES_MAX),

@@ -252,6 +252,12 @@ impl Namespace {
     }
 
     /// Free an unlinked file once nobody has it open: `ino` if it is an orphan, else nothing.
+    /// Whether `ino` is unlinked but was kept for its openers (a cheap read; see
+    /// [`Namespace::free_if_orphan`]).
+    pub fn is_orphan(&self, ino: u64) -> Result<bool> {
+        Ok(self.store.get(Cf::Orphans, &schema::ino_key(ino))?.is_some())
+    }
+
     pub fn free_if_orphan(&self, ino: u64) -> Result<bool> {
         self.locked(
             || vec![ino],
