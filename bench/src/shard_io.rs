@@ -1,6 +1,6 @@
 //! Shard I/O through the chunkserver's own store (`ShardStore`: header, BLAKE3 block checksums,
 //! temp file + rename, fsync when `sync`), with each I/O engine, through the page cache and
-//! with O_DIRECT reads (`hdd_direct_io`), on a directory of this machine's disk: shard writes
+//! with O_DIRECT reads (`hdd_direct_io`; with io_uring also into registered buffers), on a directory of this machine's disk: shard writes
 //! per second and MB/s, whole-shard reads from a cold cache, and 4 KiB reads at random offsets
 //! from many tasks at once (each verifies its 64 KiB checksum block), right after the whole
 //! reads (warm for buffered reads) and from a cold cache. "Cold": every shard file's pages
@@ -30,8 +30,9 @@ async fn run(
     kind: IoEngineKind,
     sync: bool,
     direct: bool,
+    registered: bool,
 ) -> cairn_common::Result<()> {
-    let root = dir.join(format!("{kind:?}-{sync}-{direct}"));
+    let root = dir.join(format!("{kind:?}-{sync}-{direct}-{registered}"));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).map_err(|e| cairn_common::CairnError::from_io("mkdir", &e))?;
     let options = StoreOptions {
@@ -44,7 +45,8 @@ async fn run(
         ssd_direct_io: false,
         hdd_direct_io: direct,
     };
-    let store = Arc::new(ShardStore::open(options, engine::open(kind, 64)).await?);
+    let fixed = if direct && registered { 16 } else { 0 };
+    let store = Arc::new(ShardStore::open(options, engine::open(kind, 64, fixed)).await?);
     let data =
         Bytes::from((0..SHARD).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect::<Vec<u8>>());
 
@@ -57,9 +59,16 @@ async fn run(
         r?;
     }
     let secs = start.elapsed().as_secs_f64();
-    let label = format!("{kind:?} sync={sync}{}", if direct { " O_DIRECT" } else { "" });
+    let label = format!(
+        "{kind:?} sync={sync}{}",
+        match (direct, registered) {
+            (false, _) => "",
+            (true, false) => " O_DIRECT",
+            (true, true) => " O_DIRECT fixed",
+        }
+    );
     println!(
-        "{label:27} write 1 MiB shards   {:7.0} shards/s {:8.1} MB/s",
+        "{label:31} write 1 MiB shards   {:7.0} shards/s {:8.1} MB/s",
         SHARDS as f64 / secs,
         (SHARDS as usize * SHARD) as f64 / secs / 1e6
     );
@@ -76,14 +85,14 @@ async fn run(
     }
     let secs = start.elapsed().as_secs_f64();
     println!(
-        "{label:27} read whole, cold     {:7.0} shards/s {:8.1} MB/s",
+        "{label:31} read whole, cold     {:7.0} shards/s {:8.1} MB/s",
         SHARDS as f64 / secs,
         bytes as f64 / secs / 1e6
     );
     let warm = small_reads(&store).await?;
     drop_cached_under(&root);
     let cold = small_reads(&store).await?;
-    println!("{label:27} read 4 KiB random    {warm:7.0} IOPS after the whole reads, {cold:7.0} IOPS cold");
+    println!("{label:31} read 4 KiB random    {warm:7.0} IOPS after the whole reads, {cold:7.0} IOPS cold");
     drop(store);
     let _ = std::fs::remove_dir_all(&root);
     Ok(())
@@ -137,8 +146,12 @@ fn main() {
         SHARDS
     );
     for kind in [IoEngineKind::Uring, IoEngineKind::Pread] {
-        for (sync, direct) in [(true, false), (false, false), (true, true)] {
-            if let Err(e) = rt.block_on(run(&dir, kind, sync, direct)) {
+        let mut cases = vec![(true, false, false), (false, false, false), (true, true, false)];
+        if kind == IoEngineKind::Uring {
+            cases.push((true, true, true)); // registered buffers: io_uring only
+        }
+        for (sync, direct, registered) in cases {
+            if let Err(e) = rt.block_on(run(&dir, kind, sync, direct, registered)) {
                 eprintln!("shard-io: {kind:?} sync={sync} direct={direct}: {}", e.message());
                 std::process::exit(1);
             }

@@ -59,10 +59,13 @@ pub trait IoEngine: Send + Sync + 'static {
 /// Start the engine the configuration asks for. If io_uring cannot start (an old kernel, or a
 /// container whose seccomp profile forbids it) the pread engine takes over, with a warning, so
 /// a chunkserver still serves.
-pub fn open(kind: IoEngineKind, queue_depth: u32) -> Arc<dyn IoEngine> {
+///
+/// `fixed_buffers`: buffers the io_uring engine registers with its ring for `O_DIRECT` reads
+/// (0 when no tier reads with `O_DIRECT`; see [`UringEngine::with_fixed_buffers`]).
+pub fn open(kind: IoEngineKind, queue_depth: u32, fixed_buffers: usize) -> Arc<dyn IoEngine> {
     match kind {
         IoEngineKind::Pread => Arc::new(PreadEngine::new()),
-        IoEngineKind::Uring => match UringEngine::new(queue_depth) {
+        IoEngineKind::Uring => match UringEngine::with_fixed_buffers(queue_depth, fixed_buffers) {
             Ok(engine) => Arc::new(engine),
             Err(e) => {
                 tracing::warn!(
@@ -110,6 +113,11 @@ impl AlignedBuf {
         Layout::from_size_align(cap.max(DIRECT_ALIGN), DIRECT_ALIGN).expect("aligned buffer layout")
     }
 
+    /// The start of the allocation (for registering it with a ring).
+    pub(crate) fn base_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
     /// Bytes still to fill.
     pub(crate) fn spare(&self) -> usize {
         self.cap - self.filled
@@ -138,12 +146,18 @@ impl AlignedBuf {
     /// The `len` bytes at file offset `offset` out of this buffer, which holds the file from
     /// `start`; fewer when the file ended first.
     pub(crate) fn cut(&self, start: u64, offset: u64, len: usize) -> Vec<u8> {
-        let from = ((offset - start) as usize).min(self.filled);
-        let to = (from + len).min(self.filled);
         // SAFETY: `0..filled` is initialised and inside the allocation.
         let data = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.filled) };
-        data[from..to].to_vec()
+        cut(data, start, offset, len)
     }
+}
+
+/// The `len` bytes at file offset `offset` out of `data`, read from file offset `start`; fewer
+/// when the read ended first.
+pub(crate) fn cut(data: &[u8], start: u64, offset: u64, len: usize) -> Vec<u8> {
+    let from = ((offset - start) as usize).min(data.len());
+    let to = (from + len).min(data.len());
+    data[from..to].to_vec()
 }
 
 impl Drop for AlignedBuf {

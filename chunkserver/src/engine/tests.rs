@@ -16,6 +16,15 @@ fn uring() -> Arc<dyn IoEngine> {
     Arc::new(UringEngine::new(QUEUE_DEPTH).expect("io_uring must be available for these tests"))
 }
 
+/// io_uring with two registered buffers: the concurrency cases use both them and buffers of
+/// their own.
+fn uring_fixed() -> Arc<dyn IoEngine> {
+    let engine =
+        UringEngine::with_fixed_buffers(QUEUE_DEPTH, 2).expect("io_uring must be available for these tests");
+    assert_eq!(engine.fixed_buffers(), 2, "the kernel refused two registered buffers");
+    Arc::new(engine)
+}
+
 fn pread() -> Arc<dyn IoEngine> {
     Arc::new(PreadEngine::new())
 }
@@ -116,6 +125,28 @@ async fn direct_reads_of_any_range(engine: Arc<dyn IoEngine>) {
     assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
 }
 
+/// Direct reads that fit take a registered buffer (and give it back: more reads than buffers,
+/// one after another, all use one); a larger read uses its own; the bytes are right either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registered_buffers_serve_direct_reads_that_fit() {
+    use super::uring::FIXED_BUFFER_BYTES;
+    let dir = tempfile::tempdir().unwrap();
+    let len = FIXED_BUFFER_BYTES + 10_000;
+    let data = pattern(len, 11);
+    std::fs::write(dir.path().join("f"), &data).unwrap();
+    let file = open_direct(&dir.path().join("f"));
+    let engine = UringEngine::with_fixed_buffers(QUEUE_DEPTH, 2).unwrap();
+    assert_eq!(engine.fixed_buffers(), 2);
+    for i in 0..10u64 {
+        let got = engine.read_at_direct(file.clone(), i * 1000, 70_000).await.unwrap();
+        assert!(got == data[(i * 1000) as usize..(i * 1000) as usize + 70_000], "read {i}");
+    }
+    assert_eq!(engine.fixed_reads(), 10);
+    let whole = engine.read_at_direct(file.clone(), 0, len).await.unwrap();
+    assert!(whole == data, "a read larger than a registered buffer");
+    assert_eq!(engine.fixed_reads(), 10, "a read larger than the buffers took one");
+}
+
 async fn fsync_files_and_directories(engine: Arc<dyn IoEngine>) {
     let dir = tempfile::tempdir().unwrap();
     let file = rw_file(&dir, "f");
@@ -157,6 +188,12 @@ macro_rules! engine_tests {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
                 super::$case(super::uring()).await
+            })*
+        }
+        mod uring_fixed_engine {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                super::$case(super::uring_fixed()).await
             })*
         }
         mod pread_engine {

@@ -19,6 +19,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -27,7 +28,7 @@ use bytes::Bytes;
 use io_uring::{opcode, squeue, types, IoUring};
 use tokio::sync::oneshot;
 
-use super::{aligned_span, AlignedBuf, IoEngine, IoFuture, DIRECT_ALIGN};
+use super::{aligned_span, cut, AlignedBuf, IoEngine, IoFuture, DIRECT_ALIGN};
 
 /// `user_data` of the eventfd poll; request slots use small indexes.
 const WAKE: u64 = u64::MAX;
@@ -36,6 +37,8 @@ const WAKE: u64 = u64::MAX;
 const MAX_IO: usize = 1 << 30;
 /// Largest queue depth accepted (the config allows 1..=4096).
 const MAX_DEPTH: u32 = 4096;
+/// Bytes of each registered buffer: a 1 MiB shard with its header, aligned, fits.
+pub const FIXED_BUFFER_BYTES: usize = (1 << 20) + (64 << 10);
 
 /// io_uring on a dedicated thread.
 pub struct UringEngine {
@@ -43,18 +46,44 @@ pub struct UringEngine {
     wake: Arc<EventFd>,
     thread: Option<JoinHandle<()>>,
     depth: u32,
+    fixed: usize,
+    /// O_DIRECT reads that went into a registered buffer.
+    fixed_reads: Arc<AtomicU64>,
 }
 
 impl UringEngine {
     /// Set up a ring that keeps up to `queue_depth` operations in flight, and its thread.
     pub fn new(queue_depth: u32) -> io::Result<UringEngine> {
+        UringEngine::with_fixed_buffers(queue_depth, 0)
+    }
+
+    /// Like [`UringEngine::new`], with `fixed` buffers of [`FIXED_BUFFER_BYTES`] registered
+    /// with the ring (`IORING_REGISTER_BUFFERS`) for `O_DIRECT` reads: the kernel maps them
+    /// once instead of pinning the pages of every read's buffer, and no buffer is allocated per
+    /// read. A read finds a free one or, when all are busy or it is larger, uses its own. The
+    /// buffers are locked memory: if the kernel refuses them (`RLIMIT_MEMLOCK` for an
+    /// unprivileged process) the engine runs without, with a warning.
+    pub fn with_fixed_buffers(queue_depth: u32, fixed: usize) -> io::Result<UringEngine> {
         let depth = queue_depth.clamp(1, MAX_DEPTH);
         let ring = IoUring::new(depth + 1)?;
+        let pool = FixedPool::register(&ring, fixed.min(u16::MAX as usize));
+        let fixed = pool.bufs.len();
         let wake = Arc::new(EventFd::new()?);
         let (requests, rx) = mpsc::channel();
-        let worker = Worker::new(ring, depth as usize, rx, wake.clone());
+        let fixed_reads = Arc::new(AtomicU64::new(0));
+        let worker = Worker::new(ring, pool, depth as usize, rx, wake.clone(), fixed_reads.clone());
         let thread = std::thread::Builder::new().name("cairn-uring".into()).spawn(move || worker.run())?;
-        Ok(UringEngine { requests: Some(requests), wake, thread: Some(thread), depth })
+        Ok(UringEngine { requests: Some(requests), wake, thread: Some(thread), depth, fixed, fixed_reads })
+    }
+
+    /// How many registered buffers the ring has (0: none asked for, or refused).
+    pub fn fixed_buffers(&self) -> usize {
+        self.fixed
+    }
+
+    /// How many `O_DIRECT` reads went into a registered buffer so far.
+    pub fn fixed_reads(&self) -> u64 {
+        self.fixed_reads.load(Ordering::Relaxed)
     }
 
     /// Operations the ring keeps in flight at most.
@@ -92,7 +121,8 @@ impl IoEngine for UringEngine {
         self.submit(|reply| Request::ReadDirect {
             file,
             start,
-            buf: AlignedBuf::new(span),
+            span,
+            buf: DirectBuf::Unplaced,
             offset,
             len,
             reply,
@@ -157,12 +187,13 @@ enum Request {
         len: usize,
         reply: oneshot::Sender<io::Result<Vec<u8>>>,
     },
-    /// An `O_DIRECT` read of the aligned span from `start` into `buf`; the caller gets the
+    /// An `O_DIRECT` read of the aligned `span` from `start` into `buf`; the caller gets the
     /// `len` bytes at `offset` out of it.
     ReadDirect {
         file: Arc<File>,
         start: u64,
-        buf: AlignedBuf,
+        span: usize,
+        buf: DirectBuf,
         offset: u64,
         len: usize,
         reply: oneshot::Sender<io::Result<Vec<u8>>>,
@@ -180,6 +211,68 @@ enum Request {
     },
 }
 
+/// Where an `O_DIRECT` read lands.
+enum DirectBuf {
+    /// Not submitted yet: placed by the ring thread when it is.
+    Unplaced,
+    /// A buffer of its own.
+    Own(AlignedBuf),
+    /// Registered buffer `index` of the ring thread's pool, at address `addr` (kept as an
+    /// integer so the request stays `Send`), `filled` bytes so far.
+    Fixed { index: u16, addr: usize, filled: usize },
+}
+
+impl DirectBuf {
+    fn filled(&self) -> usize {
+        match self {
+            DirectBuf::Unplaced => 0,
+            DirectBuf::Own(b) => b.filled(),
+            DirectBuf::Fixed { filled, .. } => *filled,
+        }
+    }
+
+    fn advance(&mut self, n: usize) {
+        match self {
+            DirectBuf::Unplaced => {}
+            DirectBuf::Own(b) => b.advance(n),
+            DirectBuf::Fixed { filled, .. } => *filled += n,
+        }
+    }
+}
+
+/// The registered buffers, owned by the ring thread next to the ring (which is declared, and
+/// so dropped, first: the kernel lets go of them before they are freed).
+struct FixedPool {
+    bufs: Vec<AlignedBuf>,
+    free: Vec<u16>,
+}
+
+impl FixedPool {
+    fn register(ring: &IoUring, count: usize) -> FixedPool {
+        let none = FixedPool { bufs: Vec::new(), free: Vec::new() };
+        if count == 0 {
+            return none;
+        }
+        let mut bufs: Vec<AlignedBuf> = (0..count).map(|_| AlignedBuf::new(FIXED_BUFFER_BYTES)).collect();
+        let iovecs: Vec<libc::iovec> = bufs
+            .iter_mut()
+            .map(|b| libc::iovec { iov_base: b.base_ptr().cast(), iov_len: FIXED_BUFFER_BYTES })
+            .collect();
+        // SAFETY: each iovec covers a live allocation of FIXED_BUFFER_BYTES that the pool keeps,
+        // unmoved (the heap block does not move with its handle), until after the ring is gone.
+        match unsafe { ring.submitter().register_buffers(&iovecs) } {
+            Ok(()) => FixedPool { free: (0..count as u16).rev().collect(), bufs },
+            Err(e) => {
+                tracing::warn!(
+                    "io_uring: cannot register {count} buffers of {FIXED_BUFFER_BYTES} bytes ({e}); \
+                     O_DIRECT reads use buffers of their own"
+                );
+                none
+            }
+        }
+    }
+}
+
 /// What a request needs after a completion.
 enum Next {
     Resubmit(Request),
@@ -191,7 +284,7 @@ impl Request {
     fn is_complete(&self) -> bool {
         match self {
             Request::Read { buf, len, .. } => buf.len() == *len,
-            Request::ReadDirect { buf, .. } => buf.spare() == 0,
+            Request::ReadDirect { buf, span, .. } => buf.filled() >= *span,
             Request::Write { data, done, .. } => *done == data.len(),
             Request::Fsync { .. } => false,
         }
@@ -209,10 +302,20 @@ impl Request {
                     .offset(*offset + filled as u64)
                     .build()
             }
-            Request::ReadDirect { file, start, buf, .. } => {
-                let want = buf.spare().min(MAX_IO) as u32;
-                let at = *start + buf.filled() as u64;
-                opcode::Read::new(types::Fd(file.as_raw_fd()), buf.spare_ptr(), want).offset(at).build()
+            Request::ReadDirect { file, start, span, buf, .. } => {
+                let filled = buf.filled();
+                let want = (*span - filled).min(MAX_IO) as u32;
+                let fd = types::Fd(file.as_raw_fd());
+                let at = *start + filled as u64;
+                match buf {
+                    DirectBuf::Fixed { index, addr, .. } => {
+                        let ptr = (*addr + filled) as *mut u8;
+                        opcode::ReadFixed::new(fd, ptr, want, *index).offset(at).build()
+                    }
+                    DirectBuf::Own(b) => opcode::Read::new(fd, b.spare_ptr(), want).offset(at).build(),
+                    // `Worker::push` places every read before it asks for its entry.
+                    DirectBuf::Unplaced => unreachable!("an O_DIRECT read submitted without a buffer"),
+                }
             }
             Request::Write { file, offset, data, done, .. } => {
                 let want = (data.len() - *done).min(MAX_IO) as u32;
@@ -274,6 +377,14 @@ impl Request {
         }
     }
 
+    /// The registered buffer this request holds, if any.
+    fn fixed_index(&self) -> Option<u16> {
+        match self {
+            Request::ReadDirect { buf: DirectBuf::Fixed { index, .. }, .. } => Some(*index),
+            _ => None,
+        }
+    }
+
     /// Send the result to the caller (who may have gone away: that is fine).
     fn finish(self, result: io::Result<()>) {
         match self {
@@ -281,7 +392,17 @@ impl Request {
                 let _ = reply.send(result.map(|()| buf));
             }
             Request::ReadDirect { buf, start, offset, len, reply, .. } => {
-                let _ = reply.send(result.map(|()| buf.cut(start, offset, len)));
+                let data = match &buf {
+                    DirectBuf::Unplaced => Vec::new(),
+                    DirectBuf::Own(b) => b.cut(start, offset, len),
+                    DirectBuf::Fixed { addr, filled, .. } => {
+                        // SAFETY: the pool's buffer at `addr` is this request's until the ring
+                        // thread takes its index back, after this; `0..filled` was written.
+                        let data = unsafe { std::slice::from_raw_parts(*addr as *const u8, *filled) };
+                        cut(data, start, offset, len)
+                    }
+                };
+                let _ = reply.send(result.map(|()| data));
             }
             Request::Write { reply, .. } | Request::Fsync { reply, .. } => {
                 let _ = reply.send(result);
@@ -293,6 +414,8 @@ impl Request {
 /// The state the ring thread owns.
 struct Worker {
     ring: IoUring,
+    pool: FixedPool,
+    fixed_reads: Arc<AtomicU64>,
     rx: mpsc::Receiver<Request>,
     wake: Arc<EventFd>,
     /// Requests in the kernel, indexed by `user_data`.
@@ -304,9 +427,18 @@ struct Worker {
 }
 
 impl Worker {
-    fn new(ring: IoUring, depth: usize, rx: mpsc::Receiver<Request>, wake: Arc<EventFd>) -> Worker {
+    fn new(
+        ring: IoUring,
+        pool: FixedPool,
+        depth: usize,
+        rx: mpsc::Receiver<Request>,
+        wake: Arc<EventFd>,
+        fixed_reads: Arc<AtomicU64>,
+    ) -> Worker {
         Worker {
             ring,
+            pool,
+            fixed_reads,
             rx,
             wake,
             slots: (0..depth).map(|_| None).collect(),
@@ -363,6 +495,7 @@ impl Worker {
     }
 
     fn push(&mut self, slot: usize, mut req: Request) {
+        self.place(&mut req);
         let entry = req.entry(slot);
         self.slots[slot] = Some(req);
         // SAFETY: the entry's buffer and descriptor belong to the request now parked in
@@ -371,9 +504,27 @@ impl Worker {
         if unsafe { self.ring.submission().push(&entry) }.is_err() {
             // Cannot happen with the sizes above; fail the request rather than lose it.
             if let Some(req) = self.slots[slot].take() {
+                let fixed = req.fixed_index();
                 req.finish(Err(io::Error::other("io_uring submission queue is full")));
+                self.pool.free.extend(fixed);
             }
             self.free.push(slot);
+        }
+    }
+
+    /// Give an `O_DIRECT` read about to be submitted for the first time its buffer: a free
+    /// registered one if it fits, else its own.
+    fn place(&mut self, req: &mut Request) {
+        if let Request::ReadDirect { buf: buf @ DirectBuf::Unplaced, span, .. } = req {
+            let fixed = if *span <= FIXED_BUFFER_BYTES { self.pool.free.pop() } else { None };
+            *buf = match fixed {
+                Some(index) => {
+                    self.fixed_reads.fetch_add(1, Ordering::Relaxed);
+                    let addr = self.pool.bufs[index as usize].base_ptr() as usize;
+                    DirectBuf::Fixed { index, addr, filled: 0 }
+                }
+                None => DirectBuf::Own(AlignedBuf::new(*span)),
+            };
         }
     }
 
@@ -402,9 +553,14 @@ impl Worker {
                 tracing::error!("io_uring completion for an empty slot {slot}");
                 continue;
             };
+            let fixed = req.fixed_index();
             match req.complete(res) {
                 Next::Resubmit(req) => self.push(slot, req),
-                Next::Done => self.free.push(slot),
+                Next::Done => {
+                    // `complete` has copied the bytes out: the buffer is free again.
+                    self.pool.free.extend(fixed);
+                    self.free.push(slot);
+                }
             }
         }
     }
