@@ -21,6 +21,7 @@
 #   bench/tiers.sh                         # both engines, about 5 minutes on 2 cores
 #   ENGINES=pread DATASET_MIB=512 bench/tiers.sh
 #   PROMOTE_AFTER=1 ENGINES=uring bench/tiers.sh   # promote on the first HDD read
+#   DIRECT_IO=1 PROMOTE_AFTER=1 ENGINES=uring bench/tiers.sh   # HDD tier read with O_DIRECT
 set -euo pipefail
 
 CAIRN=${CAIRN:-$PWD/target/release/cairn}
@@ -33,6 +34,7 @@ SSD_CAP=${SSD_CAP:-640M}           # per chunkserver; both datasets' shards fit 
 MEM_LIMIT=${MEM_LIMIT:-768M}       # memory (and so page cache) of the whole cluster
 READERS=${READERS:-4}
 PROMOTE_AFTER=${PROMOTE_AFTER:-2}  # the measured runs; the default policy is now 1
+DIRECT_IO=${DIRECT_IO:-0}          # 1: every chunkserver reads its HDD tier with O_DIRECT
 CHUNKS=6
 BLKIO=/sys/fs/cgroup/blkio/cairn-bench
 MEMCG=/sys/fs/cgroup/memory/cairn-bench
@@ -103,7 +105,8 @@ start_cluster() { # ssd_capacity engine
     ( echo $BASHPID >"$BLKIO/cgroup.procs"
       echo $BASHPID >"$MEMCG/cgroup.procs"
       exec "$CAIRN" up --data-dir "$DATA" --mount "$MNT" --meta-port 0 --ssd-capacity "$1" \
-          --io-engine "$2" --promote-after-reads "$PROMOTE_AFTER" ) >"$WORK/up.log" 2>&1 &
+          --io-engine "$2" --promote-after-reads "$PROMOTE_AFTER" \
+          $([ "$DIRECT_IO" = 1 ] && echo --hdd-direct-io) ) >"$WORK/up.log" 2>&1 &
     UP_PID=$!
     local deadline=$((SECONDS + 120))
     until grep -q '^ready:' "$WORK/up.log"; do
