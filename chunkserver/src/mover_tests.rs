@@ -426,6 +426,62 @@ async fn moves_to_and_from_a_direct_io_hdd_tier(engine: MakeEngine) {
     assert_reads_exact(&store, 0).await;
 }
 
+/// An engine that counts O_DIRECT reads.
+struct CountingDirect {
+    inner: Arc<dyn IoEngine>,
+    direct_reads: std::sync::atomic::AtomicU64,
+}
+
+impl IoEngine for CountingDirect {
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+
+    fn read_at(&self, file: Arc<std::fs::File>, offset: u64, len: usize) -> IoFuture<Vec<u8>> {
+        self.inner.read_at(file, offset, len)
+    }
+
+    fn read_at_direct(&self, file: Arc<std::fs::File>, offset: u64, len: usize) -> IoFuture<Vec<u8>> {
+        self.direct_reads.fetch_add(1, Ordering::SeqCst);
+        self.inner.read_at_direct(file, offset, len)
+    }
+
+    fn write_at(&self, file: Arc<std::fs::File>, offset: u64, data: Bytes) -> IoFuture<()> {
+        self.inner.write_at(file, offset, data)
+    }
+
+    fn fsync(&self, file: Arc<std::fs::File>) -> IoFuture<()> {
+        self.inner.fsync(file)
+    }
+}
+
+/// A shard a client just read whole from an O_DIRECT HDD tier is promoted from those bytes,
+/// without reading the HDD again; one nobody read is copied from the HDD as usual.
+async fn promotion_after_a_whole_direct_read_does_not_read_the_hdd_again(engine: MakeEngine) {
+    let dirs = Dirs::new();
+    let clock = clock();
+    let mut options = dirs.options(Some(SSD_CAPACITY));
+    options.hdd_direct_io = true;
+    let counting = Arc::new(CountingDirect { inner: engine(), direct_reads: Default::default() });
+    let store = ShardStore::open_with_clock(options, counting.clone(), clock.clone()).await.unwrap();
+    let reads = || counting.direct_reads.load(Ordering::SeqCst);
+    write_shards(&store, &clock, 2).await;
+    for n in 0..2 {
+        store.move_shard(id(n), Tier::Hdd).await.unwrap();
+    }
+    assert_reads_exact(&store, 1).await;
+    let after_read = reads();
+    assert!(after_read > 0, "the HDD read did not go through O_DIRECT");
+    store.move_shard(id(1), Tier::Ssd).await.unwrap();
+    assert_eq!(reads(), after_read, "the promotion read the HDD again");
+    assert_eq!(store.tier_of(&id(1)), Some(Tier::Ssd));
+    assert_reads_exact(&store, 1).await;
+    // Shard 0 was not read: its promotion copies from the HDD.
+    store.move_shard(id(0), Tier::Ssd).await.unwrap();
+    assert!(reads() > after_read, "a promotion without a prior read copied from nowhere");
+    assert_reads_exact(&store, 0).await;
+}
+
 async fn no_capacity_set_means_the_filesystem(engine: MakeEngine) {
     let dirs = Dirs::new();
     let clock = clock();
@@ -454,6 +510,7 @@ macro_rules! mover_tests {
 }
 
 mover_tests!(
+    promotion_after_a_whole_direct_read_does_not_read_the_hdd_again,
     moves_to_and_from_a_direct_io_hdd_tier,
     full_ssd_writes_to_hdd_and_demotes_lru,
     hdd_shards_read_twice_in_the_window_are_promoted,

@@ -48,6 +48,49 @@ use crate::shard::{self, HEADER_ALIGN, MAX_SHARD_BYTES};
 
 /// Checksumming more than this many bytes moves to the blocking pool, off the async workers.
 const INLINE_HASH_BYTES: usize = 1 << 20;
+/// Most bytes of whole shard files kept after an O_DIRECT read from HDD, for the mover to
+/// promote from (see [`ReadBack`]).
+const READ_BACK_BYTES: usize = 64 << 20;
+
+/// Whole shard files just read, verified, with O_DIRECT from an HDD directory, kept for the
+/// mover: promoting one of them copies these bytes instead of reading the HDD a second time
+/// (through the page cache that second read would be free; with O_DIRECT it is not). Bounded
+/// by [`READ_BACK_BYTES`], oldest out first; an entry is used only if the shard's file length
+/// still matches, and the copy is verified like any other.
+#[derive(Default)]
+pub(crate) struct ReadBack {
+    entries: HashMap<ShardId, Bytes>,
+    order: std::collections::VecDeque<ShardId>,
+    bytes: usize,
+}
+
+impl ReadBack {
+    fn put(&mut self, id: ShardId, file: Bytes) {
+        if file.len() > READ_BACK_BYTES {
+            return;
+        }
+        if let Some(old) = self.entries.insert(id, file.clone()) {
+            self.bytes -= old.len();
+        } else {
+            self.order.push_back(id);
+        }
+        self.bytes += file.len();
+        while self.bytes > READ_BACK_BYTES {
+            let Some(oldest) = self.order.pop_front() else { break };
+            if let Some(gone) = self.entries.remove(&oldest) {
+                self.bytes -= gone.len();
+            }
+        }
+    }
+
+    /// The kept bytes of `id`'s file if they are `file_len` long; the entry is used up.
+    pub(crate) fn take(&mut self, id: &ShardId, file_len: u64) -> Option<Bytes> {
+        let file = self.entries.remove(id)?;
+        self.bytes -= file.len();
+        self.order.retain(|k| k != id);
+        (file.len() as u64 == file_len).then_some(file)
+    }
+}
 
 /// A storage tier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -263,6 +306,7 @@ pub struct ShardStore {
     pub(crate) policy: TierPolicy,
     pub(crate) clock: Arc<dyn Clock>,
     claims: Claims,
+    pub(crate) read_back: Mutex<ReadBack>,
     /// Shared by every copy between tiers (mover and `Promote`).
     pub(crate) limiter: RateLimiter,
 }
@@ -307,6 +351,7 @@ impl ShardStore {
             policy: options.policy,
             clock,
             claims: Claims::default(),
+            read_back: Mutex::new(ReadBack::default()),
             limiter: RateLimiter::new(options.mover_rate_bytes),
         };
         for dir in store.dirs.iter().filter(|d| d.direct) {
@@ -652,7 +697,7 @@ impl ShardStore {
     pub async fn read(&self, id: ShardId, offset: u64, len: u64) -> Result<(Bytes, u64)> {
         id.validate()?;
         let (loc, path, file) = self.open_for_read(&id).await?;
-        let (data, data_len) = self.read_open(&id, &path, file, loc.file_len, offset, len).await?;
+        let (data, data_len) = self.read_open(&id, &path, file, loc, offset, len).await?;
         self.note_read(&id, loc.dir, data.len() as u64);
         Ok((data, data_len))
     }
@@ -705,10 +750,13 @@ impl ShardStore {
         id: &ShardId,
         path: &Path,
         file: ShardFile,
-        file_len: u64,
+        loc: Location,
         offset: u64,
         len: u64,
     ) -> Result<(Bytes, u64)> {
+        let file_len = loc.file_len;
+        // A whole O_DIRECT read from HDD may be promoted next: keep its bytes for the mover.
+        let keep = file.direct && self.dirs[loc.dir].tier == Tier::Hdd && self.policy.promote_after_reads > 0;
         let id = *id;
         let io_err =
             |what: &str, e: io::Error| CairnError::from_io(&format!("{what} {}", path.display()), &e);
@@ -758,6 +806,10 @@ impl ShardStore {
             off_thread(data.len(), move || (header.verify(&blocks, &hashes, &data), data)).await?
         };
         verified.map_err(|e| corrupt(path, e))?;
+        // The whole file is in `prefix` and every block of it was just verified.
+        if keep && blocks == (0..header.nblocks) && prefix.len() as u64 == header.header_len + data_len {
+            self.read_back.lock().put(id, prefix.clone());
+        }
         let first = blocks.start as u64 * BLOCK_SIZE as u64;
         Ok((data.slice((offset - first) as usize..(end - first) as usize), data_len))
     }
@@ -773,6 +825,7 @@ impl ShardStore {
             let Some(loc) = ({
                 let mut index = self.index.lock();
                 index.hot.forget(id);
+                self.read_back.lock().take(id, 0);
                 index.remove(id)
             }) else {
                 continue;
