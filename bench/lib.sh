@@ -58,6 +58,27 @@ peer_stop() {
   if [ "$1" = gluster ] && [ -z "$glusterd_before" ]; then pkill -x glusterd || true; fi
 }
 
+# on_every_system FUNC: FUNC DIR LABEL on local ext4 ($work/ext4), on Cairn (`cairn up`,
+# mounted at $work/mnt) and on each peer in $peers that starts, one after the other.
+on_every_system() {
+  local peer
+  mkdir -p "$work/ext4"
+  "$1" "$work/ext4" ext4
+  cairn_start "$work/mnt"
+  "$1" "$work/mnt" cairn
+  cairn_stop
+  for peer in ${peers:-}; do
+    peer_start "$peer" || continue
+    "$1" "$peer_mnt" "$peer"
+    peer_stop "$peer"
+  done
+}
+
+# Drop TensorFlow's start-up chatter from a stream (stderr of a loader).
+quiet_tf() {
+  grep -v -E "cpu_feature_guard|rebuild TensorFlow|oneDNN|^WARNING: All log" || true
+}
+
 drop_caches() {
   sync
   echo 3 > /proc/sys/vm/drop_caches

@@ -35,19 +35,8 @@ run_on() { # dir label
   python3 bench/mdbench.py "$1" "$2" "$results" "$mdn"
 }
 
-# Local ext4: the baseline on the same disk.
-run_on "$work/ext4" ext4
-
-# Cairn: a whole local cluster, release build, default layout (4+2, 1 MiB units).
-cairn_start "$work/mnt"
-run_on "$work/mnt" cairn
-cairn_stop
-
-for peer in $peers; do
-  peer_start "$peer" || continue
-  run_on "$peer_mnt" "$peer"
-  peer_stop "$peer"
-done
+# Local ext4 (the baseline on the same disk), Cairn (`cairn up`: 4+2, 1 MiB units), the peers.
+on_every_system run_on
 
 echo
 echo "$(date -u +%F), $(nproc) cores, SZ=$SZ RT=$RT SMALL=$SMALL MDN=$mdn, commit $(git rev-parse --short HEAD)"

@@ -36,7 +36,7 @@ epochs() { # label dir format [loader flags...]
   local label=$1 dir=$2 fmt=$3
   shift 3
   "$python" bench/ml/${loader:-torch}_loader.py "$dir" --format "$fmt" --epochs 2 --drop-caches --label "$label" \
-    --results "$results" "$@" 2> >(grep -v -E "cpu_feature_guard|rebuild TensorFlow|oneDNN" >&2)
+    --results "$results" "$@" 2> >(quiet_tf >&2)
 }
 
 # The dataset once, default layout (4+2, 1 MiB units).

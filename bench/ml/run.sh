@@ -45,7 +45,7 @@ load() { # framework dir label [loader flags...]
   shift 3
   for fmt in $formats; do
     "$python" "bench/ml/${fw}_loader.py" "$dir" --format "$fmt" --workers "$workers" --label "$label" \
-      --results "$results" "$@" 2> >(grep -v -E "cpu_feature_guard|rebuild TensorFlow|oneDNN|^WARNING: All log" >&2)
+      --results "$results" "$@" 2> >(quiet_tf >&2)
   done
 }
 
@@ -68,19 +68,8 @@ run_on() { # dir label
   (formats=imagenet; load torch "$dir" "$label" --epochs 1 --drop-caches --epoch-name accel --compute-ms "$compute_ms")
 }
 
-run_on "$work/ext4" ext4
-
-cairn_start "$work/mnt"
-run_on "$work/mnt" cairn
-cairn_stop
-
-for peer in $peers; do
-  peer_start "$peer" || continue
-  rm -rf "$peer_mnt/dataset"
-  run_on "$peer_mnt" "$peer"
-  rm -rf "$peer_mnt/dataset"
-  peer_stop "$peer"
-done
+# Peers start empty (peer_start clears their directories).
+on_every_system run_on
 
 echo
 echo "$(date -u +%F), $(nproc) cores, IMAGES=$images NPZ=$npz WORKERS=$workers COMPUTE_MS=$compute_ms," \

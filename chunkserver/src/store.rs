@@ -83,11 +83,18 @@ impl ReadBack {
         }
     }
 
+    /// Drop what is kept of `id` (deleted).
+    fn forget(&mut self, id: &ShardId) {
+        if let Some(file) = self.entries.remove(id) {
+            self.bytes -= file.len();
+            self.order.retain(|k| k != id);
+        }
+    }
+
     /// The kept bytes of `id`'s file if they are `file_len` long; the entry is used up.
     pub(crate) fn take(&mut self, id: &ShardId, file_len: u64) -> Option<Bytes> {
-        let file = self.entries.remove(id)?;
-        self.bytes -= file.len();
-        self.order.retain(|k| k != id);
+        let file = self.entries.get(id)?.clone();
+        self.forget(id);
         (file.len() as u64 == file_len).then_some(file)
     }
 }
@@ -825,7 +832,7 @@ impl ShardStore {
             let Some(loc) = ({
                 let mut index = self.index.lock();
                 index.hot.forget(id);
-                self.read_back.lock().take(id, 0);
+                self.read_back.lock().forget(id);
                 index.remove(id)
             }) else {
                 continue;
