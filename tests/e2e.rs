@@ -448,3 +448,69 @@ assert sorted(os.listdir("a/b")) == ["moved.bin"]
 PY"#,
     );
 }
+
+/// Random 4 KiB reads at fixed offsets; each checked against `model`.
+fn random_reads(path: &std::path::Path, offsets: &[u64], model: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::AsRawFd;
+    let f = fs::File::open(path).unwrap();
+    // Out of the kernel's page cache, so every read reaches the client.
+    assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+    let mut buf = vec![0u8; 4096];
+    for &at in offsets {
+        let n = f.read_at(&mut buf, at).unwrap();
+        let want = &model[at as usize..(at as usize + 4096).min(model.len())];
+        assert_eq!(&buf[..n], want, "4 KiB at {at}");
+    }
+}
+
+#[test]
+fn random_reads_come_from_the_block_cache_and_never_stale() {
+    let mut cluster = Cluster::start(6, "4+2", 256);
+    let mount_metrics = cluster.nodes.iter().find(|n| n.role == "mount").unwrap().metrics.clone().unwrap();
+    let hits =
+        || support::metric(&support::scrape(&mount_metrics), "cairn_client_block_cache_hits_total", &[]);
+    let path = cluster.mnt.join("random");
+    let mut model = random_bytes(2 * UNIT + 1000, 21);
+    fs::write(&path, &model).unwrap();
+    // 200 distinct pages in random order (never page 0: a read at 0 counts as sequential),
+    // so no read of a pass finds its page in the kernel's cache because of another one.
+    let mut rng = support::Rng(5);
+    let mut pages: Vec<u64> = (1..model.len() as u64 / 4096).collect();
+    for i in (1..pages.len()).rev() {
+        pages.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let offsets: Vec<u64> = pages[..200].iter().map(|p| p * 4096).collect();
+    random_reads(&path, &offsets, &model);
+    let after_first = hits().unwrap_or(0.0);
+    random_reads(&path, &offsets, &model);
+    let after_second = hits().expect("block cache hits counted");
+    // Kernel readahead may merge a few reads; most must be answered from the cache.
+    assert!(after_second - after_first >= 100.0, "second pass: {after_first} -> {after_second} hits");
+
+    // Another client rewrites part of the file; this one reopens (close-to-open) and must see
+    // the new bytes, not the blocks it cached of the old version.
+    let other = support::Mount::new(&cluster, "other");
+    let patch = random_bytes(UNIT, 22);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new().write(true).open(other.dir.join("random")).unwrap();
+        f.write_all_at(&patch, 300_000).unwrap();
+    }
+    model[300_000..300_000 + UNIT].copy_from_slice(&patch);
+    random_reads(&path, &offsets, &model);
+    // And a rewrite through this client, then with one chunkserver gone (cached blocks and
+    // reconstruction together).
+    let patch = random_bytes(5000, 23);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all_at(&patch, UNIT as u64 + 77).unwrap();
+    }
+    model[UNIT + 77..UNIT + 77 + 5000].copy_from_slice(&patch);
+    random_reads(&path, &offsets, &model);
+    kill9(cluster.chunk_pids()[0]);
+    random_reads(&path, &offsets, &model);
+    drop(other);
+    cluster.stop();
+}

@@ -62,6 +62,10 @@ enum Command {
         /// Attribute and entry cache lifetime in the kernel, milliseconds.
         #[arg(long, env = "CAIRN_MOUNT_ATTR_TTL_MS", default_value_t = 1000)]
         attr_ttl_ms: u64,
+        /// The block cache for random readers (verified 64 KiB shard blocks), MiB; 0 turns it off.
+        /// Default: 1024, or a sixteenth of the memory when less.
+        #[arg(long, env = "CAIRN_MOUNT_CACHE_MIB", default_value_t = cairn_client::default_block_cache_mib())]
+        cache_mib: u64,
         /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9410).
         #[arg(long, env = "CAIRN_MOUNT_METRICS")]
         metrics: Option<String>,
@@ -284,10 +288,28 @@ fn main() -> ExitCode {
                 c.validate()?;
                 runtime()?.block_on(cairn_chunk::run(c))
             }),
-        Command::Mount { meta, mountpoint, threads, attr_ttl_ms, metrics, read_only, background, log } => {
+        Command::Mount {
+            meta,
+            mountpoint,
+            threads,
+            attr_ttl_ms,
+            cache_mib,
+            metrics,
+            read_only,
+            background,
+            log,
+        } => {
             if background {
-                let args =
-                    mount::MountArgs { meta, mountpoint, threads, attr_ttl_ms, metrics, read_only, log };
+                let args = mount::MountArgs {
+                    meta,
+                    mountpoint,
+                    threads,
+                    attr_ttl_ms,
+                    cache_mib,
+                    metrics,
+                    read_only,
+                    log,
+                };
                 mount::background(&args)
             } else {
                 cairn_client::mount(cairn_client::MountOptions {
@@ -295,6 +317,8 @@ fn main() -> ExitCode {
                     mountpoint,
                     threads,
                     attr_ttl: Duration::from_millis(attr_ttl_ms),
+                    block_cache_bytes: usize::try_from(cache_mib.saturating_mul(1 << 20))
+                        .unwrap_or(usize::MAX),
                     allow_other: unsafe { libc::geteuid() } == 0,
                     metrics,
                     read_only,

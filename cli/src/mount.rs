@@ -19,6 +19,7 @@ pub struct MountArgs {
     pub mountpoint: PathBuf,
     pub threads: usize,
     pub attr_ttl_ms: u64,
+    pub cache_mib: u64,
     pub metrics: Option<String>,
     pub read_only: bool,
     /// Where a background mount writes its log.
@@ -36,6 +37,8 @@ impl MountArgs {
             self.threads.to_string().into(),
             "--attr-ttl-ms".into(),
             self.attr_ttl_ms.to_string().into(),
+            "--cache-mib".into(),
+            self.cache_mib.to_string().into(),
         ];
         if let Some(m) = &self.metrics {
             args.extend(["--metrics".into(), m.into()]);
@@ -196,7 +199,7 @@ pub fn umount(mountpoint: &Path, lazy: bool) -> Result<()> {
 
 /// Parse what mount(8) hands a helper: `SOURCE DIR [-o OPTS] [-n] [-s] [-f] [-v] [-r|-w]`.
 /// SOURCE is the metaserver address (`host:port`, optionally prefixed `cairn:`). Options Cairn
-/// knows: `threads=N`, `attr_ttl_ms=N`, `metrics=ADDR`, `log=FILE`, `ro`/`rw`; the generic ones
+/// knows: `threads=N`, `attr_ttl_ms=N`, `cache_mib=N`, `metrics=ADDR`, `log=FILE`, `ro`/`rw`; the generic ones
 /// mount(8), fstab and systemd use (`defaults`, `_netdev`, `noauto`, `nofail`, `x-*`, ...) are
 /// accepted and ignored. Anything else is refused by name.
 pub fn parse_helper_args(args: &[String]) -> Result<MountArgs> {
@@ -228,6 +231,7 @@ pub fn parse_helper_args(args: &[String]) -> Result<MountArgs> {
         mountpoint: PathBuf::from(mountpoint),
         threads: 4,
         attr_ttl_ms: 1000,
+        cache_mib: cairn_client::default_block_cache_mib(),
         metrics: None,
         read_only,
         log: None,
@@ -244,6 +248,7 @@ pub fn parse_helper_args(args: &[String]) -> Result<MountArgs> {
         match key {
             "threads" => parsed.threads = number(value)?.clamp(1, 256) as usize,
             "attr_ttl_ms" => parsed.attr_ttl_ms = number(value)?,
+            "cache_mib" => parsed.cache_mib = number(value)?,
             "metrics" => parsed.metrics = Some(value.unwrap_or_default().to_string()),
             "log" => parsed.log = value.map(PathBuf::from),
             "ro" => parsed.read_only = true,
@@ -277,12 +282,12 @@ mod tests {
             "cairn:10.0.0.1:9400",
             "/mnt/data",
             "-o",
-            "rw,_netdev,noauto,x-systemd.automount,threads=8,attr_ttl_ms=5000,metrics=127.0.0.1:9410",
+            "rw,_netdev,noauto,x-systemd.automount,threads=8,attr_ttl_ms=5000,cache_mib=64,metrics=127.0.0.1:9410",
         ]))
         .unwrap();
         assert_eq!(a.meta, "10.0.0.1:9400");
         assert_eq!(a.mountpoint, PathBuf::from("/mnt/data"));
-        assert_eq!((a.threads, a.attr_ttl_ms, a.read_only), (8, 5000, false));
+        assert_eq!((a.threads, a.attr_ttl_ms, a.cache_mib, a.read_only), (8, 5000, 64, false));
         assert_eq!(a.metrics.as_deref(), Some("127.0.0.1:9410"));
         let ro = parse_helper_args(&strings(&["10.0.0.1:9400", "/mnt", "-oro"])).unwrap();
         assert!(ro.read_only);
@@ -301,6 +306,7 @@ mod tests {
             mountpoint: "/m".into(),
             threads: 3,
             attr_ttl_ms: 7,
+            cache_mib: 9,
             metrics: Some("h:2".into()),
             read_only: true,
             log: None,
@@ -316,6 +322,8 @@ mod tests {
                 "3",
                 "--attr-ttl-ms",
                 "7",
+                "--cache-mib",
+                "9",
                 "--metrics",
                 "h:2",
                 "--read-only",

@@ -23,11 +23,25 @@ use crate::stripe::Geometry;
 pub struct ClientOptions {
     /// How long the kernel may cache attributes and directory entries.
     pub attr_ttl: Duration,
+    /// Bytes of verified shard blocks kept for random readers (0: no block cache).
+    pub block_cache_bytes: usize,
+}
+
+/// The block cache's size unless told otherwise: 1 GiB, or a sixteenth of the machine's memory
+/// when that is less.
+pub fn default_block_cache_mib() -> u64 {
+    // SAFETY: sysconf has no preconditions; it returns -1 for an unknown name.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let ram_mib = if pages > 0 && page > 0 { (pages as u64 * page as u64) >> 20 } else { 0 };
+    (ram_mib / 16).min(1024)
 }
 
 impl Default for ClientOptions {
     fn default() -> Self {
-        ClientOptions { attr_ttl: Duration::from_secs(1) }
+        ClientOptions {
+            attr_ttl: Duration::from_secs(1),
+            block_cache_bytes: (default_block_cache_mib() << 20) as usize,
+        }
     }
 }
 
@@ -86,7 +100,7 @@ impl Client {
     /// Register with the metaserver (which hands out the id that makes stripe versions unique).
     pub async fn new(meta: MetaConn, options: ClientOptions) -> Result<Client> {
         let client_id = meta.register_client(p::Empty {}).await?.client_id;
-        let nodes = Arc::new(Nodes::new(meta.clone()));
+        let nodes = Arc::new(Nodes::new(meta.clone(), options.block_cache_bytes));
         nodes.refresh().await?;
         let files: Arc<Mutex<HashMap<u64, Opened>>> = Arc::new(Mutex::new(HashMap::new()));
         tokio::spawn(session_heartbeat(meta.clone(), client_id, files.clone()));

@@ -24,7 +24,7 @@ use tokio::sync::{Mutex, OnceCell};
 use crate::meta::MetaConn;
 use crate::metrics;
 use crate::nodes::Nodes;
-use crate::stripe::{read_stripe, write_stripe, Geometry};
+use crate::stripe::{read_stripe, write_stripe, Geometry, Reader};
 
 /// The change counters a commit or truncation advances: the client's sequence of changes
 /// (`any`), and for the inode (bucketed) the number of its latest change in that sequence.
@@ -45,6 +45,8 @@ impl Changes<'_> {
 const MAX_DIRTY_STRIPES: usize = 4;
 /// Whole stripes cached per file for sequential readers.
 const CACHED_STRIPES: usize = 6;
+/// Stripes fetched ahead of a sequential reader.
+const READAHEAD_STRIPES: u64 = 2;
 
 pub struct OpenFile {
     pub geo: Geometry,
@@ -188,7 +190,9 @@ impl OpenFile {
                     buf[..to - from].copy_from_slice(&whole[from..to]);
                     Ok(())
                 }
-                Source::Stripe(info) => read_stripe(nodes, &self.geo, info, *in_stripe, buf).await,
+                Source::Stripe(info) => {
+                    read_stripe(nodes, &self.geo, info, *in_stripe, buf, Reader::Random).await
+                }
             }
         });
         for r in join_all(reads).await {
@@ -196,7 +200,9 @@ impl OpenFile {
         }
         if sequential {
             if let Some((_, _, _, Source::Stripe(last))) = plan.last() {
-                self.prefetch(nodes, last.index + 1).await;
+                for ahead in 1..=READAHEAD_STRIPES {
+                    self.prefetch(nodes, last.index + ahead).await;
+                }
             }
         }
         Ok(out)
@@ -210,7 +216,7 @@ impl OpenFile {
         let data = cell
             .get_or_try_init(|| async {
                 let mut buf = vec![0u8; info.len as usize];
-                read_stripe(nodes, &self.geo, info, 0, &mut buf).await?;
+                read_stripe(nodes, &self.geo, info, 0, &mut buf, Reader::Whole).await?;
                 Ok::<_, CairnError>(Arc::new(buf))
             })
             .await?;
@@ -232,7 +238,7 @@ impl OpenFile {
             let _ = cell
                 .get_or_try_init(|| async {
                     let mut buf = vec![0u8; info.len as usize];
-                    read_stripe(&nodes, &geo, &info, 0, &mut buf).await?;
+                    read_stripe(&nodes, &geo, &info, 0, &mut buf, Reader::Whole).await?;
                     Ok::<_, CairnError>(Arc::new(buf))
                 })
                 .await;
@@ -262,7 +268,7 @@ impl OpenFile {
                     // write replaces all of them.
                     Some(info) if !(in_stripe == 0 && take as u64 >= info.len) => {
                         let mut buf = vec![0u8; info.len as usize];
-                        read_stripe(nodes, &self.geo, info, 0, &mut buf).await?;
+                        read_stripe(nodes, &self.geo, info, 0, &mut buf, Reader::Whole).await?;
                         buf
                     }
                     _ => Vec::with_capacity(stripe_bytes as usize),

@@ -29,6 +29,8 @@ pub struct MountOptions {
     /// FUSE request-reading threads.
     pub threads: usize,
     pub attr_ttl: Duration,
+    /// Bytes of the client's block cache for random readers (0: none).
+    pub block_cache_bytes: usize,
     /// Let other users than the mounting one use the mount (root only).
     pub allow_other: bool,
     /// Serve Prometheus metrics at `http://ADDR/metrics`.
@@ -57,7 +59,11 @@ pub fn mount(opts: MountOptions) -> Result<()> {
             cairn_common::metrics::serve(listen)?;
         }
         let meta = connect_meta(&opts.meta).await?;
-        Client::new(meta, ClientOptions { attr_ttl: opts.attr_ttl }).await
+        Client::new(
+            meta,
+            ClientOptions { attr_ttl: opts.attr_ttl, block_cache_bytes: opts.block_cache_bytes },
+        )
+        .await
     })?;
     let notifier = Arc::new(std::sync::OnceLock::new());
     let fs = CairnFs {

@@ -3,6 +3,7 @@
 //! I/O to chunkservers, degraded reads). [`fuse`] adapts it to the kernel: thin callbacks that
 //! hand each request to a tokio task and reply from there, so no request waits behind another.
 
+mod blocks;
 mod client;
 mod dir;
 mod file;
@@ -12,6 +13,6 @@ pub mod metrics;
 mod nodes;
 mod stripe;
 
-pub use client::{Client, ClientOptions, OpenOutcome};
+pub use client::{default_block_cache_mib, Client, ClientOptions, OpenOutcome};
 pub use fuse::{mount, MountOptions};
 pub use meta::{connect_meta, connect_meta_with_timeout, MetaConn};

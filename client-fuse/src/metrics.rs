@@ -19,3 +19,9 @@ pub const SHARD_WRITE_FAILURES: &str = "cairn_client_shard_write_failures_total"
 /// chunkservers (counters).
 pub const STRIPE_CACHE_HITS: &str = "cairn_client_stripe_cache_hits_total";
 pub const STRIPE_CACHE_MISSES: &str = "cairn_client_stripe_cache_misses_total";
+/// Random reads answered from the client's block cache, and those that went to a chunkserver
+/// (counters; one per shard range).
+pub const BLOCK_CACHE_HITS: &str = "cairn_client_block_cache_hits_total";
+pub const BLOCK_CACHE_MISSES: &str = "cairn_client_block_cache_misses_total";
+/// Bytes held by the block cache (gauge).
+pub const BLOCK_CACHE_BYTES: &str = "cairn_client_block_cache_bytes";

@@ -16,6 +16,7 @@ use cairn_proto::chunk_client::ChunkClient;
 use parking_lot::RwLock;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::blocks::{aligned, BlockCache, BLOCK};
 use crate::meta::MetaConn;
 
 /// How long a node stays suspect after a timeout or a connection failure.
@@ -29,15 +30,19 @@ pub struct Nodes {
     refresh: tokio::sync::Mutex<()>,
     /// Nodes that failed to answer, and when.
     suspect: RwLock<HashMap<u32, Instant>>,
+    /// Verified shard blocks kept for random readers.
+    blocks: BlockCache,
 }
 
 impl Nodes {
-    pub fn new(meta: MetaConn) -> Nodes {
+    /// Connections through `meta`'s node map, with a block cache of `cache_bytes` (0: none).
+    pub fn new(meta: MetaConn, cache_bytes: usize) -> Nodes {
         Nodes {
             meta,
             chunks: RwLock::new(HashMap::new()),
             refresh: tokio::sync::Mutex::new(()),
             suspect: RwLock::new(HashMap::new()),
+            blocks: BlockCache::new(cache_bytes),
         }
     }
 
@@ -146,6 +151,29 @@ impl Nodes {
         let result = c.read_shard(req).await.map(|r| r.into_inner().data).map_err(|s| node_error(node, s));
         self.note(node, &result);
         result
+    }
+}
+
+impl Nodes {
+    /// [`Nodes::read_shard`] through the block cache: answered from it when every block the
+    /// range touches is there, otherwise the whole blocks around the range are read (the
+    /// chunkserver verifies whole blocks anyway) and kept.
+    pub async fn read_shard_cached(&self, node: u32, id: ShardId, offset: u64, len: u64) -> Result<Bytes> {
+        if !self.blocks.enabled() || len == 0 {
+            return self.read_shard(node, id, offset, len).await;
+        }
+        if let Some(hit) = self.blocks.get(id, offset, len) {
+            ::metrics::counter!(crate::metrics::BLOCK_CACHE_HITS).increment(1);
+            return Ok(hit);
+        }
+        ::metrics::counter!(crate::metrics::BLOCK_CACHE_MISSES).increment(1);
+        let (first, span) = aligned(offset, len);
+        let data = self.read_shard(node, id, first * BLOCK, span).await?;
+        self.blocks.insert(id, first, &data);
+        ::metrics::gauge!(crate::metrics::BLOCK_CACHE_BYTES).set(self.blocks.bytes() as f64);
+        let from = ((offset - first * BLOCK) as usize).min(data.len());
+        let to = (from + len as usize).min(data.len());
+        Ok(data.slice(from..to))
     }
 }
 

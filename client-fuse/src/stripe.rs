@@ -129,6 +129,14 @@ pub async fn write_stripe(
     Ok(StripeInfo { index: stripe, version, len: written, written_len: written, missing })
 }
 
+/// Who reads: a random reader goes through the client's block cache, whole-stripe reads (the
+/// sequential readers' stripe cache, read-modify-write) do not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reader {
+    Random,
+    Whole,
+}
+
 /// Fill `out` with stripe bytes starting at `offset` (relative to the stripe start). Bytes at
 /// or past `info.len` read as zeros.
 pub async fn read_stripe(
@@ -137,6 +145,7 @@ pub async fn read_stripe(
     info: &StripeInfo,
     offset: u64,
     out: &mut [u8],
+    reader: Reader,
 ) -> Result<()> {
     let layout = geo.layout;
     let valid = info.len.saturating_sub(offset).min(out.len() as u64) as usize;
@@ -155,8 +164,14 @@ pub async fn read_stripe(
             .enumerate()
             .map(|(at, s)| {
                 let id = geo.shard(info.index, s.shard, info.version);
-                let read = nodes.read_shard(geo.node(info.index, s.shard), id, s.shard_offset, s.len);
-                async move { (at, read.await) }
+                let node = geo.node(info.index, s.shard);
+                async move {
+                    let read = match reader {
+                        Reader::Random => nodes.read_shard_cached(node, id, s.shard_offset, s.len).await,
+                        Reader::Whole => nodes.read_shard(node, id, s.shard_offset, s.len).await,
+                    };
+                    (at, read)
+                }
             })
             .collect();
         let mut results: Vec<Option<Result<Bytes>>> = (0..segments.len()).map(|_| None).collect();
