@@ -168,3 +168,62 @@ impl<R: Read> ReadLine for std::io::BufReader<R> {
         self.read_line(line).unwrap();
     }
 }
+
+/// What `stat` says of `path` that a directory change moves.
+fn dir_stat(path: &std::path::Path) -> (i64, i64, i64, i64, u64, u64, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(path).unwrap();
+    (m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec(), m.nlink(), m.size(), m.mode())
+}
+
+#[test]
+fn a_directory_after_this_clients_changes_reads_as_the_metaserver_has_it() {
+    let cluster = Cluster::start(6, "4+2", 1024);
+    // A client that caches nothing: what it sees is the metaserver's view.
+    let truth = Mount::with_args(&cluster, "truth", &["--attr-ttl-ms", "0"]);
+    let meta_metrics = cluster.nodes.iter().find(|n| n.role == "meta").unwrap().metrics.clone().unwrap();
+    let getattrs = || {
+        let text = support::scrape(&meta_metrics);
+        support::metric(&text, "cairn_rpc_requests_total", &["method=\"GetAttr\""]).unwrap_or(0.0)
+    };
+    let d = cluster.mnt.join("d");
+    fs::create_dir(&d).unwrap();
+    let same = |step: &str| assert_eq!(dir_stat(&d), dir_stat(&truth.dir.join("d")), "after {step}");
+    same("mkdir");
+
+    let before = getattrs();
+    for i in 0..50 {
+        fs::write(d.join(format!("f{i}")), b"x").unwrap();
+    }
+    // The kernel asks for the directory's attributes again after each create in it; this
+    // client answers from the metaserver's reply to the create instead of asking.
+    let asked = getattrs() - before;
+    assert!(asked <= 5.0, "{asked} GetAttr requests for 50 creates");
+    same("creates");
+
+    fs::remove_file(d.join("f0")).unwrap();
+    same("unlink");
+    fs::create_dir(d.join("sub")).unwrap();
+    same("mkdir inside");
+    fs::rename(d.join("f1"), d.join("g1")).unwrap();
+    same("rename inside");
+    fs::rename(d.join("sub"), cluster.mnt.join("moved")).unwrap();
+    same("rename out");
+    fs::rename(cluster.mnt.join("moved"), d.join("back")).unwrap();
+    same("rename in");
+    fs::remove_dir(d.join("back")).unwrap();
+    same("rmdir");
+    std::os::unix::fs::symlink("g1", d.join("s")).unwrap();
+    same("symlink");
+    fs::hard_link(d.join("g1"), d.join("h")).unwrap();
+    same("link");
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o751)).unwrap();
+    same("chmod");
+    let name = std::ffi::CString::new("user.k").unwrap();
+    let path = std::ffi::CString::new(d.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), b"v".as_ptr().cast(), 1, 0) }, 0);
+    same("setxattr");
+    fs::write(d.join("after"), b"y").unwrap();
+    same("create after setxattr");
+}

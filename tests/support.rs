@@ -239,10 +239,17 @@ pub struct Mount {
 
 impl Mount {
     pub fn new(cluster: &Cluster, name: &str) -> Mount {
+        Mount::with_args(cluster, name, &[])
+    }
+
+    /// [`Mount::new`] with extra `cairn mount` flags.
+    pub fn with_args(cluster: &Cluster, name: &str, extra: &[&str]) -> Mount {
         let dir = cluster.root.path().join(name);
         std::fs::create_dir_all(&dir).expect("mount dir");
         let child = Command::new(CAIRN)
-            .args(["mount", "--meta", &cluster.meta_addr, dir.to_str().expect("utf8")])
+            .args(["mount", "--meta", &cluster.meta_addr])
+            .args(extra)
+            .arg(dir.to_str().expect("utf8"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

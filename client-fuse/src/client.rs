@@ -79,6 +79,12 @@ pub struct Client {
     /// as long as attributes are (`attr_ttl`); a change through this client drops the inode's
     /// entries at once.
     absent_xattrs: Mutex<HashMap<(u64, Vec<u8>), Instant>>,
+    /// Directories as this client's own change in them left them (from the metaserver's
+    /// reply), until when (`attr_ttl`). The kernel forgets a directory's attributes after every
+    /// create or unlink in it and asks again before the next one, for its permission check: a
+    /// round trip per file without this. A change this client cannot follow exactly (setattr,
+    /// xattrs, rename, rmdir) drops entries instead.
+    dir_attrs: Mutex<HashMap<u64, (p::Attr, Instant)>>,
     /// Commits and truncations by this client, numbered in `commits`; per inode (hashed into
     /// [`EPOCH_BUCKETS`]) the number of its latest one, advanced while the file's lock is held.
     /// A request reads the counter before asking the metaserver; if the inode changed before
@@ -94,6 +100,8 @@ const EPOCH_BUCKETS: usize = 1024;
 const OPEN_ATTEMPTS: usize = 16;
 
 /// Most absent-xattr answers remembered; past it the cache starts over.
+/// Most directories whose attributes are noted at once.
+const DIR_ATTRS_MAX: usize = 4096;
 const ABSENT_XATTRS_MAX: usize = 65536;
 
 impl Client {
@@ -117,6 +125,7 @@ impl Client {
             dirs: Mutex::new(HashMap::new()),
             seen: Mutex::new(HashMap::new()),
             absent_xattrs: Mutex::new(HashMap::new()),
+            dir_attrs: Mutex::new(HashMap::new()),
             epochs: (0..EPOCH_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             commits: AtomicU64::new(0),
         })
@@ -182,6 +191,11 @@ impl Client {
     }
 
     pub async fn getattr(&self, ino: u64) -> Result<p::Attr> {
+        if let Some((attr, until)) = self.dir_attrs.lock().get(&ino) {
+            if Instant::now() < *until {
+                return Ok(*attr);
+            }
+        }
         for attempt in 1.. {
             let epoch = self.epoch(ino).load(Ordering::Acquire);
             let attr = need(self.meta.get_attr(p::InoRequest { ino }).await?.attr)?;
@@ -196,6 +210,7 @@ impl Client {
 
     pub async fn setattr(&self, req: p::SetAttrRequest) -> Result<p::Attr> {
         let ino = req.ino;
+        self.dir_changed(ino, None);
         let file = self.open_file(ino);
         if let (Some(file), Some(_)) = (&file, req.size) {
             // Truncation acts on committed stripes: publish buffered writes first.
@@ -232,9 +247,14 @@ impl Client {
         req.client_id = self.client_id;
         req.open = open;
         req.avoid_nodes = self.nodes.suspects();
+        let parent = req.parent;
         let reply = self.meta.create(req).await?;
         let info = reply.file.ok_or_else(|| CairnError::internal("create: no file info"))?;
         let attr = need(info.attr)?;
+        if reply.created {
+            self.dir_changed(parent, reply.parent);
+            self.no_xattrs_yet(attr.ino);
+        }
         if !open {
             return Ok((attr, 0));
         }
@@ -256,30 +276,83 @@ impl Client {
         Ok((attr, fh))
     }
 
+    /// Note directory `ino`'s attributes after this client changed it (`None`: not known, forget
+    /// them).
+    fn dir_changed(&self, ino: u64, attr: Option<p::Attr>) {
+        let mut dirs = self.dir_attrs.lock();
+        match attr {
+            Some(attr) if attr.ino == ino && !self.options.attr_ttl.is_zero() => {
+                if dirs.len() >= DIR_ATTRS_MAX {
+                    let now = Instant::now();
+                    dirs.retain(|_, (_, until)| now < *until);
+                    if dirs.len() >= DIR_ATTRS_MAX {
+                        dirs.clear();
+                    }
+                }
+                // Replies to concurrent changes may come back in any order: keep the newest.
+                let changed = |a: &p::Attr| a.ctime.map(|t| (t.sec, t.nsec));
+                if dirs.get(&ino).is_some_and(|(old, _)| changed(old) > changed(&attr)) {
+                    return;
+                }
+                dirs.insert(ino, (attr, Instant::now() + self.options.attr_ttl));
+            }
+            _ => {
+                dirs.remove(&ino);
+            }
+        }
+    }
+
+    /// Forget every directory's noted attributes but `keep`'s: a change moved or removed a
+    /// directory this client cannot name by inode (its ctime, nlink or `..` changed).
+    fn dirs_changed_but(&self, keep: &[u64]) {
+        self.dir_attrs.lock().retain(|ino, _| keep.contains(ino));
+    }
+
     pub async fn mkdir(&self, req: p::MkdirRequest) -> Result<p::Attr> {
-        need(self.meta.mkdir(req).await?.attr)
+        let parent = req.parent;
+        let reply = self.meta.mkdir(req).await;
+        self.dir_changed(parent, reply.as_ref().ok().and_then(|r| r.parent));
+        need(reply?.attr)
     }
 
     pub async fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
-        self.meta.unlink(p::RemoveRequest { parent, name: name.to_vec() }).await.map(|_| ())
+        let reply = self.meta.unlink(p::RemoveRequest { parent, name: name.to_vec() }).await;
+        self.dir_changed(parent, reply.as_ref().ok().and_then(|r| r.parent));
+        reply.map(|_| ())
     }
 
     pub async fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
-        self.meta.rmdir(p::RemoveRequest { parent, name: name.to_vec() }).await.map(|_| ())
+        let reply = self.meta.rmdir(p::RemoveRequest { parent, name: name.to_vec() }).await;
+        // The removed directory's noted attributes (if any) must go too; its inode is not known
+        // here.
+        self.dirs_changed_but(&[]);
+        self.dir_changed(parent, reply.as_ref().ok().and_then(|r| r.parent));
+        reply.map(|_| ())
     }
 
     pub async fn rename(&self, req: p::RenameRequest) -> Result<()> {
-        self.meta.rename(req).await.map(|_| ())
+        let (parent, new_parent) = (req.parent, req.new_parent);
+        let reply = self.meta.rename(req).await;
+        // A directory renamed (or replaced) changed too, and its inode is not known here.
+        self.dirs_changed_but(&[]);
+        if let Ok(r) = &reply {
+            self.dir_changed(parent, r.parent);
+            self.dir_changed(new_parent, r.new_parent);
+        }
+        reply.map(|_| ())
     }
 
     pub async fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<p::Attr> {
-        let attr =
-            self.meta.link(p::LinkRequest { ino, new_parent, new_name: new_name.to_vec() }).await?.attr;
-        Ok(self.local_view(need(attr)?).await)
+        let reply = self.meta.link(p::LinkRequest { ino, new_parent, new_name: new_name.to_vec() }).await;
+        self.dir_changed(new_parent, reply.as_ref().ok().and_then(|r| r.parent));
+        Ok(self.local_view(need(reply?.attr)?).await)
     }
 
     pub async fn symlink(&self, req: p::SymlinkRequest) -> Result<p::Attr> {
-        need(self.meta.symlink(req).await?.attr)
+        let parent = req.parent;
+        let reply = self.meta.symlink(req).await;
+        self.dir_changed(parent, reply.as_ref().ok().and_then(|r| r.parent));
+        need(reply?.attr)
     }
 
     pub async fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -509,7 +582,10 @@ impl Client {
 
     pub async fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         let key = (ino, name.to_vec());
-        if self.absent_xattrs.lock().get(&key).is_some_and(|until| Instant::now() < *until) {
+        let absent = |k: &(u64, Vec<u8>)| {
+            self.absent_xattrs.lock().get(k).is_some_and(|until| Instant::now() < *until)
+        };
+        if absent(&key) || absent(&(ino, Vec::new())) {
             return Err(CairnError::new(ErrorKind::NoData, "no such xattr"));
         }
         match self.meta.get_xattr(p::XattrRequest { ino, name: name.to_vec() }).await {
@@ -527,9 +603,25 @@ impl Client {
         }
     }
 
-    /// Forget what is cached about `ino`'s xattrs (this client changes them).
+    /// Forget what is cached about `ino`'s xattrs (this client changes them), and its noted
+    /// attributes if it is a directory (its ctime changes).
     fn xattrs_changed(&self, ino: u64) {
         self.absent_xattrs.lock().retain(|(i, _), _| *i != ino);
+        self.dir_changed(ino, None);
+    }
+
+    /// `ino` was just created by this client: it has no xattrs (the kernel asks for
+    /// `security.capability` before the first write). Noted under the empty name, which no
+    /// xattr can have, for as long as absent names are.
+    fn no_xattrs_yet(&self, ino: u64) {
+        if self.options.attr_ttl.is_zero() {
+            return;
+        }
+        let mut absent = self.absent_xattrs.lock();
+        if absent.len() >= ABSENT_XATTRS_MAX {
+            absent.clear();
+        }
+        absent.insert((ino, Vec::new()), Instant::now() + self.options.attr_ttl);
     }
 
     pub async fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: u32) -> Result<()> {

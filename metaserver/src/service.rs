@@ -113,7 +113,13 @@ fn files_on(ns: &Namespace, node: u32) -> Result<u64> {
 }
 
 fn attr_reply(inode: crate::schema::Inode) -> AttrReply {
-    AttrReply { attr: Some(inode.to_attr()) }
+    AttrReply { attr: Some(inode.to_attr()), parent: None }
+}
+
+/// A directory's attributes right after a change in it, for the reply; `None` if it is gone
+/// again already (removed by another request since).
+fn dir_after(ns: &Namespace, ino: u64) -> Option<Attr> {
+    ns.inode(ino).ok().map(|i| i.to_attr())
 }
 
 #[tonic::async_trait]
@@ -139,7 +145,7 @@ impl Meta for MetaService {
 
     async fn create(&self, req: Request<CreateRequest>) -> Result<Response<CreateReply>, Status> {
         let r = req.into_inner();
-        let (inode, created) = self
+        let (inode, created, parent) = self
             .run(move |ns| {
                 let new = NewEntry {
                     parent: check_ino(r.parent)?,
@@ -152,66 +158,85 @@ impl Meta for MetaService {
                 if r.open {
                     ns.sessions().opened(r.client_id, inode.ino);
                 }
-                Ok((inode, created))
+                let parent = if created { dir_after(ns, new.parent) } else { None };
+                Ok((inode, created, parent))
             })
             .await?;
-        Ok(Response::new(CreateReply { file: Some(file_info(&inode)), created }))
+        Ok(Response::new(CreateReply { file: Some(file_info(&inode)), created, parent }))
     }
 
     async fn mkdir(&self, req: Request<MkdirRequest>) -> Result<Response<AttrReply>, Status> {
         let r = req.into_inner();
-        let inode = self
+        let (inode, parent) = self
             .run(move |ns| {
-                ns.mkdir(&NewEntry {
-                    parent: check_ino(r.parent)?,
-                    name: &r.name,
-                    mode: r.mode,
-                    uid: r.uid,
-                    gid: r.gid,
-                })
+                let parent = check_ino(r.parent)?;
+                let inode =
+                    ns.mkdir(&NewEntry { parent, name: &r.name, mode: r.mode, uid: r.uid, gid: r.gid })?;
+                Ok((inode, dir_after(ns, parent)))
             })
             .await?;
-        Ok(Response::new(attr_reply(inode)))
+        Ok(Response::new(AttrReply { parent, ..attr_reply(inode) }))
     }
 
     async fn unlink(&self, req: Request<RemoveRequest>) -> Result<Response<RemoveReply>, Status> {
         let r = req.into_inner();
-        self.run(move |ns| ns.unlink(check_ino(r.parent)?, &r.name)).await?;
-        Ok(Response::new(RemoveReply {}))
+        let parent = self
+            .run(move |ns| {
+                let parent = check_ino(r.parent)?;
+                ns.unlink(parent, &r.name)?;
+                Ok(dir_after(ns, parent))
+            })
+            .await?;
+        Ok(Response::new(RemoveReply { parent }))
     }
 
     async fn rmdir(&self, req: Request<RemoveRequest>) -> Result<Response<RemoveReply>, Status> {
         let r = req.into_inner();
-        self.run(move |ns| ns.rmdir(check_ino(r.parent)?, &r.name)).await?;
-        Ok(Response::new(RemoveReply {}))
+        let parent = self
+            .run(move |ns| {
+                let parent = check_ino(r.parent)?;
+                ns.rmdir(parent, &r.name)?;
+                Ok(dir_after(ns, parent))
+            })
+            .await?;
+        Ok(Response::new(RemoveReply { parent }))
     }
 
     async fn rename(&self, req: Request<RenameRequest>) -> Result<Response<RenameReply>, Status> {
         let r = req.into_inner();
-        self.run(move |ns| {
-            ns.rename(check_ino(r.parent)?, &r.name, check_ino(r.new_parent)?, &r.new_name, r.flags)
-        })
-        .await?;
-        Ok(Response::new(RenameReply {}))
+        let (parent, new_parent) = self
+            .run(move |ns| {
+                let (parent, new_parent) = (check_ino(r.parent)?, check_ino(r.new_parent)?);
+                ns.rename(parent, &r.name, new_parent, &r.new_name, r.flags)?;
+                Ok((dir_after(ns, parent), dir_after(ns, new_parent)))
+            })
+            .await?;
+        Ok(Response::new(RenameReply { parent, new_parent }))
     }
 
     async fn link(&self, req: Request<LinkRequest>) -> Result<Response<AttrReply>, Status> {
         let r = req.into_inner();
-        let inode =
-            self.run(move |ns| ns.link(check_ino(r.ino)?, check_ino(r.new_parent)?, &r.new_name)).await?;
-        Ok(Response::new(attr_reply(inode)))
+        let (inode, parent) = self
+            .run(move |ns| {
+                let new_parent = check_ino(r.new_parent)?;
+                let inode = ns.link(check_ino(r.ino)?, new_parent, &r.new_name)?;
+                Ok((inode, dir_after(ns, new_parent)))
+            })
+            .await?;
+        Ok(Response::new(AttrReply { parent, ..attr_reply(inode) }))
     }
 
     async fn symlink(&self, req: Request<SymlinkRequest>) -> Result<Response<AttrReply>, Status> {
         let r = req.into_inner();
-        let inode = self
+        let (inode, parent) = self
             .run(move |ns| {
                 let new =
                     NewEntry { parent: check_ino(r.parent)?, name: &r.name, mode: 0, uid: r.uid, gid: r.gid };
-                ns.symlink(&new, &r.target)
+                let inode = ns.symlink(&new, &r.target)?;
+                Ok((inode, dir_after(ns, new.parent)))
             })
             .await?;
-        Ok(Response::new(attr_reply(inode)))
+        Ok(Response::new(AttrReply { parent, ..attr_reply(inode) }))
     }
 
     async fn readlink(&self, req: Request<InoRequest>) -> Result<Response<ReadlinkReply>, Status> {
