@@ -253,7 +253,7 @@ pub async fn walk(
 
 /// Open `ino` for its layout, placement and stripe records, and release it again.
 pub async fn open_file(conn: &MetaConn, client_id: u32, ino: u64, path: String) -> Result<Opened> {
-    let reply = conn.open(p::OpenRequest { ino, client_id }).await?;
+    let reply = conn.open(p::OpenRequest { ino, client_id, generation: 0 }).await?;
     let listed = async {
         let info = reply.file.ok_or_else(|| CairnError::internal("open: no file info"))?;
         let layout = Layout::try_from(&info.layout.ok_or_else(|| CairnError::internal("open: no layout"))?)?;
@@ -274,7 +274,7 @@ pub async fn open_file(conn: &MetaConn, client_id: u32, ino: u64, path: String) 
         Ok(Opened { ino, path, layout, placement: info.placement, stripes })
     }
     .await;
-    if let Err(e) = conn.release(p::ReleaseRequest { client_id, ino }).await {
+    if let Err(e) = conn.release(p::ReleaseRequest { client_id, ino, ..Default::default() }).await {
         tracing::debug!(ino, "release after open: {e}");
     }
     listed

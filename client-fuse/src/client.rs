@@ -57,6 +57,8 @@ pub struct OpenOutcome {
 struct Opened {
     file: Arc<OpenFile>,
     handles: usize,
+    /// The newest generation among the opens counted in `handles` (see [`Releases`]).
+    generation: u64,
 }
 
 pub struct Client {
@@ -93,6 +95,88 @@ pub struct Client {
     /// back stripes or an end of file this client already replaced.
     epochs: Vec<AtomicU64>,
     commits: AtomicU64,
+    releases: Arc<Releases>,
+}
+
+/// Releases of closed files, sent late and in batches: closing a file (the last handle on it)
+/// costs no round trip of its own. Every open this client registers with the metaserver gets a
+/// generation (a counter), and a release names the newest one it covers, so a release that
+/// arrives after a newer open of the same file changes nothing there. A file this client holds
+/// locks on is released at once: other clients may be waiting for them.
+struct Releases {
+    meta: MetaConn,
+    client_id: u32,
+    next_generation: AtomicU64,
+    pending: Mutex<Vec<p::Released>>,
+    wake: tokio::sync::Notify,
+    /// Per inode (hashed into [`EPOCH_BUCKETS`]), the newest generation released: an open whose
+    /// answer comes back after a release covering it was released with it and asks again.
+    released: Vec<AtomicU64>,
+}
+
+/// How long a closed file's release waits for others to share its request.
+const RELEASE_DELAY: Duration = Duration::from_millis(10);
+/// Most files one release request names.
+const RELEASE_BATCH: usize = 1000;
+
+impl Releases {
+    fn new(meta: MetaConn, client_id: u32) -> Releases {
+        Releases {
+            meta,
+            client_id,
+            next_generation: AtomicU64::new(1),
+            pending: Mutex::new(Vec::new()),
+            wake: tokio::sync::Notify::new(),
+            released: (0..EPOCH_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn next_generation(&self) -> u64 {
+        self.next_generation.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn released(&self, ino: u64) -> &AtomicU64 {
+        &self.released[(ino % EPOCH_BUCKETS as u64) as usize]
+    }
+
+    /// Release `ino`'s opens up to `generation`: queued, or `now`.
+    async fn release(&self, ino: u64, generation: u64, now: bool) {
+        let file = p::Released { ino, generation };
+        if now {
+            self.send(vec![file]).await;
+        } else {
+            self.pending.lock().push(file);
+            self.wake.notify_one();
+        }
+    }
+
+    async fn send(&self, files: Vec<p::Released>) {
+        for batch in files.chunks(RELEASE_BATCH) {
+            let req =
+                p::ReleaseRequest { client_id: self.client_id, more: batch.to_vec(), ..Default::default() };
+            if let Err(e) = self.meta.release(req).await {
+                tracing::warn!(files = batch.len(), "release: {e} (the session lease will clean up)");
+            }
+        }
+    }
+
+    /// Send what is queued now.
+    async fn flush(&self) {
+        let files = std::mem::take(&mut *self.pending.lock());
+        if !files.is_empty() {
+            self.send(files).await;
+        }
+    }
+
+    /// The background sender: after the first queued release, wait [`RELEASE_DELAY`] for
+    /// more, then send them all.
+    async fn run(self: Arc<Self>) {
+        loop {
+            self.wake.notified().await;
+            tokio::time::sleep(RELEASE_DELAY).await;
+            self.flush().await;
+        }
+    }
 }
 
 const EPOCH_BUCKETS: usize = 1024;
@@ -112,6 +196,8 @@ impl Client {
         nodes.refresh().await?;
         let files: Arc<Mutex<HashMap<u64, Opened>>> = Arc::new(Mutex::new(HashMap::new()));
         tokio::spawn(session_heartbeat(meta.clone(), client_id, files.clone()));
+        let releases = Arc::new(Releases::new(meta.clone(), client_id));
+        tokio::spawn(releases.clone().run());
         Ok(Client {
             meta,
             nodes,
@@ -128,6 +214,7 @@ impl Client {
             dir_attrs: Mutex::new(HashMap::new()),
             epochs: (0..EPOCH_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             commits: AtomicU64::new(0),
+            releases,
         })
     }
 
@@ -246,6 +333,8 @@ impl Client {
     ) -> Result<(p::Attr, u64)> {
         req.client_id = self.client_id;
         req.open = open;
+        let generation = self.releases.next_generation();
+        req.generation = generation;
         req.avoid_nodes = self.nodes.suspects();
         let parent = req.parent;
         let reply = self.meta.create(req).await?;
@@ -270,7 +359,7 @@ impl Client {
         }
         // A new inode: no commit of this client can have raced with its creation.
         let fh = self
-            .register_open(info, Vec::new(), false, None)
+            .register_open(info, Vec::new(), false, None, generation)
             .await?
             .ok_or_else(|| CairnError::internal("create: registration refused"))?;
         Ok((attr, fh))
@@ -364,7 +453,9 @@ impl Client {
     pub async fn open(&self, ino: u64, truncate: bool) -> Result<OpenOutcome> {
         for attempt in 1.. {
             let epoch = self.epoch(ino).load(Ordering::Acquire);
-            let reply = self.meta.open(p::OpenRequest { ino, client_id: self.client_id }).await?;
+            let generation = self.releases.next_generation();
+            let req = p::OpenRequest { ino, client_id: self.client_id, generation };
+            let reply = self.meta.open(req).await?;
             let info = reply.file.ok_or_else(|| CairnError::internal("open: no file info"))?;
             let attr = need(info.attr)?;
             let mut stripes = reply.stripes;
@@ -377,8 +468,12 @@ impl Client {
             }
             // After the last try, take the answer anyway: an open file keeps its newer state.
             let check = (attempt < OPEN_ATTEMPTS).then_some(epoch);
-            let Some(fh) = self.register_open(info, stripes, true, check).await? else {
-                tracing::debug!(ino, attempt, "open raced with a commit of this client; asking again");
+            let Some(fh) = self.register_open(info, stripes, true, check, generation).await? else {
+                tracing::debug!(
+                    ino,
+                    attempt,
+                    "open raced with a commit or release of this client; asking again"
+                );
                 continue;
             };
             let mtime = attr.mtime.unwrap_or_default();
@@ -400,6 +495,7 @@ impl Client {
         stripes: Vec<p::StripeInfo>,
         refresh: bool,
         epoch_then: Option<u64>,
+        generation: u64,
     ) -> Result<Option<u64>> {
         let attr = need(info.attr)?;
         let layout = Layout::try_from(&info.layout.ok_or_else(|| CairnError::internal("no layout"))?)?;
@@ -417,15 +513,22 @@ impl Client {
             match files.get_mut(&attr.ino) {
                 Some(o) => {
                     o.handles += 1;
+                    o.generation = o.generation.max(generation);
                     Some(o.file.clone())
                 }
                 // A commit advances the counter before its file leaves `files`, so checking
                 // under this lock catches every commit the answer may have missed.
                 None if stale(epoch.load(Ordering::Acquire)) => return Ok(None),
+                // A release covering this open was queued since (another open of the file
+                // registered and closed first): the metaserver may not count this open any more.
+                // Asked again, the open gets a newer generation than any release so far.
+                None if refresh && self.releases.released(attr.ino).load(Ordering::Acquire) >= generation => {
+                    return Ok(None)
+                }
                 None => {
                     let geo = Geometry { ino: attr.ino, layout, placement: info.placement };
                     let file = Arc::new(OpenFile::new(geo, attr.size, stripes.clone()));
-                    files.insert(attr.ino, Opened { file, handles: 1 });
+                    files.insert(attr.ino, Opened { file, handles: 1, generation });
                     None
                 }
             }
@@ -481,23 +584,30 @@ impl Client {
                     o.handles -= 1;
                     None
                 }
-                Some(_) => files.remove(&ino).map(|o| o.file),
+                Some(_) => {
+                    let o = files.remove(&ino).expect("present");
+                    // Under the lock, so an open registering next sees it (`register_open`).
+                    self.releases.released(ino).fetch_max(o.generation, Ordering::AcqRel);
+                    Some((o.file, o.generation))
+                }
                 None => None,
             }
         };
-        if let Some(file) = last {
+        if let Some((file, generation)) = last {
             if let Err(e) = &result {
                 tracing::warn!(ino, "last close failed ({e}); discarding what could not be committed");
                 file.abandon(&self.meta, &self.nodes).await;
             }
             // The metaserver drops our locks on the file, and frees it if it was unlinked.
-            self.lock_owners.lock().remove(&ino);
-            let release = self.meta.release(p::ReleaseRequest { client_id: self.client_id, ino }).await;
-            if let Err(e) = release {
-                tracing::warn!(ino, "release: {e} (the session lease will clean up)");
-            }
+            let locked = self.lock_owners.lock().remove(&ino).is_some();
+            self.releases.release(ino, generation, locked).await;
         }
         result
+    }
+
+    /// Send the releases still queued (at unmount).
+    pub async fn flush_releases(&self) {
+        self.releases.flush().await;
     }
 
     /// fallocate(2). Mode 0 (posix_fallocate) extends the file to `offset + length` if it is

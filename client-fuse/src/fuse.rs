@@ -66,8 +66,9 @@ pub fn mount(opts: MountOptions) -> Result<()> {
         .await
     })?;
     let notifier = Arc::new(std::sync::OnceLock::new());
+    let client = Arc::new(client);
     let fs = CairnFs {
-        client: Arc::new(client),
+        client: client.clone(),
         notifier: notifier.clone(),
         rt: rt.handle().clone(),
         ttl: opts.attr_ttl,
@@ -101,7 +102,9 @@ pub fn mount(opts: MountOptions) -> Result<()> {
         }
     });
     tracing::info!(mountpoint = %opts.mountpoint.display(), meta = %opts.meta, "mounted");
-    session.run().map_err(|e| CairnError::from_io("fuse session", &e))?;
+    let served = session.run().map_err(|e| CairnError::from_io("fuse session", &e));
+    rt.block_on(client.flush_releases());
+    served?;
     tracing::info!("unmounted");
     Ok(())
 }

@@ -16,6 +16,9 @@ use crate::repair::Repair;
 use crate::schema::{NODE_ACTIVE, NODE_DRAINING};
 use crate::sessions::{Lock, F_UNLCK};
 
+/// Most files one Release request may name.
+pub const MAX_RELEASES: usize = 10_000;
+
 pub struct MetaService {
     ns: Arc<Namespace>,
     repair: Option<Arc<Repair>>,
@@ -156,7 +159,7 @@ impl Meta for MetaService {
                 };
                 let (inode, created) = ns.create_avoiding(&new, r.rdev, r.exclusive, &r.avoid_nodes)?;
                 if r.open {
-                    ns.sessions().opened(r.client_id, inode.ino);
+                    ns.sessions().opened(r.client_id, inode.ino, r.generation);
                 }
                 let parent = if created { dir_after(ns, new.parent) } else { None };
                 Ok((inode, created, parent))
@@ -286,10 +289,10 @@ impl Meta for MetaService {
         let (inode, stripes, more) = self.read(|ns| {
             let ino = check_ino(r.ino)?;
             // Count the open before looking: an unlink from now on keeps the file for us.
-            ns.sessions().opened(r.client_id, ino);
+            ns.sessions().opened(r.client_id, ino, r.generation);
             let opened = ns.open_file(ino);
             if opened.is_err() {
-                ns.sessions().released(r.client_id, ino);
+                ns.sessions().released(r.client_id, ino, r.generation);
             }
             opened
         })?;
@@ -298,12 +301,29 @@ impl Meta for MetaService {
 
     async fn release(&self, req: Request<ReleaseRequest>) -> Result<Response<Empty>, Status> {
         let r = req.into_inner();
-        let ino = check_ino(r.ino)?;
-        self.ns.sessions().released(r.client_id, ino);
-        // Nearly every file closed is linked: one inline read says so. Freeing an unlinked
-        // one writes, on the blocking pool.
-        if self.read(|ns| ns.is_orphan(ino))? {
-            self.run(move |ns| ns.free_if_orphan(ino).map(|_| ())).await?;
+        if r.more.len() > MAX_RELEASES {
+            return Err(CairnError::invalid(format!(
+                "{} files in one release, at most {MAX_RELEASES}",
+                r.more.len()
+            ))
+            .into());
+        }
+        let first = (r.ino != 0).then_some(Released { ino: r.ino, generation: r.generation });
+        let files = first.into_iter().chain(r.more).map(|f| Ok((check_ino(f.ino)?, f.generation)));
+        let files = files.collect::<Result<Vec<_>>>()?;
+        let mut orphans = Vec::new();
+        for (ino, generation) in files {
+            // Nearly every file closed is linked: one inline read says so.
+            if self.ns.sessions().released(r.client_id, ino, generation)
+                && self.read(|ns| ns.is_orphan(ino))?
+            {
+                orphans.push(ino);
+            }
+        }
+        // Freeing an unlinked one writes, on the blocking pool.
+        if !orphans.is_empty() {
+            self.run(move |ns| orphans.iter().try_for_each(|&ino| ns.free_if_orphan(ino).map(|_| ())))
+                .await?;
         }
         Ok(Response::new(Empty {}))
     }

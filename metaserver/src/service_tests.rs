@@ -100,7 +100,7 @@ async fn serves_the_namespace_over_grpc() {
         .attr
         .unwrap();
     assert_eq!(attr.size, 100);
-    let open = c.open(OpenRequest { ino, client_id: 1 }).await.unwrap().into_inner();
+    let open = c.open(OpenRequest { ino, client_id: 1, generation: 0 }).await.unwrap().into_inner();
     assert_eq!(open.stripes, vec![stripe]);
 
     let page = c.read_dir(ReadDirRequest { ino: d.ino, after: vec![], limit: 10, plus: true }).await.unwrap();
@@ -168,4 +168,70 @@ async fn a_locked_database_is_a_clear_error() {
     bad.ec = "9+9".into();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     assert!(crate::serve(bad, listener, std::future::pending()).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_releases_free_unlinked_files_and_late_ones_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, stop, server) = start(config(dir.path())).await;
+    for i in 0..3 {
+        let req = RegisterChunkRequest {
+            uuid: format!("u{i}"),
+            addr: format!("127.0.0.1:{}", 7100 + i),
+            tiers: vec![],
+            pid: 1,
+        };
+        let id = c.register_chunk(req).await.unwrap().into_inner().node_id;
+        c.heartbeat(HeartbeatRequest { node_id: id, ..Default::default() }).await.unwrap();
+    }
+    let mut inos = Vec::new();
+    for i in 0..3u64 {
+        let req = CreateRequest {
+            parent: ROOT_INO,
+            name: format!("f{i}").into_bytes(),
+            mode: 0o100644,
+            client_id: 5,
+            open: true,
+            generation: i + 1,
+            ..Default::default()
+        };
+        let reply = c.create(req).await.unwrap().into_inner();
+        // The reply carries the directory as the create left it.
+        let root = c.get_attr(InoRequest { ino: ROOT_INO }).await.unwrap().into_inner().attr.unwrap();
+        assert_eq!(reply.parent, Some(root));
+        inos.push(reply.file.unwrap().attr.unwrap().ino);
+    }
+    for i in 0..3 {
+        let reply =
+            c.unlink(RemoveRequest { parent: ROOT_INO, name: format!("f{i}").into_bytes() }).await.unwrap();
+        assert_eq!(reply.into_inner().parent.unwrap().ino, ROOT_INO);
+    }
+    // Open and unlinked: kept. The third is opened again (generation 10) before the batch of
+    // releases arrives.
+    c.open(OpenRequest { ino: inos[2], client_id: 5, generation: 10 }).await.unwrap();
+    let batch: Vec<Released> =
+        inos.iter().enumerate().map(|(i, &ino)| Released { ino, generation: i as u64 + 1 }).collect();
+    c.release(ReleaseRequest { client_id: 5, more: batch, ..Default::default() }).await.unwrap();
+    for &ino in &inos[..2] {
+        assert_eq!(
+            kind(c.get_attr(InoRequest { ino }).await.unwrap_err()),
+            ErrorKind::NotFound,
+            "{ino} freed"
+        );
+    }
+    assert!(c.get_attr(InoRequest { ino: inos[2] }).await.is_ok(), "a late release freed a file open again");
+    c.release(ReleaseRequest { client_id: 5, ino: inos[2], generation: 10, more: vec![] }).await.unwrap();
+    assert_eq!(kind(c.get_attr(InoRequest { ino: inos[2] }).await.unwrap_err()), ErrorKind::NotFound);
+
+    // Bad batches are refused whole.
+    let too_many = vec![Released { ino: inos[0], generation: 1 }; crate::service::MAX_RELEASES + 1];
+    let err =
+        c.release(ReleaseRequest { client_id: 5, more: too_many, ..Default::default() }).await.unwrap_err();
+    assert_eq!(kind(err), ErrorKind::InvalidArgument);
+    let zero = vec![Released { ino: 0, generation: 1 }];
+    let err = c.release(ReleaseRequest { client_id: 5, more: zero, ..Default::default() }).await.unwrap_err();
+    assert_eq!(kind(err), ErrorKind::InvalidArgument);
+
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
 }

@@ -11,7 +11,7 @@
 //!   table (as on NFS, `flock` and `fcntl` locks on one file therefore conflict). A session that
 //!   expires loses its locks; locks do not survive a metaserver restart.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -46,14 +46,15 @@ impl Lock {
 
 struct Session {
     last_seen: Instant,
-    open: HashSet<u64>,
+    /// Inodes the client has open, each with the generation of its latest open.
+    open: HashMap<u64, u64>,
     /// The client has told its full open set since this metaserver started.
     announced: bool,
 }
 
 impl Session {
     fn new() -> Session {
-        Session { last_seen: Instant::now(), open: HashSet::new(), announced: false }
+        Session { last_seen: Instant::now(), open: HashMap::new(), announced: false }
     }
 }
 
@@ -94,25 +95,38 @@ impl Sessions {
         s.last_seen = Instant::now();
         if let Some(open) = open {
             if !s.announced {
-                s.open.extend(open);
+                for ino in open {
+                    s.open.entry(ino).or_insert(0);
+                }
                 s.announced = true;
             }
         }
     }
 
-    pub fn opened(&self, client: u32, ino: u64) {
+    /// `client` opened `ino`; `generation` numbers this open among the client's opens.
+    pub fn opened(&self, client: u32, ino: u64, generation: u64) {
         let mut clients = self.clients.lock();
         let s = clients.entry(client).or_insert_with(Session::new);
         s.last_seen = Instant::now();
-        s.open.insert(ino);
+        let latest = s.open.entry(ino).or_insert(generation);
+        *latest = (*latest).max(generation);
     }
 
-    /// `client` closed its last handle on `ino`; its locks on it go too.
-    pub fn released(&self, client: u32, ino: u64) {
+    /// `client` closed its last handle on `ino`, opened as `generation` or before; its locks on
+    /// it go too. A release older than the client's latest open of the file (sent late) changes
+    /// nothing; returns whether it released.
+    pub fn released(&self, client: u32, ino: u64, generation: u64) -> bool {
         if let Some(s) = self.clients.lock().get_mut(&client) {
-            s.open.remove(&ino);
+            match s.open.get(&ino) {
+                Some(&latest) if latest > generation => return false,
+                Some(_) => {
+                    s.open.remove(&ino);
+                }
+                None => {}
+            }
         }
         self.unlock_where(|l, i| i == ino && l.client == client);
+        true
     }
 
     /// `client` has a session whose lease has not run out: it may still commit what it wrote.
@@ -126,7 +140,7 @@ impl Sessions {
     }
 
     pub fn is_open(&self, ino: u64) -> bool {
-        self.clients.lock().values().any(|s| s.open.contains(&ino))
+        self.clients.lock().values().any(|s| s.open.contains_key(&ino))
     }
 
     /// Drop sessions whose lease ran out; returns the inodes they had open (candidates to free).
@@ -135,7 +149,7 @@ impl Sessions {
         let mut dead = Vec::new();
         self.clients.lock().retain(|id, s| {
             if s.last_seen.elapsed() > self.lease {
-                gone.extend(s.open.iter().copied());
+                gone.extend(s.open.keys().copied());
                 dead.push(*id);
                 false
             } else {
@@ -253,13 +267,13 @@ mod tests {
     #[test]
     fn release_and_expiry_drop_locks_and_opens() {
         let s = Sessions::new(Duration::from_millis(1));
-        s.opened(7, 100);
+        s.opened(7, 100, 0);
         s.set_lock(100, lock(7, 1, 0, u64::MAX, F_WRLCK)).unwrap();
         assert!(s.is_open(100));
-        s.released(7, 100);
+        s.released(7, 100, 0);
         assert!(!s.is_open(100));
         assert!(s.conflict(100, &lock(8, 1, 0, 0, F_WRLCK)).is_none());
-        s.opened(7, 101);
+        s.opened(7, 101, 0);
         s.set_lock(101, lock(7, 1, 0, 0, F_WRLCK)).unwrap();
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(s.expire(), vec![101]);
@@ -271,15 +285,39 @@ mod tests {
     fn first_heartbeat_announces_the_open_set_later_ones_renew() {
         let s = Sessions::new(Duration::from_secs(30));
         // After a restart an open call can arrive before the client's first heartbeat.
-        s.opened(1, 5);
+        s.opened(1, 5, 0);
         s.heartbeat(1, Some(vec![6, 7]));
         assert!(s.is_open(5) && s.is_open(6) && s.is_open(7));
         // A later heartbeat composed before an open must not undo it.
-        s.opened(1, 8);
+        s.opened(1, 8, 0);
         s.heartbeat(1, Some(vec![5, 6, 7]));
         assert!(s.is_open(8));
-        s.released(1, 5);
+        s.released(1, 5, 0);
         s.heartbeat(1, Some(vec![5, 6, 7, 8]));
         assert!(!s.is_open(5));
+    }
+
+    #[test]
+    fn a_late_release_does_not_undo_a_newer_open() {
+        let s = Sessions::new(Duration::from_secs(30));
+        s.opened(3, 40, 1);
+        s.opened(3, 40, 2); // reopened before the release of open 1 arrived
+        s.set_lock(40, lock(3, 1, 0, 0, F_WRLCK)).unwrap();
+        assert!(!s.released(3, 40, 1));
+        assert!(s.is_open(40));
+        assert!(s.conflict(40, &lock(4, 1, 0, 0, F_WRLCK)).is_some(), "the newer open's lock went");
+        // Out of order the other way: the newer open reaching us first is kept too.
+        s.opened(3, 41, 5);
+        s.opened(3, 41, 4);
+        assert!(!s.released(3, 41, 4));
+        assert!(s.released(3, 41, 5));
+        assert!(!s.is_open(41));
+        assert!(s.released(3, 40, 2));
+        assert!(!s.is_open(40));
+        assert!(s.conflict(40, &lock(4, 1, 0, 0, F_WRLCK)).is_none());
+        // An announced open (after a metaserver restart) has generation 0: any release ends it.
+        s.heartbeat(9, Some(vec![50]));
+        assert!(s.released(9, 50, 7));
+        assert!(!s.is_open(50));
     }
 }

@@ -185,7 +185,7 @@ fn unlinked_open_file_is_kept_until_released() {
     let ns = setup();
     let f = file(&ns, ROOT_INO, "open");
     ns.commit(f.ino, 100, &[stripe(0, 3, 100)], None).unwrap();
-    ns.sessions().opened(9, f.ino);
+    ns.sessions().opened(9, f.ino, 0);
     ns.unlink(ROOT_INO, b"open").unwrap();
     assert_eq!(kind(ns.lookup(ROOT_INO, b"open")), ErrorKind::NotFound);
     // Still there for its opener: attributes (nlink 0) and stripes, nothing queued.
@@ -194,7 +194,7 @@ fn unlinked_open_file_is_kept_until_released() {
     assert!(queued(&ns).is_empty());
     // Not freed while open; freed at release.
     assert!(!ns.free_if_orphan(f.ino).unwrap());
-    ns.sessions().released(9, f.ino);
+    ns.sessions().released(9, f.ino, 0);
     assert!(ns.free_if_orphan(f.ino).unwrap());
     assert_eq!(kind(ns.getattr(f.ino)), ErrorKind::NotFound);
     assert!(!queued(&ns).is_empty(), "its shards go to gc");
@@ -206,12 +206,12 @@ fn orphans_without_openers_are_freed_in_a_sweep() {
     let ns = setup();
     let a = file(&ns, ROOT_INO, "a");
     let b = file(&ns, ROOT_INO, "b");
-    ns.sessions().opened(1, a.ino);
-    ns.sessions().opened(2, b.ino);
+    ns.sessions().opened(1, a.ino, 0);
+    ns.sessions().opened(2, b.ino, 0);
     ns.unlink(ROOT_INO, b"a").unwrap();
     ns.unlink(ROOT_INO, b"b").unwrap();
     // Client 1 goes away (e.g. its session expired); client 2 still has b open.
-    ns.sessions().released(1, a.ino);
+    ns.sessions().released(1, a.ino, 0);
     assert_eq!(ns.free_orphans().unwrap(), 1);
     assert_eq!(kind(ns.getattr(a.ino)), ErrorKind::NotFound);
     assert_eq!(ns.getattr(b.ino).unwrap().nlink, 0);
