@@ -227,3 +227,27 @@ fn a_directory_after_this_clients_changes_reads_as_the_metaserver_has_it() {
     fs::write(d.join("after"), b"y").unwrap();
     same("create after setxattr");
 }
+
+#[test]
+fn a_file_reopened_right_after_close_survives_an_unlink_by_another_client() {
+    // The close's release goes out late; it must not end the registration of the reopen
+    // that follows it, or the other client's unlink would free a file still open here.
+    let cluster = Cluster::start(6, "4+2", 1024);
+    let other = Mount::new(&cluster, "other");
+    let data = random_bytes(UNIT + 3, 9);
+    for i in 0..20 {
+        let name = format!("f{i}");
+        fs::write(cluster.mnt.join(&name), &data).unwrap();
+        drop(fs::File::open(cluster.mnt.join(&name)).unwrap());
+        let mut f = fs::File::open(cluster.mnt.join(&name)).unwrap();
+        fs::remove_file(other.dir.join(&name)).unwrap();
+        // Past the release delay and a garbage-collection round.
+        std::thread::sleep(std::time::Duration::from_millis(if i == 0 { 3000 } else { 50 }));
+        // From the chunkservers, not the kernel's page cache.
+        assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+        let mut back = Vec::new();
+        f.read_to_end(&mut back).unwrap();
+        assert_eq!(sha256(&back), sha256(&data), "file {i}");
+    }
+    eventually(60, "shards of the unlinked files freed", || cluster.shard_files().is_empty());
+}
