@@ -107,18 +107,25 @@ impl BlockCache {
         Some(out.freeze())
     }
 
-    /// Keep what a chunkserver returned for a request that started at block `first`: whole
-    /// blocks, and a short last one when the shard ends there.
-    pub fn insert(&self, id: ShardId, first: u64, data: &Bytes) {
+    /// Keep the blocks that `data`, read at `offset` of shard `id`, holds whole; with
+    /// `shard_ends` (the chunkserver returned less than asked) the short last block too.
+    pub fn insert(&self, id: ShardId, offset: u64, data: &Bytes, shard_ends: bool) {
         if !self.enabled() {
             return;
         }
+        let end = offset + data.len() as u64;
         let mut inner = self.inner.lock();
-        for (i, at) in (0..data.len()).step_by(BLOCK as usize).enumerate() {
+        let mut b = offset.div_ceil(BLOCK);
+        while b * BLOCK < end {
+            let (start, stop) = (b * BLOCK, ((b + 1) * BLOCK).min(end));
+            if stop - start < BLOCK && !shard_ends {
+                break;
+            }
             // A copy, not a slice: a slice would keep the whole receive buffer it came in
             // alive, and the cache's byte count would no longer bound its memory.
-            let block = Bytes::copy_from_slice(&data[at..(at + BLOCK as usize).min(data.len())]);
-            let key = (id, first + i as u64);
+            let block = Bytes::copy_from_slice(&data[(start - offset) as usize..(stop - offset) as usize]);
+            let key = (id, b);
+            b += 1;
             let len = block.len();
             match inner.map.insert(key, Entry { data: block, referenced: false }) {
                 Some(old) => inner.bytes -= old.data.len(),
@@ -168,7 +175,7 @@ mod tests {
     fn ranges_inside_and_across_cached_blocks_read_back_exactly() {
         let cache = BlockCache::new(1 << 20);
         let shard = bytes(3 * BLOCK as usize + 1000, 9); // three whole blocks and a short one
-        cache.insert(id(0), 0, &shard);
+        cache.insert(id(0), 0, &shard, true);
         for (offset, len) in [(0, 4096), (BLOCK - 10, 20), (100, 3 * BLOCK), (3 * BLOCK, 1000), (5, 1)] {
             let got = cache.get(id(0), offset, len).expect("cached");
             assert_eq!(&got[..], &shard[offset as usize..(offset + len) as usize], "{offset}+{len}");
@@ -182,10 +189,30 @@ mod tests {
     }
 
     #[test]
+    fn an_unaligned_read_keeps_only_the_blocks_it_holds_whole() {
+        let cache = BlockCache::new(1 << 20);
+        let shard = bytes(4 * BLOCK as usize, 4);
+        // Bytes 100 .. 3 blocks + 100: block 0 and 3 partly, 1 and 2 whole.
+        let (from, to) = (100usize, 3 * BLOCK as usize + 100);
+        cache.insert(id(0), from as u64, &Bytes::copy_from_slice(&shard[from..to]), false);
+        assert_eq!(cache.bytes(), 2 * BLOCK as usize);
+        assert!(cache.get(id(0), 0, 10).is_none() && cache.get(id(0), 3 * BLOCK, 10).is_none());
+        assert_eq!(
+            &cache.get(id(0), BLOCK + 5, BLOCK).unwrap()[..],
+            &shard[BLOCK as usize + 5..2 * BLOCK as usize + 5]
+        );
+        // Where the shard ends, its short last block is whole.
+        let (from, end) = (2 * BLOCK as usize + 7, 3 * BLOCK as usize + 500);
+        cache.insert(id(1), from as u64, &Bytes::copy_from_slice(&shard[from..end]), true);
+        assert_eq!(&cache.get(id(1), 3 * BLOCK, 4096).unwrap()[..], &shard[3 * BLOCK as usize..end]);
+        assert!(cache.get(id(1), 2 * BLOCK, 10).is_none());
+    }
+
+    #[test]
     fn a_range_with_one_block_missing_is_a_miss() {
         let cache = BlockCache::new(1 << 20);
         let two = bytes(2 * BLOCK as usize, 1);
-        cache.insert(id(0), 4, &two); // blocks 4 and 5
+        cache.insert(id(0), 4 * BLOCK, &two, false); // blocks 4 and 5
         assert!(cache.get(id(0), 4 * BLOCK, 2 * BLOCK).is_some());
         assert!(cache.get(id(0), 5 * BLOCK, 2 * BLOCK).is_none());
         assert!(cache.get(id(0), 3 * BLOCK + 1, 10).is_none());
@@ -195,26 +222,26 @@ mod tests {
     fn the_cache_stays_within_its_capacity_and_keeps_blocks_in_use() {
         let cache = BlockCache::new(4 * BLOCK as usize);
         for s in 0..4 {
-            cache.insert(id(s), 0, &bytes(BLOCK as usize, s as u8));
+            cache.insert(id(s), 0, &bytes(BLOCK as usize, s as u8), false);
         }
         assert_eq!(cache.bytes(), 4 * BLOCK as usize);
         assert!(cache.get(id(0), 0, 1).is_some()); // referenced: survives one sweep
         for s in 4..6 {
-            cache.insert(id(s), 0, &bytes(BLOCK as usize, s as u8));
+            cache.insert(id(s), 0, &bytes(BLOCK as usize, s as u8), false);
         }
         assert_eq!(cache.bytes(), 4 * BLOCK as usize);
         assert!(cache.get(id(0), 0, 1).is_some(), "a block in use was evicted");
         assert!(cache.get(id(1), 0, 1).is_none() && cache.get(id(2), 0, 1).is_none());
         assert!(cache.get(id(5), 0, 1).is_some());
         // Inserting the same block again does not count it twice.
-        cache.insert(id(5), 0, &bytes(BLOCK as usize, 5));
+        cache.insert(id(5), 0, &bytes(BLOCK as usize, 5), false);
         assert_eq!(cache.bytes(), 4 * BLOCK as usize);
     }
 
     #[test]
     fn a_disabled_cache_keeps_nothing() {
         let cache = BlockCache::new(0);
-        cache.insert(id(0), 0, &bytes(BLOCK as usize, 0));
+        cache.insert(id(0), 0, &bytes(BLOCK as usize, 0), false);
         assert_eq!(cache.bytes(), 0);
         assert!(cache.get(id(0), 0, 1).is_none());
     }

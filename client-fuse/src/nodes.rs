@@ -156,8 +156,10 @@ impl Nodes {
 
 impl Nodes {
     /// [`Nodes::read_shard`] through the block cache: answered from it when every block the
-    /// range touches is there, otherwise the whole blocks around the range are read (the
-    /// chunkserver verifies whole blocks anyway) and kept.
+    /// range touches is there. Otherwise a range shorter than a block is widened to the whole
+    /// block(s) around it (the chunkserver reads and verifies whole blocks anyway, so only the
+    /// transfer grows), a longer one is read as asked (no more than asked for), and the blocks
+    /// the answer holds whole are kept.
     pub async fn read_shard_cached(&self, node: u32, id: ShardId, offset: u64, len: u64) -> Result<Bytes> {
         if !self.blocks.enabled() || len == 0 {
             return self.read_shard(node, id, offset, len).await;
@@ -167,11 +169,16 @@ impl Nodes {
             return Ok(hit);
         }
         ::metrics::counter!(crate::metrics::BLOCK_CACHE_MISSES).increment(1);
-        let (first, span) = aligned(offset, len);
-        let data = self.read_shard(node, id, first * BLOCK, span).await?;
-        self.blocks.insert(id, first, &data);
+        let (start, span) = if len >= BLOCK {
+            (offset, len)
+        } else {
+            let (first, span) = aligned(offset, len);
+            (first * BLOCK, span)
+        };
+        let data = self.read_shard(node, id, start, span).await?;
+        self.blocks.insert(id, start, &data, (data.len() as u64) < span);
         ::metrics::gauge!(crate::metrics::BLOCK_CACHE_BYTES).set(self.blocks.bytes() as f64);
-        let from = ((offset - first * BLOCK) as usize).min(data.len());
+        let from = ((offset - start) as usize).min(data.len());
         let to = (from + len as usize).min(data.len());
         Ok(data.slice(from..to))
     }
