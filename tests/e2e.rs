@@ -514,3 +514,34 @@ fn random_reads_come_from_the_block_cache_and_never_stale() {
     drop(other);
     cluster.stop();
 }
+
+#[test]
+fn stripes_written_in_the_background_read_back_and_take_overwrites() {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::AsRawFd;
+    // 64 KiB units: 256 KiB stripes, so a few MiB keep several stripe writes in flight.
+    let cluster = Cluster::start(6, "4+2", 64);
+    let stripe = 4 * 64 * 1024;
+    let path = cluster.mnt.join("behind");
+    let mut model = random_bytes(10 * stripe + 123, 31);
+    let mut f = fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    for chunk in model.chunks(100_000) {
+        f.write_all(chunk).unwrap();
+    }
+    // Before any flush: overwrite an early stripe and the last full one (likely still being
+    // written), then read everything back through the client (not the kernel's cache).
+    for (at, seed) in [(5usize, 32u64), (9 * stripe + 7, 33)] {
+        let patch = random_bytes(70_000, seed);
+        f.write_all_at(&patch, at as u64).unwrap();
+        model[at..at + patch.len()].copy_from_slice(&patch);
+    }
+    assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+    let mut back = vec![0u8; model.len()];
+    f.read_exact_at(&mut back, 0).unwrap();
+    assert_eq!(sha256(&back), sha256(&model), "read back before close");
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(sha256(&fs::read(&path).unwrap()), sha256(&model), "after close");
+    let other = support::Mount::new(&cluster, "other");
+    assert_eq!(sha256(&fs::read(other.dir.join("behind")).unwrap()), sha256(&model), "another client");
+}

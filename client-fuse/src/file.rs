@@ -10,6 +10,10 @@
 //! - `dirty` stripes hold their bytes from the stripe start; a stripe is written out when it is
 //!   full, when too many are buffered, or at flush. Bytes of a dirty stripe past its buffer
 //!   read as zeros.
+//! - A full stripe is written in the background (`in_flight`) while the writer fills the next
+//!   one; its bytes stay readable from its buffer. Anything that touches an in-flight stripe
+//!   (a write to it, flush, truncation) first waits for it; a failed background write puts the
+//!   stripe back among the dirty ones and its error comes back from the next write or flush.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,6 +47,9 @@ impl Changes<'_> {
 
 /// Stripes buffered per file before the oldest is written out even if not full.
 const MAX_DIRTY_STRIPES: usize = 4;
+/// Full stripes per file written in the background at once; a writer past this waits for
+/// the oldest.
+const WRITES_IN_FLIGHT: usize = 2;
 /// Whole stripes cached per file for sequential readers.
 const CACHED_STRIPES: usize = 6;
 /// Stripes fetched ahead of a sequential reader.
@@ -59,8 +66,15 @@ struct Inner {
     stripes: BTreeMap<u64, StripeInfo>,
     uncommitted: BTreeMap<u64, StripeInfo>,
     dirty: BTreeMap<u64, Vec<u8>>,
+    in_flight: BTreeMap<u64, InFlight>,
     size_dirty: bool,
     last_read_end: u64,
+}
+
+/// A full stripe being written in the background.
+struct InFlight {
+    buf: Arc<Vec<u8>>,
+    task: tokio::task::JoinHandle<Result<StripeInfo>>,
 }
 
 type Cell = Arc<OnceCell<Arc<Vec<u8>>>>;
@@ -97,6 +111,7 @@ impl OpenFile {
                 stripes: stripes.into_iter().map(|s| (s.index, s)).collect(),
                 uncommitted: BTreeMap::new(),
                 dirty: BTreeMap::new(),
+                in_flight: BTreeMap::new(),
                 size_dirty: false,
                 last_read_end: 0,
             }),
@@ -120,7 +135,8 @@ impl OpenFile {
         if epoch.load(Ordering::Acquire) != epoch_then {
             return false;
         }
-        if inner.dirty.is_empty() && inner.uncommitted.is_empty() && !inner.size_dirty {
+        if inner.dirty.is_empty() && inner.in_flight.is_empty() && inner.uncommitted.is_empty() && !inner.size_dirty
+        {
             inner.size = size;
             inner.stripes = stripes.into_iter().map(|s| (s.index, s)).collect();
         }
@@ -134,7 +150,7 @@ impl OpenFile {
 
     pub async fn has_unflushed(&self) -> bool {
         let inner = self.inner.lock().await;
-        !inner.dirty.is_empty() || !inner.uncommitted.is_empty() || inner.size_dirty
+        !inner.dirty.is_empty() || !inner.in_flight.is_empty() || !inner.uncommitted.is_empty() || inner.size_dirty
     }
 
     pub async fn read(&self, nodes: &Arc<Nodes>, offset: u64, len: u32) -> Result<Vec<u8>> {
@@ -154,7 +170,8 @@ impl OpenFile {
                 let stripe = layout.stripe_of(pos);
                 let in_stripe = pos - layout.stripe_start(stripe);
                 let take = (stripe_bytes - in_stripe).min(offset + len - pos);
-                let source = if let Some(buf) = inner.dirty.get(&stripe) {
+                let pending = inner.dirty.get(&stripe).or_else(|| inner.in_flight.get(&stripe).map(|f| &*f.buf));
+                let source = if let Some(buf) = pending {
                     let from = (in_stripe as usize).min(buf.len());
                     let to = ((in_stripe + take) as usize).min(buf.len());
                     Source::Bytes(buf[from..to].to_vec())
@@ -262,6 +279,9 @@ impl OpenFile {
             let stripe = layout.stripe_of(pos);
             let in_stripe = (pos - layout.stripe_start(stripe)) as usize;
             let take = ((stripe_bytes as usize) - in_stripe).min((end - pos) as usize);
+            if inner.in_flight.contains_key(&stripe) {
+                self.settle(&mut inner, Some(stripe)).await?;
+            }
             if !inner.dirty.contains_key(&stripe) {
                 let base = match inner.stripes.get(&stripe) {
                     // Copy-on-write: the new version starts from the old bytes unless this
@@ -289,7 +309,11 @@ impl OpenFile {
             }
             inner.size_dirty = true;
             if full {
-                self.write_out(&mut inner, nodes, versions, &[stripe]).await?;
+                self.start_write(&mut inner, nodes, versions, stripe);
+                if inner.in_flight.len() > WRITES_IN_FLIGHT {
+                    let oldest = *inner.in_flight.keys().next().expect("not empty");
+                    self.settle(&mut inner, Some(oldest)).await?;
+                }
             }
         }
         if inner.dirty.len() > MAX_DIRTY_STRIPES {
@@ -298,6 +322,44 @@ impl OpenFile {
             self.write_out(&mut inner, nodes, versions, &oldest).await?;
         }
         Ok(())
+    }
+
+    /// Start writing the full dirty stripe `stripe` in the background.
+    fn start_write(&self, inner: &mut Inner, nodes: &Arc<Nodes>, versions: &Versions, stripe: u64) {
+        let Some(buf) = inner.dirty.remove(&stripe) else { return };
+        let buf = Arc::new(buf);
+        let (nodes, geo, version, data) = (nodes.clone(), self.geo.clone(), versions.next(), buf.clone());
+        let task = tokio::spawn(async move { write_stripe(&nodes, &geo, stripe, version, &data).await });
+        inner.in_flight.insert(stripe, InFlight { buf, task });
+    }
+
+    /// Wait for background stripe writes (`only` one, or all) and take their outcome: a
+    /// written stripe becomes the file's (uncommitted) version, a failed one dirty again. The
+    /// first error is returned.
+    async fn settle(&self, inner: &mut Inner, only: Option<u64>) -> Result<()> {
+        let which: Vec<u64> = match only {
+            Some(stripe) => vec![stripe],
+            None => inner.in_flight.keys().copied().collect(),
+        };
+        let mut first_error = None;
+        for stripe in which {
+            let Some(f) = inner.in_flight.remove(&stripe) else { continue };
+            let result = f
+                .task
+                .await
+                .unwrap_or_else(|e| Err(CairnError::internal(format!("stripe {stripe} write task: {e}"))));
+            match result {
+                Ok(info) => {
+                    inner.stripes.insert(stripe, info);
+                    inner.uncommitted.insert(stripe, info);
+                }
+                Err(e) => {
+                    inner.dirty.insert(stripe, Arc::try_unwrap(f.buf).unwrap_or_else(|b| (*b).clone()));
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Encode and store the given dirty stripes in parallel. A stripe whose write fails stays
@@ -343,6 +405,10 @@ impl OpenFile {
         changes: Changes<'_>,
     ) -> Result<Option<Attr>> {
         let mut inner = self.inner.lock().await;
+        // A background write that failed is dirty again: written once more just below.
+        if let Err(e) = self.settle(&mut inner, None).await {
+            tracing::warn!(ino = self.geo.ino, "background stripe write failed ({e}); trying again");
+        }
         let all: Vec<u64> = inner.dirty.keys().copied().collect();
         self.write_out(&mut inner, nodes, versions, &all).await?;
         if inner.uncommitted.is_empty() && !inner.size_dirty {
@@ -371,6 +437,8 @@ impl OpenFile {
     /// client's session is gone. Best effort: a chunkserver that cannot be reached keeps them.
     pub async fn abandon(&self, meta: &MetaConn, nodes: &Arc<Nodes>) {
         let mut inner = self.inner.lock().await;
+        // Written stripes become uncommitted ones, deleted below like the others.
+        let _ = self.settle(&mut inner, None).await;
         inner.dirty.clear();
         inner.size_dirty = false;
         let uncommitted: Vec<StripeInfo> = std::mem::take(&mut inner.uncommitted).into_values().collect();
@@ -440,6 +508,8 @@ impl OpenFile {
     pub async fn truncated(&self, size: u64) {
         let layout = self.geo.layout;
         let mut inner = self.inner.lock().await;
+        // A failed background write is dirty again and cut like the others.
+        let _ = self.settle(&mut inner, None).await;
         inner.size = size;
         let keep = layout.stripes_for(size);
         inner.stripes.retain(|i, _| *i < keep);

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""bench/rpcs.py MNT META_METRICS MOUNT_METRICS N: run by bench/rpcs.sh (see there)."""
+import collections
+import os
+import sys
+import time
+import urllib.request
+
+mnt, meta, mount, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+
+
+def counts():
+    found = collections.Counter()
+    for addr, prefix, short in ((meta, "cairn_rpc_requests_total", "meta"), (mount, "cairn_client_fuse_ops_total", "fuse")):
+        for line in urllib.request.urlopen(f"http://{addr}/metrics").read().decode().splitlines():
+            if not line.startswith(prefix):
+                continue
+            key, value = line.rsplit(" ", 1)
+            if short == "meta":
+                if 'service="meta"' not in key or "Heartbeat" in key:
+                    continue
+                method = key.split('method="')[1].split('"')[0]
+                code = key.split('code="')[1].split('"')[0]
+                key = f"meta {method}" + ("" if code == "Ok" else f" ({code})")
+            else:
+                key = "fuse " + key.split('op="')[1].split('"')[0]
+            found[key] += float(value)
+    return found
+
+
+root = os.path.join(mnt, "rpcs")
+os.makedirs(root)
+names = [os.path.join(root, f"f{i:07d}") for i in range(n)]
+blob = os.urandom(4096)
+
+
+def create():
+    for p in names:
+        os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644))
+
+
+def stat():
+    for p in names:
+        os.stat(p)
+
+
+def write4k():
+    for p in names:
+        with open(p + "w", "wb") as f:
+            f.write(blob)
+
+
+def read4k():
+    for p in names:
+        with open(p + "w", "rb") as f:
+            f.read()
+
+
+def unlink():
+    for p in names:
+        os.unlink(p)
+
+
+for name, fn in (("create", create), ("stat", stat), ("write4k", write4k), ("read4k", read4k), ("unlink", unlink)):
+    if name == "read4k":
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3")
+    before = counts()
+    start = time.perf_counter()
+    fn()
+    secs = time.perf_counter() - start
+    after = counts()
+    per_op = {k: (after[k] - before[k]) / n for k in sorted(after) if after[k] - before[k] > 0}
+    meta_total = sum(v for k, v in per_op.items() if k.startswith("meta"))
+    print(f"{name}: {n / secs:.0f} ops/s, {meta_total:.2f} metaserver requests per op")
+    print("   " + ", ".join(f"{k} {v:.2f}" for k, v in per_op.items()))

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# bench/rpcs.sh [N] [cairn up flags...]: metadata round trips per file operation. Starts a fresh
+# `cairn up` (release build), runs N (default 2000) creates, stats, 4 KiB file writes, cold
+# 4 KiB file reads and unlinks through the mount, and prints for each phase its rate and the
+# requests per operation the metaserver counted (`cairn_rpc_requests_total`) and the FUSE
+# requests the client counted (`cairn_client_fuse_ops_total`). CAIRN_BIN=PATH runs another build
+# (an older one, to compare).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+n=${1:-2000}; shift || true
+work=${WORK:-/var/tmp/cairn-rpcs}
+[ "$(id -u)" -eq 0 ] || { echo "bench/rpcs.sh: run as root" >&2; exit 1; }
+cd "$repo"
+bin=${CAIRN_BIN:-}
+if [ -z "$bin" ]; then cargo build --release -q -p cairn; bin=target/release/cairn; fi
+rm -rf "$work"; mkdir -p "$work/mnt"
+"$bin" up --data-dir "$work/data" --mount "$work/mnt" --meta-port 0 "$@" > "$work/up.log" 2>&1 &
+pid=$!
+trap 'kill -INT $pid; wait $pid || true; rm -rf "$work"' EXIT
+for _ in $(seq 600); do grep -q "^ready" "$work/up.log" && break; sleep 0.1; done
+meta=$(awk '/^meta /{print $5}' "$work/up.log")
+mount=$(awk '/^mount /{print $5}' "$work/up.log")
+python3 bench/rpcs.py "$work/mnt" "$meta" "$mount" "$n"
