@@ -524,7 +524,8 @@ fn stripes_written_in_the_background_read_back_and_take_overwrites() {
     let stripe = 4 * 64 * 1024;
     let path = cluster.mnt.join("behind");
     let mut model = random_bytes(10 * stripe + 123, 31);
-    let mut f = fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    let mut f =
+        fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
     for chunk in model.chunks(100_000) {
         f.write_all(chunk).unwrap();
     }

@@ -184,9 +184,9 @@ const EPOCH_BUCKETS: usize = 1024;
 const OPEN_ATTEMPTS: usize = 16;
 
 /// Most absent-xattr answers remembered; past it the cache starts over.
+const ABSENT_XATTRS_MAX: usize = 65536;
 /// Most directories whose attributes are noted at once.
 const DIR_ATTRS_MAX: usize = 4096;
-const ABSENT_XATTRS_MAX: usize = 65536;
 
 impl Client {
     /// Register with the metaserver (which hands out the id that makes stripe versions unique).

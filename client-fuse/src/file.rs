@@ -135,7 +135,10 @@ impl OpenFile {
         if epoch.load(Ordering::Acquire) != epoch_then {
             return false;
         }
-        if inner.dirty.is_empty() && inner.in_flight.is_empty() && inner.uncommitted.is_empty() && !inner.size_dirty
+        if inner.dirty.is_empty()
+            && inner.in_flight.is_empty()
+            && inner.uncommitted.is_empty()
+            && !inner.size_dirty
         {
             inner.size = size;
             inner.stripes = stripes.into_iter().map(|s| (s.index, s)).collect();
@@ -150,7 +153,10 @@ impl OpenFile {
 
     pub async fn has_unflushed(&self) -> bool {
         let inner = self.inner.lock().await;
-        !inner.dirty.is_empty() || !inner.in_flight.is_empty() || !inner.uncommitted.is_empty() || inner.size_dirty
+        !inner.dirty.is_empty()
+            || !inner.in_flight.is_empty()
+            || !inner.uncommitted.is_empty()
+            || inner.size_dirty
     }
 
     pub async fn read(&self, nodes: &Arc<Nodes>, offset: u64, len: u32) -> Result<Vec<u8>> {
@@ -170,7 +176,8 @@ impl OpenFile {
                 let stripe = layout.stripe_of(pos);
                 let in_stripe = pos - layout.stripe_start(stripe);
                 let take = (stripe_bytes - in_stripe).min(offset + len - pos);
-                let pending = inner.dirty.get(&stripe).or_else(|| inner.in_flight.get(&stripe).map(|f| &*f.buf));
+                let pending =
+                    inner.dirty.get(&stripe).or_else(|| inner.in_flight.get(&stripe).map(|f| &*f.buf));
                 let source = if let Some(buf) = pending {
                     let from = (in_stripe as usize).min(buf.len());
                     let to = ((in_stripe + take) as usize).min(buf.len());
