@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""bench/rpcs.py MNT META_METRICS MOUNT_METRICS N: run by bench/rpcs.sh (see there)."""
+"""bench/rpcs.py MNT META_METRICS MOUNT_METRICS N: run by bench/rpcs.sh (see there). readdir
+counts entries listed (the directory of N files, listed five times)."""
 import collections
 import os
 import sys
@@ -44,6 +45,11 @@ def stat():
         os.stat(p)
 
 
+def readdir():
+    for _ in range(5):
+        assert sum(1 for _ in os.scandir(root)) == n
+
+
 def write4k():
     for p in names:
         with open(p + "w", "wb") as f:
@@ -61,7 +67,9 @@ def unlink():
         os.unlink(p)
 
 
-for name, fn in (("create", create), ("stat", stat), ("write4k", write4k), ("read4k", read4k), ("unlink", unlink)):
+phases = (("create", create), ("stat", stat), ("readdir", readdir), ("write4k", write4k), ("read4k", read4k),
+          ("unlink", unlink))
+for name, fn in phases:
     if name == "read4k":
         os.sync()
         with open("/proc/sys/vm/drop_caches", "w") as f:
@@ -71,7 +79,8 @@ for name, fn in (("create", create), ("stat", stat), ("write4k", write4k), ("rea
     fn()
     secs = time.perf_counter() - start
     after = counts()
-    per_op = {k: (after[k] - before[k]) / n for k in sorted(after) if after[k] - before[k] > 0}
+    ops = 5 * n if name == "readdir" else n  # readdir: entries listed, five listings
+    per_op = {k: (after[k] - before[k]) / ops for k in sorted(after) if after[k] - before[k] > 0}
     meta_total = sum(v for k, v in per_op.items() if k.startswith("meta"))
-    print(f"{name}: {n / secs:.0f} ops/s, {meta_total:.2f} metaserver requests per op")
+    print(f"{name}: {ops / secs:.0f} ops/s, {meta_total:.3f} metaserver requests per op")
     print("   " + ", ".join(f"{k} {v:.2f}" for k, v in per_op.items()))

@@ -9,7 +9,7 @@ use tokio::sync::Mutex;
 
 use crate::meta::MetaConn;
 
-pub const PAGE: u32 = 512;
+pub const PAGE: u32 = 1024;
 
 pub struct DirHandle {
     pub ino: u64,
@@ -30,19 +30,36 @@ impl DirHandle {
         DirHandle { ino, page: Mutex::new(Page::default()) }
     }
 
-    /// Entries from position `pos` on (at most one page), each with its position.
-    pub async fn entries_from(&self, meta: &MetaConn, pos: u64) -> Result<Vec<(u64, p::DirEntry)>> {
+    /// Hand the entries from position `pos` on to `add`, each with its position, until `add`
+    /// says the reply is full (returns true) or the directory ends. Pages are fetched as
+    /// needed; nothing is copied (a kernel reply holds far fewer entries than a page).
+    pub async fn fill(
+        &self,
+        meta: &MetaConn,
+        mut pos: u64,
+        mut add: impl FnMut(u64, &p::DirEntry) -> bool,
+    ) -> Result<()> {
         let mut page = self.page.lock().await;
         if !page.loaded || pos < page.base {
             *page = self.fetch(meta, Vec::new(), 0).await?;
         }
-        while pos >= page.base + page.entries.len() as u64 && page.more {
-            let after = page.entries.last().map(|e| e.name.clone()).unwrap_or_default();
-            let base = page.base + page.entries.len() as u64;
-            *page = self.fetch(meta, after, base).await?;
+        loop {
+            while pos >= page.base + page.entries.len() as u64 && page.more {
+                let after = page.entries.last().map(|e| e.name.clone()).unwrap_or_default();
+                let base = page.base + page.entries.len() as u64;
+                *page = self.fetch(meta, after, base).await?;
+            }
+            let skip = (pos - page.base) as usize;
+            let Some(rest) = page.entries.get(skip..).filter(|r| !r.is_empty()) else {
+                return Ok(()); // the end of the directory
+            };
+            for e in rest {
+                if add(pos, e) {
+                    return Ok(());
+                }
+                pos += 1;
+            }
         }
-        let skip = (pos - page.base).min(page.entries.len() as u64) as usize;
-        Ok(page.entries[skip..].iter().enumerate().map(|(i, e)| (pos + i as u64, e.clone())).collect())
     }
 
     async fn fetch(&self, meta: &MetaConn, after: Vec<u8>, base: u64) -> Result<Page> {

@@ -562,18 +562,10 @@ impl Filesystem for CairnFs {
                     }
                     pos = 2;
                 }
-                loop {
-                    let entries = dir.entries_from(&c.meta, pos - 2).await?;
-                    if entries.is_empty() {
-                        return Ok(());
-                    }
-                    for (j, e) in entries {
-                        if reply.add(INodeNo(e.ino), j + 3, kind_of(e.mode), OsStr::from_bytes(&e.name)) {
-                            return Ok(());
-                        }
-                        pos = j + 3;
-                    }
-                }
+                dir.fill(&c.meta, pos - 2, |j, e| {
+                    reply.add(INodeNo(e.ino), j + 3, kind_of(e.mode), OsStr::from_bytes(&e.name))
+                })
+                .await
             }
             .await;
             match result {
