@@ -269,7 +269,7 @@ impl OpenFile {
         });
     }
 
-    /// Buffer a write; full stripes are encoded and written out right away.
+    /// Buffer a write; a stripe that becomes full is encoded and written in the background.
     pub async fn write(
         &self,
         nodes: &Arc<Nodes>,
