@@ -299,30 +299,20 @@ fn main() -> ExitCode {
             background,
             log,
         } => {
+            let args = mount::MountArgs {
+                meta,
+                mountpoint,
+                threads,
+                attr_ttl_ms,
+                cache_mib,
+                metrics,
+                read_only,
+                log,
+            };
             if background {
-                let args = mount::MountArgs {
-                    meta,
-                    mountpoint,
-                    threads,
-                    attr_ttl_ms,
-                    cache_mib,
-                    metrics,
-                    read_only,
-                    log,
-                };
                 mount::background(&args)
             } else {
-                cairn_client::mount(cairn_client::MountOptions {
-                    meta,
-                    mountpoint,
-                    threads,
-                    attr_ttl: Duration::from_millis(attr_ttl_ms),
-                    block_cache_bytes: usize::try_from(cache_mib.saturating_mul(1 << 20))
-                        .unwrap_or(usize::MAX),
-                    allow_other: unsafe { libc::geteuid() } == 0,
-                    metrics,
-                    read_only,
-                })
+                cairn_client::mount(args.into_options())
             }
         }
         Command::Stats { meta, interval, count, json } => {

@@ -27,6 +27,21 @@ pub struct MountArgs {
 }
 
 impl MountArgs {
+    /// What the client is mounted with in the foreground (as root, open to other users).
+    pub fn into_options(self) -> cairn_client::MountOptions {
+        cairn_client::MountOptions {
+            meta: self.meta,
+            mountpoint: self.mountpoint,
+            threads: self.threads,
+            attr_ttl: Duration::from_millis(self.attr_ttl_ms),
+            block_cache_bytes: usize::try_from(self.cache_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            allow_other: unsafe { libc::geteuid() } == 0,
+            metrics: self.metrics,
+            read_only: self.read_only,
+        }
+    }
+
     /// The foreground `cairn mount` command line that serves this mount.
     fn foreground_args(&self) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec![

@@ -152,9 +152,7 @@ impl Nodes {
         self.note(node, &result);
         result
     }
-}
 
-impl Nodes {
     /// [`Nodes::read_shard`] through the block cache: answered from it when every block the
     /// range touches is there. Otherwise a range shorter than a block is widened to the whole
     /// block(s) around it (the chunkserver reads and verifies whole blocks anyway, so only the

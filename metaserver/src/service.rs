@@ -35,6 +35,22 @@ impl MetaService {
         self
     }
 
+    /// Unlink (or, with `dir`, rmdir) and answer with the parent as the removal left it.
+    async fn remove(&self, r: RemoveRequest, dir: bool) -> Result<Response<RemoveReply>, Status> {
+        let parent = self
+            .run(move |ns| {
+                let parent = check_ino(r.parent)?;
+                if dir {
+                    ns.rmdir(parent, &r.name)?;
+                } else {
+                    ns.unlink(parent, &r.name)?;
+                }
+                Ok(dir_after(ns, parent))
+            })
+            .await?;
+        Ok(Response::new(RemoveReply { parent }))
+    }
+
     fn repair(&self) -> Result<&Arc<Repair>, Status> {
         self.repair.as_ref().ok_or_else(|| CairnError::unavailable("this metaserver runs no repair").into())
     }
@@ -182,27 +198,11 @@ impl Meta for MetaService {
     }
 
     async fn unlink(&self, req: Request<RemoveRequest>) -> Result<Response<RemoveReply>, Status> {
-        let r = req.into_inner();
-        let parent = self
-            .run(move |ns| {
-                let parent = check_ino(r.parent)?;
-                ns.unlink(parent, &r.name)?;
-                Ok(dir_after(ns, parent))
-            })
-            .await?;
-        Ok(Response::new(RemoveReply { parent }))
+        self.remove(req.into_inner(), false).await
     }
 
     async fn rmdir(&self, req: Request<RemoveRequest>) -> Result<Response<RemoveReply>, Status> {
-        let r = req.into_inner();
-        let parent = self
-            .run(move |ns| {
-                let parent = check_ino(r.parent)?;
-                ns.rmdir(parent, &r.name)?;
-                Ok(dir_after(ns, parent))
-            })
-            .await?;
-        Ok(Response::new(RemoveReply { parent }))
+        self.remove(req.into_inner(), true).await
     }
 
     async fn rename(&self, req: Request<RenameRequest>) -> Result<Response<RenameReply>, Status> {

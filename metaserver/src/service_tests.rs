@@ -45,6 +45,20 @@ fn config(dir: &std::path::Path) -> MetaConfig {
     }
 }
 
+/// Register `n` chunkservers (addresses from `port`) and mark them up.
+async fn register_chunks(c: &mut MetaClient<Channel>, n: u32, port: u32) {
+    for i in 0..n {
+        let req = RegisterChunkRequest {
+            uuid: format!("u{i}"),
+            addr: format!("127.0.0.1:{}", port + i),
+            tiers: vec![],
+            pid: 1,
+        };
+        let id = c.register_chunk(req).await.unwrap().into_inner().node_id;
+        c.heartbeat(HeartbeatRequest { node_id: id, ..Default::default() }).await.unwrap();
+    }
+}
+
 fn kind(status: tonic::Status) -> ErrorKind {
     CairnError::from(status).kind()
 }
@@ -54,16 +68,7 @@ async fn serves_the_namespace_over_grpc() {
     let dir = tempfile::tempdir().unwrap();
     let (mut c, stop, server) = start(config(dir.path())).await;
 
-    for i in 0..3 {
-        let req = RegisterChunkRequest {
-            uuid: format!("u{i}"),
-            addr: format!("127.0.0.1:{}", 7000 + i),
-            tiers: vec![],
-            pid: 1,
-        };
-        let id = c.register_chunk(req).await.unwrap().into_inner().node_id;
-        c.heartbeat(HeartbeatRequest { node_id: id, ..Default::default() }).await.unwrap();
-    }
+    register_chunks(&mut c, 3, 7000).await;
     let err = c.heartbeat(HeartbeatRequest { node_id: 99, ..Default::default() }).await.unwrap_err();
     assert_eq!(kind(err), ErrorKind::NotFound);
 
@@ -174,16 +179,7 @@ async fn a_locked_database_is_a_clear_error() {
 async fn batched_releases_free_unlinked_files_and_late_ones_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let (mut c, stop, server) = start(config(dir.path())).await;
-    for i in 0..3 {
-        let req = RegisterChunkRequest {
-            uuid: format!("u{i}"),
-            addr: format!("127.0.0.1:{}", 7100 + i),
-            tiers: vec![],
-            pid: 1,
-        };
-        let id = c.register_chunk(req).await.unwrap().into_inner().node_id;
-        c.heartbeat(HeartbeatRequest { node_id: id, ..Default::default() }).await.unwrap();
-    }
+    register_chunks(&mut c, 3, 7100).await;
     let mut inos = Vec::new();
     for i in 0..3u64 {
         let req = CreateRequest {
