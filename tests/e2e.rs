@@ -546,3 +546,63 @@ fn stripes_written_in_the_background_read_back_and_take_overwrites() {
     let other = support::Mount::new(&cluster, "other");
     assert_eq!(sha256(&fs::read(other.dir.join("behind")).unwrap()), sha256(&model), "another client");
 }
+
+#[test]
+fn grpc_and_wire_clients_share_one_port_and_one_namespace() {
+    // The `cairn up` mount talks the wire protocol (the default); a second client talks gRPC to
+    // the same ports. Each reads what the other wrote, big files and small, byte-exact.
+    let cluster = Cluster::start(6, "4+2", 64);
+    let grpc = support::Mount::with_env(&cluster, "grpc", &[], &[("CAIRN_TRANSPORT", "grpc")]);
+    for (i, size) in [0usize, 1, 5000, 2 << 20].into_iter().enumerate() {
+        let data = random_bytes(size, 40 + i as u64);
+        fs::write(cluster.mnt.join(format!("wire-{size}")), &data).unwrap();
+        fs::write(grpc.dir.join(format!("grpc-{size}")), &data).unwrap();
+        for path in [grpc.dir.join(format!("wire-{size}")), cluster.mnt.join(format!("grpc-{size}"))] {
+            assert_eq!(sha256(&fs::read(&path).unwrap()), sha256(&data), "{}", path.display());
+        }
+    }
+    let mut names: Vec<_> = fs::read_dir(&grpc.dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names.len(), 8);
+    // Each client's requests arrived over its own transport.
+    let meta = cluster.nodes.iter().find(|n| n.role == "meta").unwrap().metrics.clone().unwrap();
+    let text = support::scrape(&meta);
+    for transport in ["wire", "grpc"] {
+        let label = format!("transport=\"{transport}\"");
+        let creates = support::metric(&text, "cairn_rpc_requests_total", &["method=\"Create\"", &label]);
+        assert!(creates.unwrap_or(0.0) >= 4.0, "creates over {transport}: {creates:?}");
+    }
+    let grpc_writes: f64 = cluster
+        .nodes
+        .iter()
+        .filter(|n| n.role == "chunk")
+        .filter_map(|n| {
+            let text = support::scrape(n.metrics.as_ref().unwrap());
+            support::metric(
+                &text,
+                "cairn_rpc_requests_total",
+                &["method=\"WriteShard\"", "transport=\"grpc\""],
+            )
+        })
+        .sum();
+    assert!(grpc_writes >= 3.0, "shard writes over gRPC: {grpc_writes}");
+
+    // Admin commands work over either transport; a transport name that is neither is refused.
+    for transport in ["wire", "grpc"] {
+        let out = std::process::Command::new(support::CAIRN)
+            .args(["status", "--json"])
+            .env("CAIRN_META", &cluster.meta_addr)
+            .env("CAIRN_TRANSPORT", transport)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{transport}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let out = std::process::Command::new(support::CAIRN)
+        .args(["status"])
+        .env("CAIRN_META", &cluster.meta_addr)
+        .env("CAIRN_TRANSPORT", "carrier-pigeon")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("CAIRN_TRANSPORT"), "{out:?}");
+}

@@ -244,11 +244,17 @@ impl Mount {
 
     /// [`Mount::new`] with extra `cairn mount` flags.
     pub fn with_args(cluster: &Cluster, name: &str, extra: &[&str]) -> Mount {
+        Mount::with_env(cluster, name, extra, &[])
+    }
+
+    /// [`Mount::with_args`] with extra environment variables for the client.
+    pub fn with_env(cluster: &Cluster, name: &str, extra: &[&str], env: &[(&str, &str)]) -> Mount {
         let dir = cluster.root.path().join(name);
         std::fs::create_dir_all(&dir).expect("mount dir");
         let child = Command::new(CAIRN)
             .args(["mount", "--meta", &cluster.meta_addr])
             .args(extra)
+            .envs(env.iter().copied())
             .arg(dir.to_str().expect("utf8"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())

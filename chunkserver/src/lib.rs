@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_common::config::ChunkConfig;
-use cairn_common::{CairnError, Result, MAX_MESSAGE_BYTES};
+use cairn_common::{wire, CairnError, Result, MAX_MESSAGE_BYTES};
 use cairn_proto::chunk_server::ChunkServer;
 
 pub mod engine;
@@ -78,16 +78,16 @@ pub async fn serve(
     )?;
     let scrub = tokio::spawn(scrub.run());
 
-    let service = ChunkServer::new(ChunkService::new(store, node_id))
+    let service = Arc::new(ChunkService::new(store, node_id));
+    let (stopped, shutdown) = wire::split_shutdown(shutdown);
+    let incoming = wire::serve(listener, Arc::new(wire::chunk::Service(service.clone())), stopped);
+    let service = ChunkServer::from_arc(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let served = tonic::transport::Server::builder()
         .layer(cairn_common::metrics::RpcMetricsLayer::new("chunk"))
         .add_service(service)
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
     heartbeat.abort();
     scrub.abort();

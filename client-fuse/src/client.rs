@@ -192,7 +192,7 @@ impl Client {
     /// Register with the metaserver (which hands out the id that makes stripe versions unique).
     pub async fn new(meta: MetaConn, options: ClientOptions) -> Result<Client> {
         let client_id = meta.register_client(p::Empty {}).await?.client_id;
-        let nodes = Arc::new(Nodes::new(meta.clone(), options.block_cache_bytes));
+        let nodes = Arc::new(Nodes::new(meta.clone(), options.block_cache_bytes)?);
         nodes.refresh().await?;
         let files: Arc<Mutex<HashMap<u64, Opened>>> = Arc::new(Mutex::new(HashMap::new()));
         tokio::spawn(session_heartbeat(meta.clone(), client_id, files.clone()));

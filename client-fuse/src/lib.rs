@@ -15,4 +15,4 @@ mod stripe;
 
 pub use client::{default_block_cache_mib, Client, ClientOptions, OpenOutcome};
 pub use fuse::{mount, MountOptions};
-pub use meta::{connect_meta, connect_meta_with_timeout, MetaConn};
+pub use meta::{connect_meta, connect_meta_with_timeout, MetaConn, Transport};

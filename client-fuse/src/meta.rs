@@ -1,16 +1,45 @@
-//! The client's connection to the metaserver: a tonic channel with timeouts, and one method
-//! per RPC that turns a `tonic::Status` back into the `CairnError` the server raised.
+//! The client's connection to the metaserver: the wire protocol (`cairn_common::wire`, a pool of
+//! framed TCP connections) by default, or a tonic channel when `CAIRN_TRANSPORT=grpc`, both
+//! with timeouts, and one method per RPC that returns the `CairnError` the server raised.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use cairn_common::wire::{self, WireClient};
 use cairn_common::{CairnError, Result, MAX_MESSAGE_BYTES};
 use cairn_proto::meta_client::MetaClient;
 use tonic::transport::{Channel, Endpoint};
 
+/// How the client talks to the servers, from `CAIRN_TRANSPORT` (`wire`, the default, or `grpc`;
+/// the gRPC path is kept for comparison, `bench/ab.sh`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Wire,
+    Grpc,
+}
+
+impl Transport {
+    pub fn from_env() -> Result<Transport> {
+        match std::env::var("CAIRN_TRANSPORT").as_deref() {
+            Err(_) | Ok("") | Ok("wire") => Ok(Transport::Wire),
+            Ok("grpc") => Ok(Transport::Grpc),
+            Ok(other) => {
+                Err(CairnError::invalid(format!("CAIRN_TRANSPORT={other:?}: expected \"wire\" or \"grpc\"")))
+            }
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Conn {
+    Wire(Arc<WireClient>),
+    Grpc(MetaClient<Channel>),
+}
+
 /// A cheap-to-clone handle on the metaserver.
 #[derive(Clone)]
 pub struct MetaConn {
-    client: MetaClient<Channel>,
+    conn: Conn,
     addr: String,
 }
 
@@ -23,27 +52,41 @@ pub async fn connect_meta(addr: &str) -> Result<MetaConn> {
 /// [`connect_meta`] with another per-request deadline (admin commands that wait for a repair
 /// pass or a reconciliation need hours, not seconds).
 pub async fn connect_meta_with_timeout(addr: &str, timeout: Duration) -> Result<MetaConn> {
-    let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-    let endpoint = Endpoint::from_shared(url)
-        .map_err(|e| CairnError::invalid(format!("metaserver address {addr:?}: {e}")))?
-        .connect_timeout(Duration::from_secs(3))
-        .timeout(timeout)
-        .tcp_nodelay(true);
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| CairnError::unavailable(format!("cannot reach metaserver at {addr}: {e}")))?;
-    let client = MetaClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    Ok(MetaConn { client, addr: addr.to_string() })
+    let unreachable = |e: String| CairnError::unavailable(format!("cannot reach metaserver at {addr}: {e}"));
+    let conn = match Transport::from_env()? {
+        Transport::Wire => {
+            let host_port = addr.strip_prefix("http://").unwrap_or(addr);
+            let client = WireClient::new(host_port, Duration::from_secs(3), timeout);
+            client.check().await.map_err(|e| unreachable(e.message().to_string()))?;
+            Conn::Wire(Arc::new(client))
+        }
+        Transport::Grpc => {
+            let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+            let endpoint = Endpoint::from_shared(url)
+                .map_err(|e| CairnError::invalid(format!("metaserver address {addr:?}: {e}")))?
+                .connect_timeout(Duration::from_secs(3))
+                .timeout(timeout)
+                .tcp_nodelay(true);
+            let channel = endpoint.connect().await.map_err(|e| unreachable(e.to_string()))?;
+            Conn::Grpc(
+                MetaClient::new(channel)
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            )
+        }
+    };
+    Ok(MetaConn { conn, addr: addr.to_string() })
 }
 
 macro_rules! rpc {
     ($name:ident, $req:ty, $reply:ty) => {
         pub async fn $name(&self, req: $req) -> Result<$reply> {
-            let mut client = self.client.clone();
-            client.$name(req).await.map(|r| r.into_inner()).map_err(CairnError::from)
+            match &self.conn {
+                Conn::Wire(client) => wire::meta::$name(client, req).await,
+                Conn::Grpc(client) => {
+                    client.clone().$name(req).await.map(|r| r.into_inner()).map_err(CairnError::from)
+                }
+            }
         }
     };
 }

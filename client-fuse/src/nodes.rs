@@ -1,6 +1,7 @@
 //! Chunkserver connections. The metaserver tells which node id lives at which address; the
-//! client keeps one lazily connected channel per node and refreshes the map when it meets a
-//! node it does not know (a chunkserver that joined or moved).
+//! client keeps a lazily connected pool of wire connections per node (or a tonic channel, with
+//! `CAIRN_TRANSPORT=grpc`) and refreshes the map when it meets a node it does not know (a
+//! chunkserver that joined or moved).
 //!
 //! A node that just failed a request with a timeout or a connection error is *suspect* for a
 //! few seconds: reads go around it (reconstructing from the other shards) and writes record its
@@ -8,25 +9,67 @@
 //! not one per request. After the suspect period the next request tries it again.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use cairn_common::wire::{self, WireClient};
 use cairn_common::{CairnError, Result, ShardId, MAX_MESSAGE_BYTES};
 use cairn_proto::chunk_client::ChunkClient;
 use parking_lot::RwLock;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::blocks::{aligned, BlockCache, BLOCK};
-use crate::meta::MetaConn;
+use crate::meta::{MetaConn, Transport};
 
 /// How long a node stays suspect after a timeout or a connection failure.
 pub const SUSPECT_FOR: Duration = Duration::from_secs(5);
 /// Deadline of one shard request (a write of a whole shard, or a read).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Deadline of connecting to a chunkserver.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One chunkserver's connections.
+#[derive(Clone)]
+enum ChunkConn {
+    Wire(Arc<WireClient>),
+    Grpc(ChunkClient<Channel>),
+}
+
+impl ChunkConn {
+    async fn write_shard(&self, req: cairn_proto::WriteShardRequest) -> Result<cairn_proto::WriteShardReply> {
+        match self {
+            ChunkConn::Wire(c) => wire::chunk::write_shard(c, req).await,
+            ChunkConn::Grpc(c) => {
+                c.clone().write_shard(req).await.map(|r| r.into_inner()).map_err(Into::into)
+            }
+        }
+    }
+
+    async fn read_shard(&self, req: cairn_proto::ReadShardRequest) -> Result<cairn_proto::ReadShardReply> {
+        match self {
+            ChunkConn::Wire(c) => wire::chunk::read_shard(c, req).await,
+            ChunkConn::Grpc(c) => c.clone().read_shard(req).await.map(|r| r.into_inner()).map_err(Into::into),
+        }
+    }
+
+    async fn delete_shards(
+        &self,
+        req: cairn_proto::DeleteShardsRequest,
+    ) -> Result<cairn_proto::DeleteShardsReply> {
+        match self {
+            ChunkConn::Wire(c) => wire::chunk::delete_shards(c, req).await,
+            ChunkConn::Grpc(c) => {
+                c.clone().delete_shards(req).await.map(|r| r.into_inner()).map_err(Into::into)
+            }
+        }
+    }
+}
 
 pub struct Nodes {
     meta: MetaConn,
-    chunks: RwLock<HashMap<u32, (String, ChunkClient<Channel>)>>,
+    transport: Transport,
+    chunks: RwLock<HashMap<u32, (String, ChunkConn)>>,
     refresh: tokio::sync::Mutex<()>,
     /// Nodes that failed to answer, and when.
     suspect: RwLock<HashMap<u32, Instant>>,
@@ -36,14 +79,15 @@ pub struct Nodes {
 
 impl Nodes {
     /// Connections through `meta`'s node map, with a block cache of `cache_bytes` (0: none).
-    pub fn new(meta: MetaConn, cache_bytes: usize) -> Nodes {
-        Nodes {
+    pub fn new(meta: MetaConn, cache_bytes: usize) -> Result<Nodes> {
+        Ok(Nodes {
             meta,
+            transport: Transport::from_env()?,
             chunks: RwLock::new(HashMap::new()),
             refresh: tokio::sync::Mutex::new(()),
             suspect: RwLock::new(HashMap::new()),
             blocks: BlockCache::new(cache_bytes),
-        }
+        })
     }
 
     /// The node failed to answer within the last [`SUSPECT_FOR`].
@@ -83,7 +127,7 @@ impl Nodes {
         }
     }
 
-    async fn client(&self, node: u32) -> Result<ChunkClient<Channel>> {
+    async fn client(&self, node: u32) -> Result<ChunkConn> {
         if let Some((_, c)) = self.chunks.read().get(&node) {
             return Ok(c.clone());
         }
@@ -104,23 +148,32 @@ impl Nodes {
             if map.get(&n.id).is_some_and(|(addr, _)| *addr == n.addr) {
                 continue;
             }
-            let endpoint = Endpoint::from_shared(format!("http://{}", n.addr))
-                .map_err(|e| CairnError::invalid(format!("chunkserver address {:?}: {e}", n.addr)))?
-                .connect_timeout(Duration::from_secs(2))
-                .timeout(REQUEST_TIMEOUT)
-                .tcp_nodelay(true);
-            let client = ChunkClient::new(endpoint.connect_lazy())
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES);
-            map.insert(n.id, (n.addr, client));
+            let conn = match self.transport {
+                Transport::Wire => {
+                    ChunkConn::Wire(Arc::new(WireClient::new(&n.addr, CONNECT_TIMEOUT, REQUEST_TIMEOUT)))
+                }
+                Transport::Grpc => {
+                    let endpoint = Endpoint::from_shared(format!("http://{}", n.addr))
+                        .map_err(|e| CairnError::invalid(format!("chunkserver address {:?}: {e}", n.addr)))?
+                        .connect_timeout(CONNECT_TIMEOUT)
+                        .timeout(REQUEST_TIMEOUT)
+                        .tcp_nodelay(true);
+                    ChunkConn::Grpc(
+                        ChunkClient::new(endpoint.connect_lazy())
+                            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                    )
+                }
+            };
+            map.insert(n.id, (n.addr, conn));
         }
         Ok(())
     }
 
     pub async fn write_shard(&self, node: u32, id: ShardId, data: Bytes) -> Result<()> {
-        let mut c = self.client(node).await?;
+        let c = self.client(node).await?;
         let req = cairn_proto::WriteShardRequest { id: Some(id.into()), data };
-        let result = c.write_shard(req).await.map(|_| ()).map_err(|s| node_error(node, s));
+        let result = c.write_shard(req).await.map(|_| ()).map_err(|e| node_error(node, e));
         self.note(node, &result);
         result
     }
@@ -139,16 +192,16 @@ impl Nodes {
 
     /// Delete shards from one chunkserver; returns how many existed.
     pub async fn delete_shards(&self, node: u32, ids: Vec<ShardId>) -> Result<u32> {
-        let mut c = self.client(node).await?;
+        let c = self.client(node).await?;
         let req = cairn_proto::DeleteShardsRequest { ids: ids.into_iter().map(Into::into).collect() };
-        Ok(c.delete_shards(req).await.map_err(|s| node_error(node, s))?.into_inner().deleted)
+        Ok(c.delete_shards(req).await.map_err(|e| node_error(node, e))?.deleted)
     }
 
     /// Read `len` bytes (0 = to the end) at `offset` of a shard.
     pub async fn read_shard(&self, node: u32, id: ShardId, offset: u64, len: u64) -> Result<Bytes> {
-        let mut c = self.client(node).await?;
+        let c = self.client(node).await?;
         let req = cairn_proto::ReadShardRequest { id: Some(id.into()), offset, len };
-        let result = c.read_shard(req).await.map(|r| r.into_inner().data).map_err(|s| node_error(node, s));
+        let result = c.read_shard(req).await.map(|r| r.data).map_err(|e| node_error(node, e));
         self.note(node, &result);
         result
     }
@@ -182,7 +235,6 @@ impl Nodes {
     }
 }
 
-fn node_error(node: u32, status: tonic::Status) -> CairnError {
-    let e = CairnError::from(status);
+fn node_error(node: u32, e: CairnError) -> CairnError {
     CairnError::new(e.kind(), format!("chunkserver {node}: {}", e.message()))
 }

@@ -40,7 +40,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    const ALL: [ErrorKind; 21] = [
+    pub const ALL: [ErrorKind; 21] = [
         ErrorKind::NotFound,
         ErrorKind::Exists,
         ErrorKind::NotDir,
@@ -135,6 +135,15 @@ impl ErrorKind {
             ErrorKind::Io => "io",
             ErrorKind::Internal => "internal",
         }
+    }
+
+    /// The kind's number on the wire protocol (its place in [`ErrorKind::ALL`]).
+    pub fn index(self) -> u8 {
+        ErrorKind::ALL.iter().position(|k| *k == self).unwrap_or(0) as u8
+    }
+
+    pub fn from_index(index: u8) -> Option<ErrorKind> {
+        ErrorKind::ALL.get(index as usize).copied()
     }
 
     fn from_name(name: &str) -> Option<ErrorKind> {
@@ -254,6 +263,14 @@ mod tests {
             assert_eq!(back.kind(), kind);
             assert_eq!(back.message(), "boom");
         }
+    }
+
+    #[test]
+    fn kinds_survive_the_wire_index() {
+        for kind in ErrorKind::ALL {
+            assert_eq!(ErrorKind::from_index(kind.index()), Some(kind));
+        }
+        assert_eq!(ErrorKind::from_index(ErrorKind::ALL.len() as u8), None);
     }
 
     #[test]

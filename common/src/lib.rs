@@ -1,6 +1,6 @@
 //! Types every Cairn component shares: ids, stripe geometry, the erasure codec, block
 //! checksums, the error taxonomy (with its one mapping to errno and to gRPC), configuration
-//! and telemetry setup.
+//! telemetry setup, and the wire protocol (the client's framed transport beside gRPC).
 
 pub mod checksum;
 pub mod codec;
@@ -11,6 +11,7 @@ pub mod layout;
 pub mod metrics;
 pub mod telemetry;
 pub mod time;
+pub mod wire;
 
 pub use error::{CairnError, ErrorKind, Result};
 pub use ids::{InodeId, NodeId, ShardId, ROOT_INO};

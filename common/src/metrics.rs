@@ -1,5 +1,6 @@
 //! Prometheus metrics shared by every process: the exporter (`/metrics` over HTTP) and the gRPC
-//! layer that counts and times every request a server answers. Each crate names its own
+//! layer that counts and times every request a server answers (the wire protocol records the
+//! same metrics through [`record_wire_rpc`]). Each crate names its own
 //! metrics in its `metrics.rs`; every name starts with `cairn_` (see `docs/metrics.md`).
 
 use std::future::Future;
@@ -12,7 +13,8 @@ use metrics_exporter_prometheus::PrometheusBuilder;
 
 use crate::{CairnError, Result};
 
-/// gRPC requests answered, by `service`, `method` and `code` (the gRPC status name) (counter).
+/// Requests answered, by `service`, `method`, `code` (the gRPC status name) and `transport`
+/// (`grpc` or `wire`) (counter).
 pub const RPC_REQUESTS: &str = "cairn_rpc_requests_total";
 /// Time to answer a gRPC request, by `service` and `method` (histogram, seconds).
 pub const RPC_SECONDS: &str = "cairn_rpc_request_seconds";
@@ -113,16 +115,36 @@ where
                     .map_or("Ok", |c| code_name(tonic::Code::from_i32(c))),
                 Err(_) => "TransportError",
             };
-            if !BACKGROUND_METHODS.contains(&method.as_str()) {
-                FOREGROUND_REQUESTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-            metrics::counter!(RPC_REQUESTS, "service" => service, "method" => method.clone(), "code" => code)
-                .increment(1);
-            metrics::histogram!(RPC_SECONDS, "service" => service, "method" => method)
-                .record(started.elapsed().as_secs_f64());
+            record(service, "grpc", method, code, started.elapsed());
             reply
         })
     }
+}
+
+/// Count and time one request answered over the wire protocol, under the same names as gRPC's.
+pub fn record_wire_rpc(
+    service: &'static str,
+    method: &'static str,
+    code: tonic::Code,
+    elapsed: std::time::Duration,
+) {
+    record(service, "wire", method.to_string(), code_name(code), elapsed);
+}
+
+fn record(
+    service: &'static str,
+    transport: &'static str,
+    method: String,
+    code: &'static str,
+    elapsed: std::time::Duration,
+) {
+    if !BACKGROUND_METHODS.contains(&method.as_str()) {
+        FOREGROUND_REQUESTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    metrics::counter!(RPC_REQUESTS, "service" => service, "method" => method.clone(), "code" => code,
+        "transport" => transport)
+    .increment(1);
+    metrics::histogram!(RPC_SECONDS, "service" => service, "method" => method).record(elapsed.as_secs_f64());
 }
 
 fn code_name(code: tonic::Code) -> &'static str {

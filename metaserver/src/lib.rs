@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_common::config::MetaConfig;
-use cairn_common::{CairnError, Result};
+use cairn_common::{wire, CairnError, Result};
 use cairn_proto::meta_server::MetaServer;
 
 pub use gc::Gc;
@@ -142,7 +142,10 @@ pub async fn serve_with(
             .with_orphan_grace(background.orphan_grace),
     );
     let ns_for_metrics = ns.clone();
-    let service = MetaServer::new(MetaService::new(ns).with_repair(repair.clone()))
+    let service = Arc::new(MetaService::new(ns).with_repair(repair.clone()));
+    let (stopped, shutdown) = wire::split_shutdown(shutdown);
+    let incoming = wire::serve(listener, Arc::new(wire::meta::Service(service.clone())), stopped);
+    let service = MetaServer::from_arc(service)
         .max_decoding_message_size(cairn_common::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(cairn_common::MAX_MESSAGE_BYTES);
     let repair = tokio::spawn(repair.run(Duration::from_secs(2), background.reconcile_interval));
@@ -150,10 +153,7 @@ pub async fn serve_with(
     let result = tonic::transport::Server::builder()
         .layer(cairn_common::metrics::RpcMetricsLayer::new("meta"))
         .add_service(service)
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(|e| CairnError::io(format!("metaserver: {e}")));
     // Wait for the gc task to go, so the namespace (and the database lock) is released when

@@ -1,0 +1,585 @@
+//! The wire protocol: the same `Meta` and `Chunk` RPCs as gRPC, framed directly on TCP, for the
+//! client's hot path (every namespace call of a mount, every shard read and write).
+//!
+//! Why a second transport: a tonic unary call on a cloned channel hops through a tower buffer
+//! task and the HTTP/2 connection task on the client, and through the connection task and a task
+//! per stream on the server; on two cores shared by a client, a metaserver and six chunkservers
+//! those hops (wake-ups, HPACK, flow-control windows of 64 KiB per 1 MiB shard) were the largest
+//! cost of a metadata round trip and of a shard transfer (`bench/RESULTS.md`). Here a request
+//! takes an idle connection from a pool, writes one frame, reads one frame on the same task and
+//! gives the connection back: no task in between on either side.
+//!
+//! **Connection.** A client connection opens with [`MAGIC`] (8 bytes, the protocol version in the
+//! last two), then carries one request at a time; concurrency is more connections (a pool per
+//! server, grown on demand, idle ones kept up to [`IDLE_PER_SERVER`]). The server listens on its
+//! gRPC port and tells the protocols apart by the first bytes ([`serve`]): HTTP/2 opens with
+//! `PRI * HTTP/2.0`, so gRPC clients (admin commands, servers among themselves) are unaffected.
+//!
+//! **Frames** (little-endian):
+//! - request: `body_len u32 | bulk_len u32 | method u16 | 0u16 | body | bulk`
+//! - reply: `body_len u32 | bulk_len u32 | status u8 | kind u8 | 0u16 | body | bulk`
+//!
+//! `body` is the prost encoding of the request or reply message; `bulk` is the shard data of
+//! `WriteShardRequest.data` and `ReadShardReply.data`, sent raw after the body so that neither
+//! side copies it into or out of a protobuf buffer (it arrives as a slice of the receive buffer).
+//! A reply with `status` 1 is an error: `kind` indexes [`ErrorKind`] and `body` is the message,
+//! so the caller gets exactly the error the server raised, as through gRPC. A frame longer than
+//! [`crate::MAX_MESSAGE_BYTES`] or a bad magic closes the connection; an unknown method or a body
+//! that does not decode is an error reply and the connection stays usable.
+
+use std::future::Future;
+use std::io::IoSlice;
+use std::os::fd::AsRawFd;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::{CairnError, ErrorKind, Result, MAX_MESSAGE_BYTES};
+
+/// First bytes of every wire connection: `CAIRNW`, then the protocol version (1).
+pub const MAGIC: [u8; 8] = *b"CAIRNW\x00\x01";
+/// Idle connections a client keeps per server; more are closed when returned.
+pub const IDLE_PER_SERVER: usize = 32;
+/// Bytes of a frame header.
+pub const HEADER: usize = 12;
+const STATUS_OK: u8 = 0;
+const STATUS_ERROR: u8 = 1;
+
+/// A protobuf message that may travel with a raw bulk part (shard data).
+pub trait Message: prost::Message + Default + Send + 'static {
+    /// Move the bulk field out before the message is encoded.
+    fn take_bulk(&mut self) -> Bytes {
+        Bytes::new()
+    }
+    /// Put the received bulk part back into the decoded message.
+    fn put_bulk(&mut self, bulk: Bytes) -> Result<()> {
+        if bulk.is_empty() {
+            Ok(())
+        } else {
+            Err(CairnError::invalid("a bulk part for a message that has none"))
+        }
+    }
+}
+
+macro_rules! plain_messages {
+    ($($t:ident),* $(,)?) => { $(impl Message for cairn_proto::$t {})* };
+}
+
+plain_messages!(
+    AttrReply,
+    CheckNamespaceReply,
+    CheckNamespaceRequest,
+    CheckShardsReply,
+    CheckShardsRequest,
+    ChunkStatReply,
+    ClientHeartbeatReply,
+    ClientHeartbeatRequest,
+    ClusterStatusReply,
+    CommitRequest,
+    CreateReply,
+    CreateRequest,
+    DeleteShardsReply,
+    DeleteShardsRequest,
+    Empty,
+    HeartbeatReply,
+    HeartbeatRequest,
+    InoRequest,
+    LayoutReply,
+    LinkRequest,
+    ListNodesReply,
+    ListShardsReply,
+    ListShardsRequest,
+    ListStripesReply,
+    ListStripesRequest,
+    ListXattrReply,
+    LockReply,
+    LockRequest,
+    LookupRequest,
+    MkdirRequest,
+    NodeReply,
+    NodeRequest,
+    OpenReply,
+    OpenRequest,
+    PromoteReply,
+    PromoteRequest,
+    ReadDirReply,
+    ReadDirRequest,
+    ReadShardRequest,
+    ReadlinkReply,
+    RebuildShardReply,
+    RebuildShardRequest,
+    ReconcileReply,
+    ReconcileRequest,
+    RegisterChunkReply,
+    RegisterChunkRequest,
+    RegisterClientReply,
+    ReleaseRequest,
+    RemoveReply,
+    RemoveRequest,
+    RenameReply,
+    RenameRequest,
+    ReportDamagedRequest,
+    SetAttrRequest,
+    SetLayoutRequest,
+    SetXattrRequest,
+    StatFsReply,
+    SymlinkRequest,
+    WriteShardReply,
+    XattrReply,
+    XattrRequest,
+);
+
+macro_rules! bulk_message {
+    ($t:ident, $field:ident) => {
+        impl Message for cairn_proto::$t {
+            fn take_bulk(&mut self) -> Bytes {
+                std::mem::take(&mut self.$field)
+            }
+            fn put_bulk(&mut self, bulk: Bytes) -> Result<()> {
+                if !self.$field.is_empty() && !bulk.is_empty() {
+                    return Err(CairnError::invalid("shard data both in the body and in the bulk part"));
+                }
+                if !bulk.is_empty() {
+                    self.$field = bulk;
+                }
+                Ok(())
+            }
+        }
+    };
+}
+
+bulk_message!(WriteShardRequest, data);
+bulk_message!(ReadShardReply, data);
+
+/// What a server's dispatch returns for one request: the reply frame's header space
+/// ([`HEADER`] zero bytes, filled in when it is sent) followed by the body, and the bulk part.
+pub type Answer = Result<(Vec<u8>, Bytes)>;
+/// A boxed future of one request's [`Answer`].
+pub type AnswerFuture<'a> = Pin<Box<dyn Future<Output = Answer> + Send + 'a>>;
+
+/// Answers wire requests for one service (see [`meta`] and [`chunk`] for the two).
+pub trait Handler: Send + Sync + 'static {
+    /// The `service` label of the request metrics ("meta", "chunk").
+    fn service(&self) -> &'static str;
+    /// The name of a method id (for metrics), or `None` when it is not one of this service's.
+    fn method_name(&self, method: u16) -> Option<&'static str>;
+    /// Decode, answer and encode one request.
+    fn answer(&self, method: u16, body: Bytes, bulk: Bytes) -> AnswerFuture<'_>;
+}
+
+/// Decode a request, call the service's method with it, encode the reply.
+pub async fn call_typed<Q, R, F, Fut>(body: Bytes, bulk: Bytes, f: F) -> Answer
+where
+    Q: Message,
+    R: Message,
+    F: FnOnce(tonic::Request<Q>) -> Fut,
+    Fut: Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
+{
+    let mut req = Q::decode(body).map_err(|e| CairnError::invalid(format!("malformed request: {e}")))?;
+    req.put_bulk(bulk)?;
+    let mut reply = f(tonic::Request::new(req)).await.map_err(CairnError::from)?.into_inner();
+    let bulk = reply.take_bulk();
+    let mut frame = Vec::with_capacity(HEADER + reply.encoded_len());
+    frame.extend_from_slice(&[0; HEADER]);
+    reply.encode(&mut frame).map_err(|e| CairnError::internal(format!("encode reply: {e}")))?;
+    Ok((frame, bulk))
+}
+
+/// Declares a service's methods once: the id enum, the typed client calls (`pub async fn
+/// lookup(&WireClient, LookupRequest) -> Result<AttrReply>`) and the server's [`Handler`] over
+/// the generated tonic trait, so both sides agree on every id and type.
+macro_rules! service {
+    ($module:ident, $label:literal, $server:path, $($id:literal $method:ident $name:literal ($req:ident) -> $reply:ident;)*) => {
+        pub mod $module {
+            use super::*;
+            use cairn_proto as p;
+
+            /// Method ids of this service.
+            pub mod ids {
+                $(#[allow(non_upper_case_globals)] pub const $method: u16 = $id;)*
+            }
+
+            $(
+                pub async fn $method(client: &WireClient, req: p::$req) -> Result<p::$reply> {
+                    client.call(ids::$method, req).await
+                }
+            )*
+
+            /// Answers this service's wire requests with `S`, the same implementation as gRPC.
+            pub struct Service<S>(pub Arc<S>);
+
+            impl<S: $server> Handler for Service<S> {
+                fn service(&self) -> &'static str {
+                    $label
+                }
+                fn method_name(&self, method: u16) -> Option<&'static str> {
+                    match method {
+                        $($id => Some($name),)*
+                        _ => None,
+                    }
+                }
+                fn answer(&self, method: u16, body: Bytes, bulk: Bytes) -> AnswerFuture<'_> {
+                    let svc = &*self.0;
+                    Box::pin(async move {
+                        match method {
+                            $($id => call_typed(body, bulk, |r: tonic::Request<p::$req>| async move {
+                                <S as $server>::$method(svc, r).await
+                            }).await,)*
+                            _ => Err(CairnError::new(
+                                ErrorKind::NotSupported,
+                                format!("{} service has no method {method}", $label),
+                            )),
+                        }
+                    })
+                }
+            }
+        }
+    };
+}
+
+service!(meta, "meta", cairn_proto::meta_server::Meta,
+    1 lookup "Lookup" (LookupRequest) -> AttrReply;
+    2 get_attr "GetAttr" (InoRequest) -> AttrReply;
+    3 set_attr "SetAttr" (SetAttrRequest) -> AttrReply;
+    4 create "Create" (CreateRequest) -> CreateReply;
+    5 mkdir "Mkdir" (MkdirRequest) -> AttrReply;
+    6 unlink "Unlink" (RemoveRequest) -> RemoveReply;
+    7 rmdir "Rmdir" (RemoveRequest) -> RemoveReply;
+    8 rename "Rename" (RenameRequest) -> RenameReply;
+    9 link "Link" (LinkRequest) -> AttrReply;
+    10 symlink "Symlink" (SymlinkRequest) -> AttrReply;
+    11 readlink "Readlink" (InoRequest) -> ReadlinkReply;
+    12 read_dir "ReadDir" (ReadDirRequest) -> ReadDirReply;
+    13 stat_fs "StatFs" (Empty) -> StatFsReply;
+    14 get_xattr "GetXattr" (XattrRequest) -> XattrReply;
+    15 set_xattr "SetXattr" (SetXattrRequest) -> Empty;
+    16 list_xattr "ListXattr" (InoRequest) -> ListXattrReply;
+    17 remove_xattr "RemoveXattr" (XattrRequest) -> Empty;
+    18 open "Open" (OpenRequest) -> OpenReply;
+    19 release "Release" (ReleaseRequest) -> Empty;
+    20 client_heartbeat "ClientHeartbeat" (ClientHeartbeatRequest) -> ClientHeartbeatReply;
+    21 lock "Lock" (LockRequest) -> LockReply;
+    22 list_stripes "ListStripes" (ListStripesRequest) -> ListStripesReply;
+    23 commit "Commit" (CommitRequest) -> AttrReply;
+    24 register_client "RegisterClient" (Empty) -> RegisterClientReply;
+    25 register_chunk "RegisterChunk" (RegisterChunkRequest) -> RegisterChunkReply;
+    26 heartbeat "Heartbeat" (HeartbeatRequest) -> HeartbeatReply;
+    27 list_nodes "ListNodes" (Empty) -> ListNodesReply;
+    28 cluster_status "ClusterStatus" (Empty) -> ClusterStatusReply;
+    29 report_damaged "ReportDamaged" (ReportDamagedRequest) -> Empty;
+    30 repair_now "RepairNow" (Empty) -> ClusterStatusReply;
+    31 check_namespace "CheckNamespace" (CheckNamespaceRequest) -> CheckNamespaceReply;
+    32 reconcile "Reconcile" (ReconcileRequest) -> ReconcileReply;
+    33 drain_node "DrainNode" (NodeRequest) -> NodeReply;
+    34 activate_node "ActivateNode" (NodeRequest) -> NodeReply;
+    35 remove_node "RemoveNode" (NodeRequest) -> Empty;
+    36 get_layout "GetLayout" (InoRequest) -> LayoutReply;
+    37 set_layout "SetLayout" (SetLayoutRequest) -> LayoutReply;
+);
+
+service!(chunk, "chunk", cairn_proto::chunk_server::Chunk,
+    1 write_shard "WriteShard" (WriteShardRequest) -> WriteShardReply;
+    2 read_shard "ReadShard" (ReadShardRequest) -> ReadShardReply;
+    3 delete_shards "DeleteShards" (DeleteShardsRequest) -> DeleteShardsReply;
+    4 stat "Stat" (Empty) -> ChunkStatReply;
+    5 promote "Promote" (PromoteRequest) -> PromoteReply;
+    6 rebuild_shard "RebuildShard" (RebuildShardRequest) -> RebuildShardReply;
+    7 list_shards "ListShards" (ListShardsRequest) -> ListShardsReply;
+    8 check_shards "CheckShards" (CheckShardsRequest) -> CheckShardsReply;
+);
+
+/// A client's connections to one server: a pool of idle wire connections, each carrying one
+/// request at a time.
+pub struct WireClient {
+    addr: String,
+    connect_timeout: Duration,
+    timeout: Duration,
+    idle: Mutex<Vec<TcpStream>>,
+}
+
+impl WireClient {
+    /// Connections to `addr` (`host:port`) made on demand; a request that has no answer within
+    /// `timeout` (connecting included) fails as `Unavailable` and its connection is closed.
+    pub fn new(addr: &str, connect_timeout: Duration, timeout: Duration) -> WireClient {
+        WireClient { addr: addr.to_string(), connect_timeout, timeout, idle: Mutex::new(Vec::new()) }
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Open one connection now, so a server that is not there is reported at once.
+    pub async fn check(&self) -> Result<()> {
+        let conn = self.connect().await?;
+        self.put_back(conn);
+        Ok(())
+    }
+
+    /// Send `req` as `method` and wait for its reply.
+    pub async fn call<Q: Message, R: Message>(&self, method: u16, mut req: Q) -> Result<R> {
+        let bulk = req.take_bulk();
+        let mut head = Vec::with_capacity(HEADER + req.encoded_len());
+        head.extend_from_slice(&[0; HEADER]);
+        req.encode(&mut head).map_err(|e| CairnError::internal(format!("encode request: {e}")))?;
+        let body_len = head.len() - HEADER;
+        write_header(&mut head, body_len, bulk.len(), &method.to_le_bytes(), 0)?;
+        let exchange = async {
+            let mut conn = match self.take_idle() {
+                Some(c) => c,
+                None => self.connect().await?,
+            };
+            write_frame(&mut conn, &head, &bulk).await.map_err(|e| self.lost(&e))?;
+            let (status, kind, body, bulk) = read_reply(&mut conn).await.map_err(|e| self.lost(&e))?;
+            self.put_back(conn);
+            Ok::<_, CairnError>((status, kind, body, bulk))
+        };
+        let (status, kind, body, bulk) =
+            tokio::time::timeout(self.timeout, exchange).await.map_err(|_| {
+                CairnError::unavailable(format!("{}: no answer within {:?}", self.addr, self.timeout))
+            })??;
+        if status != STATUS_OK {
+            let kind = ErrorKind::from_index(kind).unwrap_or(ErrorKind::Internal);
+            return Err(CairnError::new(kind, String::from_utf8_lossy(&body).into_owned()));
+        }
+        let mut reply = R::decode(body)
+            .map_err(|e| CairnError::internal(format!("{}: reply does not decode: {e}", self.addr)))?;
+        reply.put_bulk(bulk)?;
+        Ok(reply)
+    }
+
+    fn lost(&self, e: &std::io::Error) -> CairnError {
+        CairnError::unavailable(format!("connection to {} lost: {e}", self.addr))
+    }
+
+    async fn connect(&self) -> Result<TcpStream> {
+        let unreachable = |e: String| CairnError::unavailable(format!("cannot reach {}: {e}", self.addr));
+        let mut conn = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.addr))
+            .await
+            .map_err(|_| unreachable(format!("no connection within {:?}", self.connect_timeout)))?
+            .map_err(|e| unreachable(e.to_string()))?;
+        conn.set_nodelay(true).map_err(|e| unreachable(e.to_string()))?;
+        conn.write_all(&MAGIC).await.map_err(|e| unreachable(e.to_string()))?;
+        Ok(conn)
+    }
+
+    /// An idle connection the server has not closed meanwhile (a restarted server closed all of
+    /// them; reusing one would fail the request).
+    fn take_idle(&self) -> Option<TcpStream> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(conn) = idle.pop() {
+            if still_open(&conn) {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    fn put_back(&self, conn: TcpStream) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < IDLE_PER_SERVER {
+            idle.push(conn);
+        }
+    }
+}
+
+/// An idle connection has nothing to read: a readable one was closed by the server (or broke
+/// the protocol), either way not to be used again.
+fn still_open(conn: &TcpStream) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: a one-byte peek into a local buffer on a socket this process owns.
+    let n = unsafe {
+        libc::recv(conn.as_raw_fd(), (&mut byte as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+    };
+    n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+}
+
+fn write_header(head: &mut [u8], body_len: usize, bulk_len: usize, tag: &[u8; 2], extra: u16) -> Result<()> {
+    if body_len > MAX_MESSAGE_BYTES || bulk_len > MAX_MESSAGE_BYTES {
+        return Err(CairnError::invalid(format!(
+            "message of {} bytes, more than the {MAX_MESSAGE_BYTES} allowed",
+            body_len + bulk_len
+        )));
+    }
+    head[0..4].copy_from_slice(&(body_len as u32).to_le_bytes());
+    head[4..8].copy_from_slice(&(bulk_len as u32).to_le_bytes());
+    head[8..10].copy_from_slice(tag);
+    head[10..12].copy_from_slice(&extra.to_le_bytes());
+    Ok(())
+}
+
+/// Write `head` then `bulk` without copying them together.
+async fn write_frame(conn: &mut TcpStream, head: &[u8], bulk: &[u8]) -> std::io::Result<()> {
+    let (mut head, mut bulk) = (head, bulk);
+    while !head.is_empty() {
+        let n = conn.write_vectored(&[IoSlice::new(head), IoSlice::new(bulk)]).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        let from_head = n.min(head.len());
+        head = &head[from_head..];
+        bulk = &bulk[n - from_head..];
+    }
+    conn.write_all(bulk).await
+}
+
+/// Read a frame's header and its body and bulk into one buffer (no zeroing, no copy after).
+async fn read_frame(conn: &mut TcpStream) -> std::io::Result<([u8; HEADER], Bytes, Bytes)> {
+    let mut header = [0u8; HEADER];
+    conn.read_exact(&mut header).await?;
+    let body_len = u32::from_le_bytes(header[0..4].try_into().unwrap()) as usize;
+    let bulk_len = u32::from_le_bytes(header[4..8].try_into().unwrap()) as usize;
+    if body_len > MAX_MESSAGE_BYTES || bulk_len > MAX_MESSAGE_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("frame of {} bytes, more than the {MAX_MESSAGE_BYTES} allowed", body_len + bulk_len),
+        ));
+    }
+    let total = body_len + bulk_len;
+    let mut buf = BytesMut::with_capacity(total);
+    while buf.len() < total {
+        let mut limited = (&mut *conn).take((total - buf.len()) as u64);
+        if limited.read_buf(&mut buf).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    let mut body = buf.freeze();
+    let bulk = body.split_off(body_len);
+    Ok((header, body, bulk))
+}
+
+async fn read_reply(conn: &mut TcpStream) -> std::io::Result<(u8, u8, Bytes, Bytes)> {
+    let (header, body, bulk) = read_frame(conn).await?;
+    Ok((header[8], header[9], body, bulk))
+}
+
+/// Serve `listener` until `shutdown` completes: connections that open with [`MAGIC`] are
+/// answered by `handler`, every other one is handed to the returned stream, which a tonic
+/// server takes as its incoming connections (`serve_with_incoming_shutdown`).
+pub fn serve(
+    listener: TcpListener,
+    handler: Arc<dyn Handler>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<TcpStream>> {
+    let (grpc, incoming) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        let mut stop = shutdown.clone();
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = stop.wait_for(|s| *s) => break,
+            };
+            let conn = match accepted {
+                Ok((conn, _)) => conn,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait, do not spin.
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = conn.set_nodelay(true);
+            let (handler, grpc, stop) = (handler.clone(), grpc.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                match opens_with_magic(&conn).await {
+                    Ok(true) => serve_connection(conn, handler, stop).await,
+                    Ok(false) => {
+                        let _ = grpc.send(Ok(conn)).await;
+                    }
+                    Err(_) => {}
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(incoming)
+}
+
+/// One shutdown future made into two: a watch for [`serve`] and a future for the tonic server,
+/// which sets the watch when the server sees the shutdown.
+pub fn split_shutdown(
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> (tokio::sync::watch::Receiver<bool>, impl Future<Output = ()> + Send + 'static) {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    (stopped, async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    })
+}
+
+/// Whether the connection's first bytes are [`MAGIC`]; decided at the first byte that differs,
+/// so a gRPC client (which writes its preface at once) is never kept waiting.
+async fn opens_with_magic(conn: &TcpStream) -> std::io::Result<bool> {
+    let mut buf = [0u8; MAGIC.len()];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = conn.peek(&mut buf).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        if buf[..n] != MAGIC[..n] {
+            return Ok(false);
+        }
+        if n == MAGIC.len() {
+            return Ok(true);
+        }
+        // Part of the magic so far: wait for the rest (peek does not consume, so poll).
+        if Instant::now() > deadline {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+async fn serve_connection(
+    mut conn: TcpStream,
+    handler: Arc<dyn Handler>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut magic = [0u8; MAGIC.len()];
+    if conn.read_exact(&mut magic).await.is_err() {
+        return;
+    }
+    loop {
+        let frame = tokio::select! {
+            f = read_frame(&mut conn) => f,
+            _ = shutdown.wait_for(|s| *s) => return,
+        };
+        let Ok((header, body, bulk)) = frame else { return };
+        let method = u16::from_le_bytes([header[8], header[9]]);
+        let started = Instant::now();
+        let answer = match handler.method_name(method) {
+            Some(_) => handler.answer(method, body, bulk).await,
+            None => Err(CairnError::new(
+                ErrorKind::NotSupported,
+                format!("{} service has no method {method}", handler.service()),
+            )),
+        };
+        let name = handler.method_name(method).unwrap_or("unknown");
+        let code = match &answer {
+            Ok(_) => tonic::Code::Ok,
+            Err(e) => e.kind().grpc_code(),
+        };
+        crate::metrics::record_wire_rpc(handler.service(), name, code, started.elapsed());
+        let (mut head, bulk, status, kind) = match answer {
+            Ok((frame, bulk)) => (frame, bulk, STATUS_OK, 0),
+            Err(e) => {
+                let mut frame = vec![0; HEADER];
+                frame.extend_from_slice(e.message().as_bytes());
+                (frame, Bytes::new(), STATUS_ERROR, e.kind().index())
+            }
+        };
+        let body_len = head.len() - HEADER;
+        if write_header(&mut head, body_len, bulk.len(), &[status, kind], 0).is_err() {
+            return;
+        }
+        if write_frame(&mut conn, &head, &bulk).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,210 @@
+use super::*;
+use cairn_proto as p;
+
+/// A handler for tests: method 1 echoes a shard read (offset bytes of `b'x'`, length `len`),
+/// method 2 stores a written shard's data length in the reply's tier string, method 3 fails with
+/// the error kind numbered `offset`, method 4 never answers.
+struct Fake;
+
+impl Handler for Fake {
+    fn service(&self) -> &'static str {
+        "test"
+    }
+    fn method_name(&self, method: u16) -> Option<&'static str> {
+        (1..=4).contains(&method).then_some("Fake")
+    }
+    fn answer(&self, method: u16, body: Bytes, bulk: Bytes) -> AnswerFuture<'_> {
+        Box::pin(async move {
+            match method {
+                1 => {
+                    call_typed(body, bulk, |r: tonic::Request<p::ReadShardRequest>| async move {
+                        let r = r.into_inner();
+                        Ok(tonic::Response::new(p::ReadShardReply {
+                            data: Bytes::from(vec![b'x'; r.len as usize]),
+                            shard_len: r.offset,
+                        }))
+                    })
+                    .await
+                }
+                2 => {
+                    call_typed(body, bulk, |r: tonic::Request<p::WriteShardRequest>| async move {
+                        let r = r.into_inner();
+                        let sum: u64 = r.data.iter().map(|b| *b as u64).sum();
+                        Ok(tonic::Response::new(p::WriteShardReply {
+                            tier: format!("{} {sum}", r.data.len()),
+                        }))
+                    })
+                    .await
+                }
+                3 => {
+                    call_typed(body, bulk, |r: tonic::Request<p::ReadShardRequest>| async move {
+                        let kind = ErrorKind::from_index(r.into_inner().offset as u8).unwrap();
+                        Err::<tonic::Response<p::ReadShardReply>, _>(
+                            CairnError::new(kind, "told to fail").into(),
+                        )
+                    })
+                    .await
+                }
+                _ => std::future::pending().await,
+            }
+        })
+    }
+}
+
+async fn start() -> (
+    String,
+    tokio::sync::watch::Sender<bool>,
+    tokio_stream::wrappers::ReceiverStream<std::io::Result<TcpStream>>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let others = serve(listener, Arc::new(Fake), stopped);
+    (addr, stop, others)
+}
+
+fn client(addr: &str) -> WireClient {
+    WireClient::new(addr, Duration::from_secs(2), Duration::from_secs(2))
+}
+
+#[tokio::test]
+async fn bulk_data_travels_both_ways_byte_exact() {
+    let (addr, _stop, _others) = start().await;
+    let c = client(&addr);
+    let reply: p::ReadShardReply =
+        c.call(1, p::ReadShardRequest { id: None, offset: 7, len: 3 << 20 }).await.unwrap();
+    assert_eq!(reply.shard_len, 7);
+    assert_eq!(reply.data.len(), 3 << 20);
+    assert!(reply.data.iter().all(|b| *b == b'x'));
+
+    let data: Vec<u8> = (0..(1 << 20) + 13).map(|i| (i % 251) as u8).collect();
+    let sum: u64 = data.iter().map(|b| *b as u64).sum();
+    let reply: p::WriteShardReply =
+        c.call(2, p::WriteShardRequest { id: None, data: Bytes::from(data.clone()) }).await.unwrap();
+    assert_eq!(reply.tier, format!("{} {sum}", data.len()));
+    // An empty bulk part is an empty field, not an error.
+    let reply: p::ReadShardReply =
+        c.call(1, p::ReadShardRequest { id: None, offset: 0, len: 0 }).await.unwrap();
+    assert!(reply.data.is_empty());
+}
+
+#[tokio::test]
+async fn every_error_kind_arrives_as_raised_and_the_connection_stays_usable() {
+    let (addr, _stop, _others) = start().await;
+    let c = client(&addr);
+    for kind in ErrorKind::ALL {
+        let req = p::ReadShardRequest { id: None, offset: kind.index() as u64, len: 0 };
+        let e = c.call::<_, p::ReadShardReply>(3, req).await.unwrap_err();
+        assert_eq!(e.kind(), kind);
+        assert_eq!(e.message(), "told to fail");
+    }
+    let e = c.call::<_, p::Empty>(99, p::Empty {}).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotSupported, "{e}");
+    // Every call above went over the one pooled connection.
+    assert_eq!(c.idle.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_malformed_body_is_a_clear_error() {
+    let (addr, _stop, _others) = start().await;
+    let mut conn = TcpStream::connect(&addr).await.unwrap();
+    conn.write_all(&MAGIC).await.unwrap();
+    // Field 1 as a length-delimited value running past the end of the body.
+    let body = [0x0a, 0x7f, 0x01];
+    let mut head = vec![0; HEADER];
+    write_header(&mut head, body.len(), 0, &1u16.to_le_bytes(), 0).unwrap();
+    head.extend_from_slice(&body);
+    write_frame(&mut conn, &head, &[]).await.unwrap();
+    let (status, kind, message, _) = read_reply(&mut conn).await.unwrap();
+    assert_eq!(status, STATUS_ERROR);
+    assert_eq!(ErrorKind::from_index(kind), Some(ErrorKind::InvalidArgument));
+    assert!(String::from_utf8_lossy(&message).contains("malformed request"));
+    // Bulk data for a message without a bulk field is refused too.
+    let mut head = vec![0; HEADER];
+    write_header(&mut head, 0, 5, &1u16.to_le_bytes(), 0).unwrap();
+    write_frame(&mut conn, &head, b"extra").await.unwrap();
+    let (status, kind, _, _) = read_reply(&mut conn).await.unwrap();
+    assert_eq!((status, ErrorKind::from_index(kind)), (STATUS_ERROR, Some(ErrorKind::InvalidArgument)));
+}
+
+#[tokio::test]
+async fn an_oversized_frame_or_a_bad_magic_closes_the_connection() {
+    let (addr, _stop, mut others) = start().await;
+    let mut conn = TcpStream::connect(&addr).await.unwrap();
+    conn.write_all(&MAGIC).await.unwrap();
+    let mut head = [0u8; HEADER];
+    head[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+    conn.write_all(&head).await.unwrap();
+    let mut buf = [0u8; 1];
+    assert_eq!(conn.read(&mut buf).await.unwrap(), 0, "the server closes the connection");
+
+    // Anything else than the magic is someone else's protocol: handed on, not answered.
+    let mut other = TcpStream::connect(&addr).await.unwrap();
+    other.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    use tokio_stream::StreamExt;
+    let handed = tokio::time::timeout(Duration::from_secs(5), others.next()).await.unwrap().unwrap().unwrap();
+    let mut preface = [0u8; 3];
+    let mut handed = handed;
+    handed.read_exact(&mut preface).await.unwrap();
+    assert_eq!(&preface, b"PRI", "the other protocol's bytes are left unread for it");
+}
+
+#[tokio::test]
+async fn a_restarted_server_is_reached_on_a_new_connection() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let _others = serve(listener, Arc::new(Fake), stopped);
+    let c = client(&addr.to_string());
+    let req = || p::ReadShardRequest { id: None, offset: 1, len: 1 };
+    c.call::<_, p::ReadShardReply>(1, req()).await.unwrap();
+    stop.send(true).unwrap();
+    // The server closes its connections; once its pooled connection reads as closed, a call to
+    // the restarted server goes over a fresh one.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.idle.lock().unwrap().iter().any(still_open) {
+        assert!(Instant::now() < deadline, "the pooled connection never saw the close");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let listener = loop {
+        match TcpListener::bind(addr).await {
+            Ok(l) => break l,
+            Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => panic!("rebind {addr}: {e}"),
+        }
+    };
+    let (_stop2, stopped) = tokio::sync::watch::channel(false);
+    let _others2 = serve(listener, Arc::new(Fake), stopped);
+    assert_eq!(c.call::<_, p::ReadShardReply>(1, req()).await.unwrap().data.len(), 1);
+}
+
+#[tokio::test]
+async fn no_answer_in_time_or_no_server_is_unavailable() {
+    let (addr, _stop, _others) = start().await;
+    let c = WireClient::new(&addr, Duration::from_secs(1), Duration::from_millis(200));
+    let e = c.call::<_, p::Empty>(4, p::Empty {}).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(c.idle.lock().unwrap().is_empty(), "a timed-out connection is not reused");
+
+    let free = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().to_string();
+    let e = client(&free).check().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+}
+
+#[tokio::test]
+async fn concurrent_calls_each_get_their_own_answer() {
+    let (addr, _stop, _others) = start().await;
+    let c = Arc::new(client(&addr));
+    let calls = (0..64u64).map(|i| {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let reply: p::ReadShardReply =
+                c.call(1, p::ReadShardRequest { id: None, offset: i, len: i * 1000 }).await.unwrap();
+            assert_eq!((reply.shard_len, reply.data.len() as u64), (i, i * 1000));
+        })
+    });
+    for call in calls.collect::<Vec<_>>() {
+        call.await.unwrap();
+    }
+    assert!(c.idle.lock().unwrap().len() <= IDLE_PER_SERVER);
+}
