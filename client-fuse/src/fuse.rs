@@ -1,7 +1,8 @@
-//! The FUSE adapter. Callbacks are thin: each copies its arguments, spawns a task on the tokio
-//! runtime and returns, so the FUSE threads never wait on the network; the task calls the
+//! The FUSE adapter. Callbacks are thin: each copies its arguments into a future that calls the
 //! [`Client`] and turns `Result<T, CairnError>` into `reply.*`, with the one errno mapping of
-//! `cairn_common::ErrorKind`.
+//! `cairn_common::ErrorKind`. The future is polled once on the FUSE thread and, if it has to
+//! wait (a server's answer, a lock), continues as a task on the tokio runtime, so the FUSE
+//! threads never wait on the network.
 
 use std::ffi::OsStr;
 use std::future::Future;
@@ -176,19 +177,32 @@ fn time_arg(t: Option<TimeOrNow>) -> (Option<p::Timespec>, bool) {
 }
 
 impl CairnFs {
-    /// Run a request's work on the runtime, counted and timed as `op`.
+    /// Run a request's work, counted and timed as `op`: polled once here, on the FUSE thread,
+    /// and handed to the runtime only if it has to wait. Work the client answers from memory
+    /// (a cached attribute, a flush of a clean file, a queued release, a write into a stripe
+    /// buffer) is replied to without waking a runtime thread, and a request to a server is sent
+    /// from here, so only its answer wakes the runtime. On a VM where waking an idle vCPU costs
+    /// tens of microseconds, each wake saved is most of a cached operation's time.
     fn spawn<F>(&self, op: &'static str, f: impl FnOnce(Arc<Client>) -> F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
         let work = f(self.client.clone());
         let started = std::time::Instant::now();
-        self.rt.spawn(async move {
+        let mut task = Box::pin(async move {
             work.await;
             metrics::counter!(crate::metrics::FUSE_OPS, "op" => op).increment(1);
             metrics::histogram!(crate::metrics::FUSE_SECONDS, "op" => op)
                 .record(started.elapsed().as_secs_f64());
         });
+        // The runtime's context (I/O driver, timers, spawn) for the first poll. A future left
+        // pending has registered the no-op waker; the runtime polls it again at once when it is
+        // spawned, with its own waker, so no wake-up is lost.
+        let _context = self.rt.enter();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if task.as_mut().poll(&mut cx).is_pending() {
+            self.rt.spawn(task);
+        }
     }
 }
 
