@@ -606,3 +606,34 @@ fn grpc_and_wire_clients_share_one_port_and_one_namespace() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("CAIRN_TRANSPORT"), "{out:?}");
 }
+
+#[test]
+fn fsync_of_a_clean_file_or_a_directory_makes_the_namespace_durable() {
+    // Under the default `sync_mode = "commit"` a create is answered before its WAL fsync; an
+    // fsync(2) with nothing to commit, and an fsync of a directory, ask the metaserver to sync.
+    // An fsync that commits written data needs no extra request (the commit is durable).
+    let cluster = Cluster::start(6, "4+2", 64);
+    let meta = cluster.nodes.iter().find(|n| n.role == "meta").unwrap().metrics.clone().unwrap();
+    let syncs = || {
+        support::metric(
+            &support::scrape(&meta),
+            "cairn_rpc_requests_total",
+            &["method=\"Sync\"", "code=\"Ok\""],
+        )
+        .unwrap_or(0.0)
+    };
+    let dir = cluster.mnt.join("d");
+    fs::create_dir(&dir).unwrap();
+    let f = fs::File::create(dir.join("empty")).unwrap();
+    let before = syncs();
+    f.sync_all().unwrap();
+    assert_eq!(syncs(), before + 1.0, "fsync of a clean file");
+    fs::File::open(&dir).unwrap().sync_all().unwrap();
+    assert_eq!(syncs(), before + 2.0, "fsync of a directory");
+    let mut g = fs::File::create(dir.join("data")).unwrap();
+    g.write_all(b"bytes").unwrap();
+    g.sync_all().unwrap();
+    assert_eq!(syncs(), before + 2.0, "an fsync that commits data needs no sync request");
+    drop((f, g));
+    assert_eq!(fs::read(dir.join("data")).unwrap(), b"bytes");
+}

@@ -92,6 +92,7 @@ fake_meta! {
     remove_node(NodeRequest) -> Empty;
     get_layout(InoRequest) -> LayoutReply;
     set_layout(SetLayoutRequest) -> LayoutReply;
+    sync(Empty) -> Empty;
 }
 
 /// Serve the fake metaserver on `listener` in the background.

@@ -571,6 +571,22 @@ impl Client {
         file.flush(&self.nodes, &self.meta, &self.versions, self.changes(ino)).await.map(|_| ())
     }
 
+    /// fsync(2): write out and commit what is buffered (a commit is durable at the metaserver,
+    /// with every namespace change before it); with nothing to commit, ask the metaserver to
+    /// make its changes so far durable (the file's create, a chmod, a rename into place).
+    pub async fn fsync(&self, fh: u64) -> Result<()> {
+        let (ino, file) = self.handle(fh)?;
+        match file.flush(&self.nodes, &self.meta, &self.versions, self.changes(ino)).await? {
+            Some(_) => Ok(()),
+            None => self.sync_namespace().await,
+        }
+    }
+
+    /// fsync(2) of a directory: every namespace change so far is made durable.
+    pub async fn sync_namespace(&self) -> Result<()> {
+        self.meta.sync(p::Empty {}).await.map(|_| ())
+    }
+
     /// Close a handle: commit, and forget the file when it was the last handle.
     pub async fn release(&self, fh: u64) -> Result<()> {
         let result = self.flush(fh).await;

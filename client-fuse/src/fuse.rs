@@ -201,6 +201,7 @@ impl CairnFs {
         let _context = self.rt.enter();
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         if task.as_mut().poll(&mut cx).is_pending() {
+            metrics::counter!(crate::metrics::FUSE_DEFERRED, "op" => op).increment(1);
             self.rt.spawn(task);
         }
     }
@@ -552,7 +553,11 @@ impl Filesystem for CairnFs {
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        self.spawn("fsync", |c| async move { reply_empty(reply, c.flush(fh.0).await) });
+        self.spawn("fsync", |c| async move { reply_empty(reply, c.fsync(fh.0).await) });
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        self.spawn("fsyncdir", |c| async move { reply_empty(reply, c.sync_namespace().await) });
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

@@ -121,6 +121,7 @@ impl MetaConn {
     rpc!(lock, p::LockRequest, p::LockReply);
     rpc!(list_stripes, p::ListStripesRequest, p::ListStripesReply);
     rpc!(commit, p::CommitRequest, p::AttrReply);
+    rpc!(sync, p::Empty, p::Empty);
     rpc!(register_client, p::Empty, p::RegisterClientReply);
     rpc!(list_nodes, p::Empty, p::ListNodesReply);
     rpc!(cluster_status, p::Empty, p::ClusterStatusReply);

@@ -5,6 +5,9 @@
 /// reply, by `op` (histogram, seconds).
 pub const FUSE_OPS: &str = "cairn_client_fuse_ops_total";
 pub const FUSE_SECONDS: &str = "cairn_client_fuse_op_seconds";
+/// FUSE requests that could not be answered on the FUSE thread and went on as a runtime task
+/// (they waited for a server or a lock), by `op` (counter).
+pub const FUSE_DEFERRED: &str = "cairn_client_fuse_deferred_total";
 /// Bytes returned to reads and accepted from writes (counters).
 pub const READ_BYTES: &str = "cairn_client_read_bytes_total";
 pub const WRITTEN_BYTES: &str = "cairn_client_written_bytes_total";

@@ -15,6 +15,27 @@ use serde::{Deserialize, Serialize};
 
 use crate::{CairnError, Layout, Result};
 
+/// When the metaserver fsyncs its write-ahead log. Every change is in the log before it is
+/// answered, so a killed metaserver process loses nothing in any mode; the modes differ in what
+/// a power loss of the metaserver's machine can take back.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncMode {
+    /// Every change is fsynced before it is answered: nothing acknowledged is lost.
+    Always,
+    /// What the application asked to be durable is fsynced before it is answered: the commit of
+    /// written data (`close`, `fsync`), `fsync` of a file or directory, and the counters that
+    /// must never repeat (inode numbers, client and node ids). Other changes (create, mkdir,
+    /// rename, unlink, chmod…) are fsynced by a background group commit right after, without
+    /// holding the answer back; a power loss can take back the ones of the last moment, as on a
+    /// local filesystem without `fsync`. Shards are deleted only after the change that freed
+    /// them is on disk.
+    Commit,
+    /// Nothing is fsynced (scratch clusters and tests): a power loss can take back anything not
+    /// yet written out by the kernel.
+    Never,
+}
+
 /// Metaserver settings (`cairn meta --config FILE`).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -27,8 +48,8 @@ pub struct MetaConfig {
     pub ec: String,
     /// Stripe unit in bytes.
     pub unit: u32,
-    /// fsync the RocksDB WAL before acknowledging a change (off loses the last changes on power loss).
-    pub sync_writes: bool,
+    /// When namespace changes reach the disk (see [`SyncMode`]).
+    pub sync_mode: SyncMode,
     /// A chunkserver with no heartbeat for this long is reported down and gets no new stripes.
     pub node_timeout_ms: u64,
     /// How often the garbage collector deletes shards of removed files and replaced stripes.
@@ -57,7 +78,7 @@ impl Default for MetaConfig {
             data_dir: PathBuf::from("/var/lib/cairn/meta"),
             ec: "4+2".into(),
             unit: 1 << 20,
-            sync_writes: true,
+            sync_mode: SyncMode::Commit,
             node_timeout_ms: 10_000,
             gc_interval_ms: 2_000,
             client_lease_ms: 30_000,

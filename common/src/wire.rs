@@ -279,6 +279,7 @@ service!(meta, "meta", cairn_proto::meta_server::Meta,
     35 remove_node "RemoveNode" (NodeRequest) -> Empty;
     36 get_layout "GetLayout" (InoRequest) -> LayoutReply;
     37 set_layout "SetLayout" (SetLayoutRequest) -> LayoutReply;
+    38 sync "Sync" (Empty) -> Empty;
 );
 
 service!(chunk, "chunk", cairn_proto::chunk_server::Chunk,

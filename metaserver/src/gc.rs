@@ -83,9 +83,18 @@ impl Gc {
     /// One pass over (up to a round's worth of) the queue.
     pub async fn run_once(&self) -> Result<GcRound> {
         let ns = self.ns.clone();
-        let rows = tokio::task::spawn_blocking(move || ns.store().scan(Cf::Gc, &[], &[], ENTRIES_PER_ROUND))
-            .await
-            .map_err(|e| CairnError::internal(format!("gc scan: {e}")))??;
+        // The entries, then an fsync: the changes that queued them (an unlink, a replaced
+        // stripe, a moved placement) are on disk before any shard goes, so a power loss cannot
+        // bring back a file whose shards were deleted.
+        let rows = tokio::task::spawn_blocking(move || {
+            let rows = ns.store().scan(Cf::Gc, &[], &[], ENTRIES_PER_ROUND)?;
+            if !rows.is_empty() {
+                ns.store().sync()?;
+            }
+            Ok::<_, CairnError>(rows)
+        })
+        .await
+        .map_err(|e| CairnError::internal(format!("gc scan: {e}")))??;
         let mut entries = Vec::with_capacity(rows.len());
         let mut by_node: HashMap<u32, Vec<GcShard>> = HashMap::new();
         for (key, value) in rows {

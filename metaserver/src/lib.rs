@@ -36,7 +36,7 @@ pub fn open_namespace(config: &MetaConfig) -> Result<Namespace> {
     config.validate()?;
     Ok(Namespace::open_rocks(
         &config.data_dir,
-        config.sync_writes,
+        config.sync_mode,
         config.layout()?,
         Duration::from_millis(config.node_timeout_ms),
     )?

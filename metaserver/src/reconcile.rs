@@ -94,6 +94,12 @@ impl Repair {
                 }
             }
             if !dry_run && !stale.is_empty() {
+                // The namespace the verdicts came from is on disk before anything goes (an
+                // unlink a power loss could take back must not have lost its shards).
+                let ns = self.ns.clone();
+                tokio::task::spawn_blocking(move || ns.store().sync())
+                    .await
+                    .map_err(|e| CairnError::internal(format!("reconcile sync: {e}")))??;
                 let n = stale.len() as u64;
                 client.delete_shards(DeleteShardsRequest { ids: stale }).await.map_err(CairnError::from)?;
                 report.deleted += n;

@@ -209,6 +209,7 @@ impl Registry {
                     schema::encode(&Counter { value: id as u64 + 1 }),
                 );
             }
+            batch.set_durable();
             self.store.write(batch)?;
         }
         if known.is_none() {
@@ -242,6 +243,7 @@ impl Registry {
             let record = Node { uuid: node.uuid.clone(), addr: addr.into(), state: node.state };
             let mut batch = Batch::new();
             batch.put(Cf::Nodes, schema::node_key(id), schema::encode(&record));
+            batch.set_durable();
             self.store.write(batch)?;
             node.addr = addr.into();
         }
@@ -372,6 +374,7 @@ impl Registry {
                 let record = Node { uuid: node.uuid.clone(), addr: node.addr.clone(), state };
                 let mut batch = Batch::new();
                 batch.put(Cf::Nodes, schema::node_key(id), schema::encode(&record));
+                batch.set_durable();
                 self.store.write(batch)?;
                 node.state = state;
             }
@@ -391,6 +394,7 @@ impl Registry {
         let record = Node { uuid: node.uuid.clone(), addr: node.addr.clone(), state: NODE_REMOVED };
         let mut batch = Batch::new();
         batch.put(Cf::Nodes, schema::node_key(id), schema::encode(&record));
+        batch.set_durable();
         self.store.write(batch)?;
         let uuid = record.uuid;
         inner.nodes.remove(&id);

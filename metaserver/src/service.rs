@@ -1,5 +1,6 @@
 //! The `Meta` gRPC service: converts requests to namespace and registry calls and results back
-//! to proto. Store work runs on tokio's blocking pool; every error leaves as a `tonic::Status`
+//! to proto. Point reads and (unless every write is fsynced) namespace changes run inline on the
+//! request's task, everything else on tokio's blocking pool; every error leaves as a `tonic::Status`
 //! built from a `CairnError`, so clients see the exact kind. Inputs are validated here or in the
 //! namespace before use; a panic in a handler is caught by the blocking pool and answered as an
 //! internal error instead of taking the server down.
@@ -38,7 +39,7 @@ impl MetaService {
     /// Unlink (or, with `dir`, rmdir) and answer with the parent as the removal left it.
     async fn remove(&self, r: RemoveRequest, dir: bool) -> Result<Response<RemoveReply>, Status> {
         let parent = self
-            .run(move |ns| {
+            .change(move |ns| {
                 let parent = check_ino(r.parent)?;
                 if dir {
                     ns.rmdir(parent, &r.name)?;
@@ -60,6 +61,23 @@ impl MetaService {
     /// to the blocking pool costs more than the read (measured: `bench/mdbench.py` stat rate).
     fn read<T>(&self, f: impl FnOnce(&Namespace) -> Result<T>) -> Result<T, Status> {
         f(&self.ns).map_err(Status::from)
+    }
+
+    /// A namespace change that does not wait for the disk (the store's sync mode is not
+    /// `Always`; changes the application asked to be durable go through [`MetaService::run`]):
+    /// inline, like a read, since appending to the WAL through the kernel costs less than the
+    /// hand-off to the blocking pool and back (two thread wake-ups). With `Always` it runs on the
+    /// blocking pool, so a WAL fsync never stalls a runtime worker.
+    async fn change<T, F>(&self, f: F) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Namespace) -> Result<T> + Send + 'static,
+    {
+        if self.ns.store().syncs_every_write() {
+            self.run(f).await
+        } else {
+            f(&self.ns).map_err(Status::from)
+        }
     }
 
     async fn run<T, F>(&self, f: F) -> Result<T, Status>
@@ -158,14 +176,14 @@ impl Meta for MetaService {
     async fn set_attr(&self, req: Request<SetAttrRequest>) -> Result<Response<AttrReply>, Status> {
         let r = req.into_inner();
         check_ino(r.ino)?;
-        let inode = self.run(move |ns| ns.setattr(&r)).await?;
+        let inode = self.change(move |ns| ns.setattr(&r)).await?;
         Ok(Response::new(attr_reply(inode)))
     }
 
     async fn create(&self, req: Request<CreateRequest>) -> Result<Response<CreateReply>, Status> {
         let r = req.into_inner();
         let (inode, created, parent) = self
-            .run(move |ns| {
+            .change(move |ns| {
                 let new = NewEntry {
                     parent: check_ino(r.parent)?,
                     name: &r.name,
@@ -187,7 +205,7 @@ impl Meta for MetaService {
     async fn mkdir(&self, req: Request<MkdirRequest>) -> Result<Response<AttrReply>, Status> {
         let r = req.into_inner();
         let (inode, parent) = self
-            .run(move |ns| {
+            .change(move |ns| {
                 let parent = check_ino(r.parent)?;
                 let inode =
                     ns.mkdir(&NewEntry { parent, name: &r.name, mode: r.mode, uid: r.uid, gid: r.gid })?;
@@ -208,7 +226,7 @@ impl Meta for MetaService {
     async fn rename(&self, req: Request<RenameRequest>) -> Result<Response<RenameReply>, Status> {
         let r = req.into_inner();
         let (parent, new_parent) = self
-            .run(move |ns| {
+            .change(move |ns| {
                 let (parent, new_parent) = (check_ino(r.parent)?, check_ino(r.new_parent)?);
                 ns.rename(parent, &r.name, new_parent, &r.new_name, r.flags)?;
                 Ok((dir_after(ns, parent), dir_after(ns, new_parent)))
@@ -220,7 +238,7 @@ impl Meta for MetaService {
     async fn link(&self, req: Request<LinkRequest>) -> Result<Response<AttrReply>, Status> {
         let r = req.into_inner();
         let (inode, parent) = self
-            .run(move |ns| {
+            .change(move |ns| {
                 let new_parent = check_ino(r.new_parent)?;
                 let inode = ns.link(check_ino(r.ino)?, new_parent, &r.new_name)?;
                 Ok((inode, dir_after(ns, new_parent)))
@@ -232,7 +250,7 @@ impl Meta for MetaService {
     async fn symlink(&self, req: Request<SymlinkRequest>) -> Result<Response<AttrReply>, Status> {
         let r = req.into_inner();
         let (inode, parent) = self
-            .run(move |ns| {
+            .change(move |ns| {
                 let new =
                     NewEntry { parent: check_ino(r.parent)?, name: &r.name, mode: 0, uid: r.uid, gid: r.gid };
                 let inode = ns.symlink(&new, &r.target)?;
@@ -267,7 +285,7 @@ impl Meta for MetaService {
 
     async fn set_xattr(&self, req: Request<SetXattrRequest>) -> Result<Response<Empty>, Status> {
         let r = req.into_inner();
-        self.run(move |ns| ns.set_xattr(check_ino(r.ino)?, &r.name, &r.value, r.flags)).await?;
+        self.change(move |ns| ns.set_xattr(check_ino(r.ino)?, &r.name, &r.value, r.flags)).await?;
         Ok(Response::new(Empty {}))
     }
 
@@ -279,7 +297,7 @@ impl Meta for MetaService {
 
     async fn remove_xattr(&self, req: Request<XattrRequest>) -> Result<Response<Empty>, Status> {
         let r = req.into_inner();
-        self.run(move |ns| ns.remove_xattr(check_ino(r.ino)?, &r.name)).await?;
+        self.change(move |ns| ns.remove_xattr(check_ino(r.ino)?, &r.name)).await?;
         Ok(Response::new(Empty {}))
     }
 
@@ -377,6 +395,11 @@ impl Meta for MetaService {
         Ok(Response::new(attr_reply(inode)))
     }
 
+    async fn sync(&self, _req: Request<Empty>) -> Result<Response<Empty>, Status> {
+        self.run(|ns| ns.store().sync()).await?;
+        Ok(Response::new(Empty {}))
+    }
+
     async fn register_client(&self, _req: Request<Empty>) -> Result<Response<RegisterClientReply>, Status> {
         let client_id = self.run(|ns| ns.register_client()).await?;
         Ok(Response::new(RegisterClientReply { client_id }))
@@ -427,7 +450,15 @@ impl Meta for MetaService {
         req: Request<CheckNamespaceRequest>,
     ) -> Result<Response<CheckNamespaceReply>, Status> {
         let repair = req.into_inner().repair;
-        let report = self.run(move |ns| ns.check(repair)).await?;
+        let report = self
+            .run(move |ns| {
+                let report = ns.check(repair)?;
+                if repair {
+                    ns.store().sync()?;
+                }
+                Ok(report)
+            })
+            .await?;
         Ok(Response::new(CheckNamespaceReply {
             inodes: report.inodes,
             dentries: report.dentries,

@@ -39,7 +39,7 @@ fn config(dir: &std::path::Path) -> MetaConfig {
         data_dir: dir.to_path_buf(),
         ec: "2+1".into(),
         unit: 4096,
-        sync_writes: false,
+        sync_mode: cairn_common::config::SyncMode::Never,
         gc_interval_ms: 50,
         ..MetaConfig::default()
     }
@@ -164,7 +164,7 @@ async fn serves_the_namespace_over_grpc() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_locked_database_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let _held = crate::store::RocksStore::open(dir.path(), false).unwrap();
+    let _held = crate::store::RocksStore::open(dir.path(), cairn_common::config::SyncMode::Never).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let err = crate::serve(config(dir.path()), listener, std::future::pending()).await.unwrap_err();
     assert!(err.message().contains("cannot open metadata database"), "{err}");

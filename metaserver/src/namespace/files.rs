@@ -156,6 +156,9 @@ impl Namespace {
                 inode.set_mtime(mtime.unwrap_or(&now));
                 inode.set_ctime(&now);
                 let out = inode.clone();
+                // close/fsync of written data: on disk before it is answered (and with it
+                // every change before it, the file's create included).
+                tx.batch.set_durable();
                 tx.commit()?;
                 Ok(out)
             },

@@ -111,6 +111,8 @@ impl Namespace {
                     record.missing |= 1 << id.index;
                     let mut tx = self.tx();
                     tx.batch.put(Cf::Stripes, key, schema::encode(&record));
+                    // Durable: the reporter deletes the damaged shard once this is answered.
+                    tx.batch.set_durable();
                     tx.commit()?;
                     Ok(true)
                 },

@@ -196,7 +196,7 @@ impl Namespace {
     /// A namespace in a RocksDB database at `path`.
     pub fn open_rocks(
         path: &Path,
-        sync: bool,
+        sync: cairn_common::config::SyncMode,
         root_layout: Layout,
         node_timeout: Duration,
     ) -> Result<Namespace> {
@@ -221,6 +221,8 @@ impl Namespace {
                 .ok_or_else(|| CairnError::new(ErrorKind::NoSpace, "no inode numbers left"))?;
             let mut batch = Batch::new();
             batch.put(Cf::Counters, counter::INO_RESERVED, schema::encode(&Counter { value: end }));
+            // Durable before any inode of the block is handed out: numbers never repeat.
+            batch.set_durable();
             self.store.write(batch)?;
             a.reserved_end = end;
         }
@@ -236,6 +238,8 @@ impl Namespace {
             u32::try_from(*next).map_err(|_| CairnError::new(ErrorKind::NoSpace, "no client ids left"))?;
         let mut batch = Batch::new();
         batch.put(Cf::Counters, counter::NEXT_CLIENT, schema::encode(&Counter { value: *next + 1 }));
+        // Durable: a client id prefixes its stripe versions and must never be handed out twice.
+        batch.set_durable();
         self.store.write(batch)?;
         *next += 1;
         Ok(id)

@@ -449,7 +449,15 @@ fn concurrent_operations_keep_counts_consistent() {
 #[test]
 fn restart_on_rocksdb_keeps_everything_and_never_reuses_inodes() {
     let dir_path = tempfile::tempdir().unwrap();
-    let open = || Namespace::open_rocks(dir_path.path(), true, layout(), Duration::from_secs(60)).unwrap();
+    let open = || {
+        Namespace::open_rocks(
+            dir_path.path(),
+            cairn_common::config::SyncMode::Commit,
+            layout(),
+            Duration::from_secs(60),
+        )
+        .unwrap()
+    };
     let (d, f, l, max_ino) = {
         let ns = open();
         add_nodes(&ns, 3);

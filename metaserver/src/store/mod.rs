@@ -72,6 +72,7 @@ pub enum Op {
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
     ops: Vec<Op>,
+    durable: bool,
 }
 
 impl Batch {
@@ -91,6 +92,16 @@ impl Batch {
         &self.ops
     }
 
+    /// `write` returns only once this batch (and everything written before it) is on disk,
+    /// whatever the store's sync mode short of `Never`.
+    pub fn set_durable(&mut self) {
+        self.durable = true;
+    }
+
+    pub fn is_durable(&self) -> bool {
+        self.durable
+    }
+
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }
@@ -108,8 +119,19 @@ pub trait MetaStore: Send + Sync + 'static {
     /// means "to the end of the column family".
     fn scan(&self, cf: Cf, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
 
-    /// Apply every op of `batch` atomically.
+    /// Apply every op of `batch` atomically; durably before returning when the batch is
+    /// durable or the store syncs every write.
     fn write(&self, batch: Batch) -> Result<()>;
+
+    /// Make every write so far durable.
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Whether every `write` waits for the disk (then callers keep writes off async threads).
+    fn syncs_every_write(&self) -> bool {
+        false
+    }
 
     /// Engine statistics worth watching, as (name, value): sizes, pending compaction, stalls.
     fn properties(&self) -> Vec<(&'static str, u64)> {

@@ -1,11 +1,18 @@
-//! RocksDB [`MetaStore`]: one column family per [`Cf`], one `WriteBatch` per write. With
-//! `sync_writes` every batch is fsynced through the WAL before `write` returns, so an
-//! acknowledged change survives power loss. This is the only module of Cairn that imports
-//! `rocksdb`.
+//! RocksDB [`MetaStore`]: one column family per [`Cf`], one `WriteBatch` per write, every batch
+//! appended to the WAL (through the kernel: a killed process loses nothing) before `write`
+//! returns. When the WAL is fsynced follows [`SyncMode`]: with `Always` every write waits for
+//! it; with `Commit` durable batches wait for it and the others wake the group-commit thread,
+//! which fsyncs the WAL as soon as something is unsynced (one fsync covers every write before
+//! it, so under load one fsync serves many changes) while their answers go out. This is the only
+//! module of Cairn that imports `rocksdb`.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
+use cairn_common::config::SyncMode;
 use cairn_common::{CairnError, Result};
+use parking_lot::{Condvar, Mutex};
 use rocksdb::{
     ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions, DB,
 };
@@ -13,8 +20,65 @@ use rocksdb::{
 use super::{Batch, Cf, MetaStore, Op};
 
 pub struct RocksStore {
-    db: DB,
-    sync: bool,
+    db: Arc<DB>,
+    mode: SyncMode,
+    /// The group-commit thread (`Commit` mode).
+    syncer: Option<(Arc<Syncer>, std::thread::JoinHandle<()>)>,
+}
+
+/// What the group-commit thread waits on.
+#[derive(Default)]
+struct Syncer {
+    state: Mutex<SyncState>,
+    wake: Condvar,
+    /// WAL fsyncs the thread has done.
+    syncs: AtomicU64,
+}
+
+#[derive(Default)]
+struct SyncState {
+    /// Writes since the last fsync started.
+    dirty: bool,
+    stop: bool,
+}
+
+impl Syncer {
+    fn mark_dirty(&self) {
+        let mut state = self.state.lock();
+        if !state.dirty {
+            state.dirty = true;
+            self.wake.notify_one();
+        }
+    }
+
+    fn run(&self, db: &DB) {
+        loop {
+            {
+                let mut state = self.state.lock();
+                while !state.dirty && !state.stop {
+                    self.wake.wait(&mut state);
+                }
+                if !state.dirty {
+                    return;
+                }
+                state.dirty = false;
+            }
+            if let Err(e) = db.flush_wal(true) {
+                tracing::error!("metadata store: fsync of the WAL failed: {e}");
+            }
+            self.syncs.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for RocksStore {
+    fn drop(&mut self) {
+        if let Some((syncer, thread)) = self.syncer.take() {
+            syncer.state.lock().stop = true;
+            syncer.wake.notify_one();
+            let _ = thread.join();
+        }
+    }
 }
 
 fn db_error(context: &str, e: rocksdb::Error) -> CairnError {
@@ -24,7 +88,7 @@ fn db_error(context: &str, e: rocksdb::Error) -> CairnError {
 impl RocksStore {
     /// Open (creating if needed) the database in `path`. A database held by another process,
     /// or one that cannot be read, is a clear error.
-    pub fn open(path: &Path, sync: bool) -> Result<RocksStore> {
+    pub fn open(path: &Path, mode: SyncMode) -> Result<RocksStore> {
         std::fs::create_dir_all(path).map_err(|e| {
             CairnError::from_io(&format!("cannot create metadata directory {}", path.display()), &e)
         })?;
@@ -35,7 +99,24 @@ impl RocksStore {
         let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(|e| {
             CairnError::io(format!("cannot open metadata database at {}: {e}", path.display()))
         })?;
-        Ok(RocksStore { db, sync })
+        let db = Arc::new(db);
+        let syncer = (mode == SyncMode::Commit)
+            .then(|| -> Result<_> {
+                let syncer = Arc::new(Syncer::default());
+                let (s, d) = (syncer.clone(), db.clone());
+                let thread = std::thread::Builder::new()
+                    .name("cairn-wal-sync".into())
+                    .spawn(move || s.run(&d))
+                    .map_err(|e| CairnError::from_io("cannot start the WAL sync thread", &e))?;
+                Ok((syncer, thread))
+            })
+            .transpose()?;
+        Ok(RocksStore { db, mode, syncer })
+    }
+
+    /// WAL fsyncs done by the group-commit thread so far.
+    pub fn background_syncs(&self) -> u64 {
+        self.syncer.as_ref().map_or(0, |(s, _)| s.syncs.load(Ordering::Relaxed))
     }
 
     fn cf(&self, cf: Cf) -> Result<&rocksdb::ColumnFamily> {
@@ -58,7 +139,7 @@ const PROPERTIES: [(&str, &str); 7] = [
 
 impl MetaStore for RocksStore {
     fn properties(&self) -> Vec<(&'static str, u64)> {
-        PROPERTIES
+        let mut props: Vec<_> = PROPERTIES
             .iter()
             .map(|(name, prop)| {
                 let total = Cf::ALL
@@ -68,7 +149,20 @@ impl MetaStore for RocksStore {
                     .sum();
                 (*name, total)
             })
-            .collect()
+            .collect();
+        props.push(("background_wal_syncs", self.background_syncs()));
+        props
+    }
+
+    fn sync(&self) -> Result<()> {
+        if self.mode == SyncMode::Never {
+            return Ok(());
+        }
+        self.db.flush_wal(true).map_err(|e| db_error("fsync of the WAL", e))
+    }
+
+    fn syncs_every_write(&self) -> bool {
+        self.mode == SyncMode::Always
     }
 
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>> {
@@ -100,8 +194,19 @@ impl MetaStore for RocksStore {
                 Op::Delete { cf, key } => wb.delete_cf(self.cf(*cf)?, key),
             }
         }
+        let sync = match self.mode {
+            SyncMode::Always => true,
+            SyncMode::Commit => batch.durable,
+            SyncMode::Never => false,
+        };
         let mut opts = WriteOptions::default();
-        opts.set_sync(self.sync);
-        self.db.write_opt(wb, &opts).map_err(|e| db_error("write", e))
+        opts.set_sync(sync);
+        self.db.write_opt(wb, &opts).map_err(|e| db_error("write", e))?;
+        if !sync {
+            if let Some((syncer, _)) = &self.syncer {
+                syncer.mark_dirty();
+            }
+        }
+        Ok(())
     }
 }

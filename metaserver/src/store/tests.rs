@@ -1,6 +1,7 @@
 //! One test suite run against every [`MetaStore`] backend.
 
 use super::*;
+use cairn_common::config::SyncMode;
 
 fn suite(store: &dyn MetaStore) {
     // get / put / delete, and column families are separate key spaces.
@@ -55,10 +56,10 @@ fn memory_store_passes_the_suite() {
 fn rocks_store_passes_the_suite_and_persists() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let store = RocksStore::open(dir.path(), false).unwrap();
+        let store = RocksStore::open(dir.path(), SyncMode::Never).unwrap();
         suite(&store);
     }
-    let store = RocksStore::open(dir.path(), true).unwrap();
+    let store = RocksStore::open(dir.path(), SyncMode::Always).unwrap();
     assert_eq!(store.get(Cf::Dentries, b"a").unwrap(), Some(b"y".to_vec()));
     assert_eq!(store.scan(Cf::Stripes, &[7], &[8], 100).unwrap().len(), 6);
 }
@@ -66,7 +67,42 @@ fn rocks_store_passes_the_suite_and_persists() {
 #[test]
 fn rocks_store_refuses_a_second_open() {
     let dir = tempfile::tempdir().unwrap();
-    let _first = RocksStore::open(dir.path(), false).unwrap();
-    let err = RocksStore::open(dir.path(), false).err().expect("second open must fail");
+    let _first = RocksStore::open(dir.path(), SyncMode::Never).unwrap();
+    let err = RocksStore::open(dir.path(), SyncMode::Never).err().expect("second open must fail");
     assert!(err.message().contains("cannot open metadata database"), "{err}");
+}
+
+#[test]
+fn commit_mode_group_commits_in_the_background_and_closes_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = RocksStore::open(dir.path(), SyncMode::Commit).unwrap();
+        suite(&store);
+        assert!(!store.syncs_every_write());
+        // A plain write is answered before its fsync; the group-commit thread does it after.
+        let before = store.background_syncs();
+        let mut b = Batch::new();
+        b.put(Cf::Inodes, b"later".to_vec(), b"1".to_vec());
+        store.write(b).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while store.background_syncs() == before {
+            assert!(std::time::Instant::now() < deadline, "no background fsync after a write");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // A durable write and an explicit sync succeed; the reported property counts the thread's fsyncs.
+        let mut b = Batch::new();
+        b.put(Cf::Inodes, b"now".to_vec(), b"2".to_vec());
+        b.set_durable();
+        store.write(b).unwrap();
+        store.sync().unwrap();
+        let props = store.properties();
+        let syncs = props.iter().find(|(n, _)| *n == "background_wal_syncs").unwrap().1;
+        assert!(syncs >= 1);
+    }
+    // Dropping the store stops its thread and releases the database.
+    let store = RocksStore::open(dir.path(), SyncMode::Always).unwrap();
+    assert!(store.syncs_every_write());
+    assert_eq!(store.get(Cf::Inodes, b"later").unwrap(), Some(b"1".to_vec()));
+    assert_eq!(store.get(Cf::Inodes, b"now").unwrap(), Some(b"2".to_vec()));
+    assert_eq!(store.background_syncs(), 0, "no group-commit thread when every write syncs");
 }
