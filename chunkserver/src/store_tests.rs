@@ -357,6 +357,74 @@ async fn direct_io_tier_reads_bypass_the_page_cache(engine: MakeEngine) {
     }
 }
 
+/// An engine that counts the buffered reads it is asked for.
+struct CountingReads {
+    inner: Arc<dyn IoEngine>,
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+impl IoEngine for CountingReads {
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+    fn read_at(&self, file: Arc<std::fs::File>, offset: u64, len: usize) -> crate::engine::IoFuture<Vec<u8>> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.read_at(file, offset, len)
+    }
+    fn read_at_direct(
+        &self,
+        file: Arc<std::fs::File>,
+        offset: u64,
+        len: usize,
+    ) -> crate::engine::IoFuture<Vec<u8>> {
+        self.inner.read_at_direct(file, offset, len)
+    }
+    fn write_at(&self, file: Arc<std::fs::File>, offset: u64, data: Bytes) -> crate::engine::IoFuture<()> {
+        self.inner.write_at(file, offset, data)
+    }
+    fn fsync(&self, file: Arc<std::fs::File>) -> crate::engine::IoFuture<()> {
+        self.inner.fsync(file)
+    }
+}
+
+/// A read the page cache holds is served without the engine; once the pages are dropped the
+/// same read goes through the engine; both return the same verified bytes, and damage is
+/// caught on either path.
+async fn cached_reads_skip_the_engine_and_cold_reads_use_it(engine: MakeEngine) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tempfile::tempdir().unwrap();
+    let counting = Arc::new(CountingReads { inner: engine(), reads: Default::default() });
+    let store = ShardStore::open(options(&[dir.path()], &[]), counting.clone()).await.unwrap();
+    let len = 2 * BLOCK_SIZE + 777;
+    let expect = data(len, 9);
+    store.write(id(1), expect.clone()).await.unwrap();
+    let path = store.shard_path(&id(1)).unwrap();
+    let drop_pages = || {
+        use std::os::fd::AsRawFd;
+        let f = std::fs::File::open(&path).unwrap();
+        // SAFETY: advice on a descriptor we hold; it only drops clean cached pages.
+        assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+    };
+    for (offset, n) in [(0usize, 0usize), (5, 100), (BLOCK_SIZE + 3, BLOCK_SIZE)] {
+        let end = if n == 0 { len } else { offset + n };
+        store.read(id(1), offset as u64, n as u64).await.unwrap();
+        let before = counting.reads.load(SeqCst);
+        let (warm, _) = store.read(id(1), offset as u64, n as u64).await.unwrap();
+        assert_eq!(counting.reads.load(SeqCst), before, "a cached read of {n} at {offset} used the engine");
+        assert!(warm == expect.slice(offset..end));
+        drop_pages();
+        assert_eq!(cached_pages(&path), 0, "the shard's pages were not dropped");
+        let (cold, _) = store.read(id(1), offset as u64, n as u64).await.unwrap();
+        assert!(counting.reads.load(SeqCst) > before, "a cold read of {n} at {offset} skipped the engine");
+        assert!(cold == expect.slice(offset..end));
+    }
+    flip_byte(&path, crate::shard::header_len_for(len as u64) + 10);
+    drop_pages();
+    assert_eq!(store.read(id(1), 0, 100).await.unwrap_err().kind(), ErrorKind::Corrupt);
+    store.read(id(1), 0, 0).await.unwrap_err();
+    assert_eq!(store.read(id(1), 0, 100).await.unwrap_err().kind(), ErrorKind::Corrupt, "from the cache");
+}
+
 macro_rules! store_tests {
     ($($case:ident),* $(,)?) => {
         mod uring_engine {
@@ -388,4 +456,5 @@ store_tests!(
     concurrent_writes_and_reads,
     listing_pages_in_id_order_and_check_finds_damage,
     direct_io_tier_reads_bypass_the_page_cache,
+    cached_reads_skip_the_engine_and_cold_reads_use_it,
 );
