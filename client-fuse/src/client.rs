@@ -557,7 +557,7 @@ impl Client {
         }
     }
 
-    pub async fn read(&self, fh: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
+    pub async fn read(&self, fh: u64, offset: u64, len: u32) -> Result<bytes::Bytes> {
         self.handle_file(fh)?.read(&self.nodes, offset, len).await
     }
 

@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use cairn_common::{CairnError, Result};
 use cairn_proto::{Attr, StripeInfo};
 use futures::future::join_all;
@@ -77,7 +78,7 @@ struct InFlight {
     task: tokio::task::JoinHandle<Result<StripeInfo>>,
 }
 
-type Cell = Arc<OnceCell<Arc<Vec<u8>>>>;
+type Cell = Arc<OnceCell<Bytes>>;
 
 #[derive(Default)]
 struct StripeCache {
@@ -159,13 +160,13 @@ impl OpenFile {
             || inner.size_dirty
     }
 
-    pub async fn read(&self, nodes: &Arc<Nodes>, offset: u64, len: u32) -> Result<Vec<u8>> {
+    pub async fn read(&self, nodes: &Arc<Nodes>, offset: u64, len: u32) -> Result<Bytes> {
         let layout = self.geo.layout;
         let stripe_bytes = layout.stripe_bytes();
         let (len, plan, sequential) = {
             let mut inner = self.inner.lock().await;
             if offset >= inner.size {
-                return Ok(Vec::new());
+                return Ok(Bytes::new());
             }
             let len = (len as u64).min(inner.size - offset);
             let sequential = offset == inner.last_read_end || offset == 0;
@@ -192,6 +193,19 @@ impl OpenFile {
             }
             (len, plan, sequential)
         };
+        // A sequential read inside one cached stripe (the usual 1 MiB read of a big file) is a
+        // slice of the stripe's bytes: no buffer to zero and fill.
+        if let [(_, in_stripe, take, Source::Stripe(info))] = plan.as_slice() {
+            if sequential {
+                let whole = self.cached_stripe(nodes, info).await?;
+                let from = *in_stripe as usize;
+                if from + *take as usize <= whole.len() {
+                    let last = *info;
+                    self.read_ahead(nodes, &last).await;
+                    return Ok(whole.slice(from..from + *take as usize));
+                }
+            }
+        }
         let mut out = vec![0u8; len as usize];
         let mut chunks: Vec<&mut [u8]> = Vec::new();
         let mut rest = out.as_mut_slice();
@@ -224,16 +238,21 @@ impl OpenFile {
         }
         if sequential {
             if let Some((_, _, _, Source::Stripe(last))) = plan.last() {
-                for ahead in 1..=READAHEAD_STRIPES {
-                    self.prefetch(nodes, last.index + ahead).await;
-                }
+                self.read_ahead(nodes, last).await;
             }
         }
-        Ok(out)
+        Ok(Bytes::from(out))
+    }
+
+    /// A sequential reader just read stripe `last`: fetch the next ones.
+    async fn read_ahead(&self, nodes: &Arc<Nodes>, last: &StripeInfo) {
+        for ahead in 1..=READAHEAD_STRIPES {
+            self.prefetch(nodes, last.index + ahead).await;
+        }
     }
 
     /// A whole stripe's valid bytes, fetched once and shared by concurrent readers.
-    async fn cached_stripe(&self, nodes: &Arc<Nodes>, info: &StripeInfo) -> Result<Arc<Vec<u8>>> {
+    async fn cached_stripe(&self, nodes: &Arc<Nodes>, info: &StripeInfo) -> Result<Bytes> {
         let cell = self.cache.lock().cell((info.index, info.version));
         let name = if cell.initialized() { metrics::STRIPE_CACHE_HITS } else { metrics::STRIPE_CACHE_MISSES };
         ::metrics::counter!(name).increment(1);
@@ -241,7 +260,7 @@ impl OpenFile {
             .get_or_try_init(|| async {
                 let mut buf = vec![0u8; info.len as usize];
                 read_stripe(nodes, &self.geo, info, 0, &mut buf, Reader::Whole).await?;
-                Ok::<_, CairnError>(Arc::new(buf))
+                Ok::<_, CairnError>(Bytes::from(buf))
             })
             .await?;
         Ok(data.clone())
@@ -263,7 +282,7 @@ impl OpenFile {
                 .get_or_try_init(|| async {
                     let mut buf = vec![0u8; info.len as usize];
                     read_stripe(&nodes, &geo, &info, 0, &mut buf, Reader::Whole).await?;
-                    Ok::<_, CairnError>(Arc::new(buf))
+                    Ok::<_, CairnError>(Bytes::from(buf))
                 })
                 .await;
         });
