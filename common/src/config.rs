@@ -26,7 +26,7 @@ pub enum SyncMode {
     /// What the application asked to be durable is fsynced before it is answered: the commit of
     /// written data (`close`, `fsync`), `fsync` of a file or directory, and the counters that
     /// must never repeat (inode numbers, client and node ids). Other changes (create, mkdir,
-    /// rename, unlink, chmod…) are fsynced by a background group commit right after, without
+    /// rename, unlink, chmod…) are fsynced by a background group commit within about 1 ms, without
     /// holding the answer back; a power loss can take back the ones of the last moment, as on a
     /// local filesystem without `fsync`. Shards are deleted only after the change that freed
     /// them is on disk.

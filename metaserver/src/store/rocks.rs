@@ -2,8 +2,8 @@
 //! appended to the WAL (through the kernel: a killed process loses nothing) before `write`
 //! returns. When the WAL is fsynced follows [`SyncMode`]: with `Always` every write waits for
 //! it; with `Commit` durable batches wait for it and the others wake the group-commit thread,
-//! which fsyncs the WAL as soon as something is unsynced (one fsync covers every write before
-//! it, so under load one fsync serves many changes) while their answers go out. This is the only
+//! which fsyncs the WAL 1 ms after something became unsynced (one fsync covers every write
+//! before it, so one fsync serves the changes of that millisecond) while their answers go out. This is the only
 //! module of Cairn that imports `rocksdb`.
 
 use std::path::Path;
@@ -25,6 +25,13 @@ pub struct RocksStore {
     /// The group-commit thread (`Commit` mode).
     syncer: Option<(Arc<Syncer>, std::thread::JoinHandle<()>)>,
 }
+
+/// How long the group-commit thread lets changes gather before an fsync: fewer fsyncs (each a
+/// flush of the disk's cache and, on a VM, exits to the host) for a loss window on power
+/// failure of this much plus one fsync. `bench/rpcs.sh` with guest halt polling, alternated:
+/// creates 3,232 / 3,506 / 3,331 → 4,075 / 4,979 / 4,882 per second, unlinks 3,355 / 3,447 /
+/// 3,915 → 5,266 / 4,919 / 5,816; without halt polling no difference beyond the noise.
+const GROUP_COMMIT_DELAY: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// What the group-commit thread waits on.
 #[derive(Default)]
@@ -61,8 +68,10 @@ impl Syncer {
                 if !state.dirty {
                     return;
                 }
-                state.dirty = false;
             }
+            // Let the changes of the next moment join this fsync.
+            std::thread::sleep(GROUP_COMMIT_DELAY);
+            self.state.lock().dirty = false;
             if let Err(e) = db.flush_wal(true) {
                 tracing::error!("metadata store: fsync of the WAL failed: {e}");
             }
