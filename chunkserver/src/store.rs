@@ -408,12 +408,11 @@ impl ShardStore {
         self.dirs[dir].shards.join(id.bucket()).join(id.file_name())
     }
 
-    /// Open shard file `path` of directory `dir` for reading: with O_DIRECT where that tier
-    /// reads that way.
-    /// Open a shard file for reading: right here when the kernel can resolve the path from its
-    /// caches (the usual case on a serving chunkserver), else on the blocking pool, so a lookup
-    /// that has to read directory blocks never stalls a runtime thread. The fast path saves a
-    /// hand-off to the blocking pool and back per read.
+    /// Open shard file `path` of directory `dir` for reading, with O_DIRECT where that tier
+    /// reads that way: right here when the kernel can resolve the path from its caches (the
+    /// usual case on a serving chunkserver), else on the blocking pool, so a lookup that has to
+    /// read directory blocks never stalls a runtime thread. The fast path saves a hand-off to
+    /// the blocking pool and back per read.
     pub(crate) async fn open_shard(&self, dir: usize, path: &Path) -> io::Result<ShardFile> {
         let direct = self.dirs[dir].direct;
         let flags = if direct { libc::O_DIRECT } else { 0 };
@@ -930,7 +929,6 @@ fn corrupt(path: &Path, e: CairnError) -> CairnError {
     e
 }
 
-/// Run CPU-heavy work (checksums) on the blocking pool when it covers more than a little data.
 /// Open `path` read-only (with extra `flags`) only if every step of its lookup is in the
 /// kernel's caches: `openat2` with `RESOLVE_CACHED` (Linux 5.12) fails with EAGAIN instead of
 /// reading from disk. `None` when it would block, the kernel lacks the flag, or the open fails
@@ -972,6 +970,7 @@ fn write_new_file(path: &Path, header: &[u8], data: &[u8], sync: bool) -> Result
     Ok(file)
 }
 
+/// Run CPU-heavy work (checksums) on the blocking pool when it covers more than a little data.
 pub(crate) async fn off_thread<T: Send + 'static>(
     bytes: usize,
     f: impl FnOnce() -> T + Send + 'static,

@@ -11,7 +11,7 @@ use cairn_proto::meta_client::MetaClient;
 use tonic::transport::{Channel, Endpoint};
 
 /// How the client talks to the servers, from `CAIRN_TRANSPORT` (`wire`, the default, or `grpc`;
-/// the gRPC path is kept for comparison, `bench/ab.sh`).
+/// the gRPC path is kept as a fallback and for comparison: `CAIRN_TRANSPORT=grpc bench/rpcs.sh`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transport {
     Wire,
