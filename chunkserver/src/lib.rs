@@ -80,7 +80,8 @@ pub async fn serve(
 
     let service = Arc::new(ChunkService::new(store, node_id));
     let (stopped, shutdown) = wire::split_shutdown(shutdown);
-    let incoming = wire::serve(listener, Arc::new(wire::chunk::Service(service.clone())), stopped);
+    let (incoming, accepting) =
+        wire::serve(listener, Arc::new(wire::chunk::Service(service.clone())), stopped);
     let service = ChunkServer::from_arc(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -93,6 +94,7 @@ pub async fn serve(
     scrub.abort();
     // A move cut short here leaves a temp file or two copies; the next open settles both.
     mover.abort();
+    let _ = accepting.await;
     served.map_err(|e| CairnError::io(format!("chunk gRPC server on {local}: {e}")))?;
     tracing::info!("chunkserver stopped");
     Ok(())

@@ -460,18 +460,25 @@ async fn read_reply(conn: &mut TcpStream) -> std::io::Result<(u8, u8, Bytes, Byt
 /// Serve `listener` until `shutdown` completes: connections that open with [`MAGIC`] are
 /// answered by `handler`, every other one is handed to the returned stream, which a tonic
 /// server takes as its incoming connections (`serve_with_incoming_shutdown`).
+///
+/// The returned handle finishes once the listener is closed and every wire connection has
+/// ended, that is once nothing here holds `handler` any more: a server awaits it before it
+/// returns, so what the handler owns (a database lock, say) is released by then.
 pub fn serve(
     listener: TcpListener,
     handler: Arc<dyn Handler>,
     shutdown: tokio::sync::watch::Receiver<bool>,
-) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<TcpStream>> {
+) -> (tokio_stream::wrappers::ReceiverStream<std::io::Result<TcpStream>>, tokio::task::JoinHandle<()>) {
     let (grpc, incoming) = tokio::sync::mpsc::channel(64);
-    tokio::spawn(async move {
+    let accepting = tokio::spawn(async move {
         let mut stop = shutdown.clone();
+        let mut connections = tokio::task::JoinSet::new();
         loop {
             let accepted = tokio::select! {
                 a = listener.accept() => a,
                 _ = stop.wait_for(|s| *s) => break,
+                // Reap finished connections as they end, so the set stays small.
+                Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             };
             let conn = match accepted {
                 Ok((conn, _)) => conn,
@@ -483,9 +490,13 @@ pub fn serve(
                 }
             };
             let _ = conn.set_nodelay(true);
-            let (handler, grpc, stop) = (handler.clone(), grpc.clone(), shutdown.clone());
-            tokio::spawn(async move {
-                match opens_with_magic(&conn).await {
+            let (handler, grpc, mut stop) = (handler.clone(), grpc.clone(), shutdown.clone());
+            connections.spawn(async move {
+                let magic = tokio::select! {
+                    m = opens_with_magic(&conn) => m,
+                    _ = stop.wait_for(|s| *s) => return,
+                };
+                match magic {
                     Ok(true) => serve_connection(conn, handler, stop).await,
                     Ok(false) => {
                         let _ = grpc.send(Ok(conn)).await;
@@ -494,8 +505,13 @@ pub fn serve(
                 }
             });
         }
+        drop(listener);
+        drop(handler);
+        drop(grpc);
+        // Each connection ends at its next frame boundary once `stop` is set.
+        while connections.join_next().await.is_some() {}
     });
-    tokio_stream::wrappers::ReceiverStream::new(incoming)
+    (tokio_stream::wrappers::ReceiverStream::new(incoming), accepting)
 }
 
 /// One shutdown future made into two: a watch for [`serve`] and a future for the tonic server,

@@ -144,7 +144,8 @@ pub async fn serve_with(
     let ns_for_metrics = ns.clone();
     let service = Arc::new(MetaService::new(ns).with_repair(repair.clone()));
     let (stopped, shutdown) = wire::split_shutdown(shutdown);
-    let incoming = wire::serve(listener, Arc::new(wire::meta::Service(service.clone())), stopped);
+    let (incoming, accepting) =
+        wire::serve(listener, Arc::new(wire::meta::Service(service.clone())), stopped);
     let service = MetaServer::from_arc(service)
         .max_decoding_message_size(cairn_common::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(cairn_common::MAX_MESSAGE_BYTES);
@@ -156,8 +157,8 @@ pub async fn serve_with(
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(|e| CairnError::io(format!("metaserver: {e}")));
-    // Wait for the gc task to go, so the namespace (and the database lock) is released when
-    // this returns.
+    // Wait for every task that holds the namespace to go, so the namespace (and the database
+    // lock) is released when this returns and a restart in the same process can open it.
     gc.abort();
     reaper.abort();
     repair.abort();
@@ -165,6 +166,8 @@ pub async fn serve_with(
     let _ = gc.await;
     let _ = reaper.await;
     let _ = repair.await;
+    let _ = published.await;
+    let _ = accepting.await;
     result
 }
 

@@ -149,6 +149,8 @@ async fn serves_the_namespace_over_grpc() {
 
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
+    // Once serve returns nothing holds the database, even with a client still connected.
+    drop(crate::store::RocksStore::open(dir.path(), cairn_common::config::SyncMode::Never).unwrap());
 
     // A restarted server has it all.
     let (mut c, stop, server) = start(config(dir.path())).await;

@@ -59,7 +59,7 @@ async fn start() -> (
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let others = serve(listener, Arc::new(Fake), stopped);
+    let (others, _accepting) = serve(listener, Arc::new(Fake), stopped);
     (addr, stop, others)
 }
 
@@ -154,7 +154,7 @@ async fn a_restarted_server_is_reached_on_a_new_connection() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let _others = serve(listener, Arc::new(Fake), stopped);
+    let (_others, _accepting) = serve(listener, Arc::new(Fake), stopped);
     let c = client(&addr.to_string());
     let req = || p::ReadShardRequest { id: None, offset: 1, len: 1 };
     c.call::<_, p::ReadShardReply>(1, req()).await.unwrap();
@@ -174,7 +174,7 @@ async fn a_restarted_server_is_reached_on_a_new_connection() {
         }
     };
     let (_stop2, stopped) = tokio::sync::watch::channel(false);
-    let _others2 = serve(listener, Arc::new(Fake), stopped);
+    let (_others2, _accepting2) = serve(listener, Arc::new(Fake), stopped);
     assert_eq!(c.call::<_, p::ReadShardReply>(1, req()).await.unwrap().data.len(), 1);
 }
 
