@@ -255,9 +255,10 @@ fn shards_destage_come_back_when_read_twice_and_warm_up() {
         check(path, digest);
     }
 
-    // df shows per-tier reads, hit ratios, promotions and demotions.
+    // df shows per-tier reads, hit ratios, promotions and demotions (its counts come with
+    // heartbeats, a second behind the moves).
+    eventually(10, "df counts the promotions", || df(&c)["promotions"].as_u64().unwrap() > 0);
     let df_json = df(&c);
-    assert!(df_json["promotions"].as_u64().unwrap() > 0, "{df_json}");
     assert!(df_json["reads"].as_u64().unwrap() > 0, "{df_json}");
     let hit = df_json["ssd_hit_ratio"].as_f64().expect("hit ratio");
     assert!((0.0..=1.0).contains(&hit));
