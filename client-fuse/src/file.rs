@@ -256,13 +256,7 @@ impl OpenFile {
         let cell = self.cache.lock().cell((info.index, info.version));
         let name = if cell.initialized() { metrics::STRIPE_CACHE_HITS } else { metrics::STRIPE_CACHE_MISSES };
         ::metrics::counter!(name).increment(1);
-        let data = cell
-            .get_or_try_init(|| async {
-                let mut buf = vec![0u8; info.len as usize];
-                read_stripe(nodes, &self.geo, info, 0, &mut buf, Reader::Whole).await?;
-                Ok::<_, CairnError>(Bytes::from(buf))
-            })
-            .await?;
+        let data = cell.get_or_try_init(|| fetch_stripe(nodes, &self.geo, info)).await?;
         Ok(data.clone())
     }
 
@@ -278,13 +272,7 @@ impl OpenFile {
         }
         let (nodes, geo) = (nodes.clone(), self.geo.clone());
         tokio::spawn(async move {
-            let _ = cell
-                .get_or_try_init(|| async {
-                    let mut buf = vec![0u8; info.len as usize];
-                    read_stripe(&nodes, &geo, &info, 0, &mut buf, Reader::Whole).await?;
-                    Ok::<_, CairnError>(Bytes::from(buf))
-                })
-                .await;
+            let _ = cell.get_or_try_init(|| fetch_stripe(&nodes, &geo, &info)).await;
         });
     }
 
@@ -577,4 +565,11 @@ enum Source {
     Hole,
     Bytes(Vec<u8>),
     Stripe(StripeInfo),
+}
+
+/// A whole stripe's valid bytes, read from the chunkservers (what the stripe cache holds).
+async fn fetch_stripe(nodes: &Arc<Nodes>, geo: &Geometry, info: &StripeInfo) -> Result<Bytes> {
+    let mut buf = vec![0u8; info.len as usize];
+    read_stripe(nodes, geo, info, 0, &mut buf, Reader::Whole).await?;
+    Ok(Bytes::from(buf))
 }

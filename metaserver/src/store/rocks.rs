@@ -3,8 +3,8 @@
 //! returns. When the WAL is fsynced follows [`SyncMode`]: with `Always` every write waits for
 //! it; with `Commit` durable batches wait for it and the others wake the group-commit thread,
 //! which fsyncs the WAL 1 ms after something became unsynced (one fsync covers every write
-//! before it, so one fsync serves the changes of that millisecond) while their answers go out. This is the only
-//! module of Cairn that imports `rocksdb`.
+//! before it, so one fsync serves the changes of that millisecond) while their answers go
+//! out. This is the only module of Cairn that imports `rocksdb`.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
