@@ -13,7 +13,9 @@ work=$(mktemp -d /tmp/cairn-pjd.XXXXXX)
 # "$work/other" is on another file system: the secondary fs of the EXDEV cases.
 chmod 0711 "$work"
 mkdir -p "$work/mnt" "$work/other"
-"$cairn" up --data-dir "$work/data" --mount "$work/mnt" --meta-port 0 > "$work/up.out" 2>&1 &
+# A short write-back interval, so files the suite holds open also commit in the background.
+"$cairn" up --data-dir "$work/data" --mount "$work/mnt" --meta-port 0 \
+  --commit-interval-ms "${CAIRN_PJD_COMMIT_INTERVAL_MS:-20}" > "$work/up.out" 2>&1 &
 up=$!
 cleanup() {
   kill -TERM $up 2>/dev/null; wait $up 2>/dev/null

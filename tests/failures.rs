@@ -287,7 +287,8 @@ fn a_crashed_writer_leaves_no_shards_behind_and_acknowledged_files_survive() {
         256,
         &["--client-lease-ms", "2000", "--orphan-grace-ms", "1000"],
     );
-    let mut writer = support::Mount::new(&cluster, "writer");
+    // Write-back off: this test is about shards that were never committed.
+    let mut writer = support::Mount::with_args(&cluster, "writer", &["--commit-interval-ms", "0"]);
     let done = random_bytes(3_000_000, 950);
     {
         let mut f = fs::File::create(writer.dir.join("done")).unwrap();

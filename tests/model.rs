@@ -503,7 +503,9 @@ fn random_operations_match_a_local_filesystem() {
     let seed = seed();
     let steps = env_or("CAIRN_MODEL_STEPS", DEFAULT_STEPS);
     println!("model test: CAIRN_MODEL_SEED={seed} CAIRN_MODEL_STEPS={steps}");
-    let cluster = Cluster::start(6, "4+2", 64);
+    // A short write-back interval: files held open commit in the background between steps.
+    let cluster =
+        Cluster::start_with(std::path::Path::new("/tmp"), 6, "4+2", 64, &["--commit-interval-ms", "20"]);
     let scratch = tempfile::Builder::new().prefix("cairn-model-").tempdir_in("/tmp").expect("tempdir");
     let mut local = World::new(scratch.path().join("model"));
     let mut cairn = World::new(cluster.mnt.join("model"));
@@ -511,7 +513,7 @@ fn random_operations_match_a_local_filesystem() {
         fs::create_dir(local.p(dir)).unwrap();
         fs::create_dir(cairn.p(dir)).unwrap();
     }
-    let second = Mount::new(&cluster, "mnt2");
+    let second = Mount::with_args(&cluster, "mnt2", &["--commit-interval-ms", "20"]);
     let other = World { root: second.dir.join("model"), fds: (0..SLOTS).map(|_| None).collect() };
     let mut rng = Rng(seed);
     let mut history: Vec<String> = Vec::new();

@@ -66,6 +66,11 @@ enum Command {
         /// Default: 1024, or a sixteenth of the memory when less.
         #[arg(long, env = "CAIRN_MOUNT_CACHE_MIB", default_value_t = cairn_client::default_block_cache_mib())]
         cache_mib: u64,
+        /// Write-back: an open file's changes are committed in the background once the oldest
+        /// is this many milliseconds old, so a writer that never closes, or a client that
+        /// dies, loses at most about this much; 0: only close and fsync commit.
+        #[arg(long, env = "CAIRN_MOUNT_COMMIT_INTERVAL_MS", default_value_t = cairn_client::DEFAULT_COMMIT_INTERVAL_MS)]
+        commit_interval_ms: u64,
         /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9410).
         #[arg(long, env = "CAIRN_MOUNT_METRICS")]
         metrics: Option<String>,
@@ -294,6 +299,7 @@ fn main() -> ExitCode {
             threads,
             attr_ttl_ms,
             cache_mib,
+            commit_interval_ms,
             metrics,
             read_only,
             background,
@@ -305,6 +311,7 @@ fn main() -> ExitCode {
                 threads,
                 attr_ttl_ms,
                 cache_mib,
+                commit_interval_ms,
                 metrics,
                 read_only,
                 log,

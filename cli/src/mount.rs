@@ -20,6 +20,8 @@ pub struct MountArgs {
     pub threads: usize,
     pub attr_ttl_ms: u64,
     pub cache_mib: u64,
+    /// Write-back interval, milliseconds (0: only close and fsync commit).
+    pub commit_interval_ms: u64,
     pub metrics: Option<String>,
     pub read_only: bool,
     /// Where a background mount writes its log.
@@ -39,6 +41,7 @@ impl MountArgs {
             allow_other: unsafe { libc::geteuid() } == 0,
             metrics: self.metrics,
             read_only: self.read_only,
+            commit_interval: Duration::from_millis(self.commit_interval_ms),
         }
     }
 
@@ -54,6 +57,8 @@ impl MountArgs {
             self.attr_ttl_ms.to_string().into(),
             "--cache-mib".into(),
             self.cache_mib.to_string().into(),
+            "--commit-interval-ms".into(),
+            self.commit_interval_ms.to_string().into(),
         ];
         if let Some(m) = &self.metrics {
             args.extend(["--metrics".into(), m.into()]);
@@ -214,7 +219,8 @@ pub fn umount(mountpoint: &Path, lazy: bool) -> Result<()> {
 
 /// Parse what mount(8) hands a helper: `SOURCE DIR [-o OPTS] [-n] [-s] [-f] [-v] [-r|-w]`.
 /// SOURCE is the metaserver address (`host:port`, optionally prefixed `cairn:`). Options Cairn
-/// knows: `threads=N`, `attr_ttl_ms=N`, `cache_mib=N`, `metrics=ADDR`, `log=FILE`, `ro`/`rw`; the generic ones
+/// knows: `threads=N`, `attr_ttl_ms=N`, `cache_mib=N`, `commit_interval_ms=N`, `metrics=ADDR`,
+/// `log=FILE`, `ro`/`rw`; the generic ones
 /// mount(8), fstab and systemd use (`defaults`, `_netdev`, `noauto`, `nofail`, `x-*`, ...) are
 /// accepted and ignored. Anything else is refused by name.
 pub fn parse_helper_args(args: &[String]) -> Result<MountArgs> {
@@ -247,6 +253,7 @@ pub fn parse_helper_args(args: &[String]) -> Result<MountArgs> {
         threads: 4,
         attr_ttl_ms: 1000,
         cache_mib: cairn_client::default_block_cache_mib(),
+        commit_interval_ms: cairn_client::DEFAULT_COMMIT_INTERVAL_MS,
         metrics: None,
         read_only,
         log: None,
@@ -264,6 +271,7 @@ pub fn parse_helper_args(args: &[String]) -> Result<MountArgs> {
             "threads" => parsed.threads = number(value)?.clamp(1, 256) as usize,
             "attr_ttl_ms" => parsed.attr_ttl_ms = number(value)?,
             "cache_mib" => parsed.cache_mib = number(value)?,
+            "commit_interval_ms" => parsed.commit_interval_ms = number(value)?,
             "metrics" => parsed.metrics = Some(value.unwrap_or_default().to_string()),
             "log" => parsed.log = value.map(PathBuf::from),
             "ro" => parsed.read_only = true,
@@ -297,9 +305,10 @@ mod tests {
             "cairn:10.0.0.1:9400",
             "/mnt/data",
             "-o",
-            "rw,_netdev,noauto,x-systemd.automount,threads=8,attr_ttl_ms=5000,cache_mib=64,metrics=127.0.0.1:9410",
+            "rw,_netdev,noauto,x-systemd.automount,threads=8,attr_ttl_ms=5000,cache_mib=64,metrics=127.0.0.1:9410,commit_interval_ms=250",
         ]))
         .unwrap();
+        assert_eq!(a.commit_interval_ms, 250);
         assert_eq!(a.meta, "10.0.0.1:9400");
         assert_eq!(a.mountpoint, PathBuf::from("/mnt/data"));
         assert_eq!((a.threads, a.attr_ttl_ms, a.cache_mib, a.read_only), (8, 5000, 64, false));
@@ -322,6 +331,7 @@ mod tests {
             threads: 3,
             attr_ttl_ms: 7,
             cache_mib: 9,
+            commit_interval_ms: 11,
             metrics: Some("h:2".into()),
             read_only: true,
             log: None,
@@ -339,6 +349,8 @@ mod tests {
                 "7",
                 "--cache-mib",
                 "9",
+                "--commit-interval-ms",
+                "11",
                 "--metrics",
                 "h:2",
                 "--read-only",

@@ -69,6 +69,10 @@ pub struct UpArgs {
     /// Read every chunkserver's HDD tier with O_DIRECT (bypassing the page cache).
     #[arg(long)]
     hdd_direct_io: bool,
+    /// The mount's write-back interval, ms: open files' changes older than this are committed
+    /// in the background (0: only close and fsync commit).
+    #[arg(long, env = "CAIRN_MOUNT_COMMIT_INTERVAL_MS", default_value_t = cairn_client::DEFAULT_COMMIT_INTERVAL_MS)]
+    commit_interval_ms: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -355,8 +359,18 @@ async fn up(args: UpArgs) -> Result<()> {
         wait_healthy(&meta_addr, &mut procs, args.chunkservers as usize).await?;
         let mount_log = logs.join("mount.log");
         let metrics = free_local_addr()?;
+        let commit_interval = args.commit_interval_ms.to_string();
         let child = spawn(
-            &["mount", "--meta", &meta_addr, "--metrics", &metrics, mountpoint.to_str().unwrap_or_default()],
+            &[
+                "mount",
+                "--meta",
+                &meta_addr,
+                "--metrics",
+                &metrics,
+                "--commit-interval-ms",
+                &commit_interval,
+                mountpoint.to_str().unwrap_or_default(),
+            ],
             &mount_log,
         )?;
         procs.push(Proc {

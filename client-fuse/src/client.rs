@@ -25,7 +25,15 @@ pub struct ClientOptions {
     pub attr_ttl: Duration,
     /// Bytes of verified shard blocks kept for random readers (0: no block cache).
     pub block_cache_bytes: usize,
+    /// Write-back: an open file's changes are committed in the background once the oldest of
+    /// them is this old, so a writer that never closes (or a client that dies) loses at most
+    /// about this much. Zero: only close and fsync commit.
+    pub commit_interval: Duration,
 }
+
+/// The commit interval unless told otherwise, in milliseconds (ext4 commits its journal every
+/// 5 seconds by default).
+pub const DEFAULT_COMMIT_INTERVAL_MS: u64 = 5000;
 
 /// The block cache's size unless told otherwise: 1 GiB, or a sixteenth of the machine's memory
 /// when that is less.
@@ -41,6 +49,7 @@ impl Default for ClientOptions {
         ClientOptions {
             attr_ttl: Duration::from_secs(1),
             block_cache_bytes: (default_block_cache_mib() << 20) as usize,
+            commit_interval: Duration::from_millis(DEFAULT_COMMIT_INTERVAL_MS),
         }
     }
 }
@@ -180,6 +189,8 @@ impl Releases {
 }
 
 const EPOCH_BUCKETS: usize = 1024;
+/// Files written back at once in one pass.
+const WRITE_BACK_FILES: usize = 8;
 /// Opens retried because a commit of this client raced with them, before giving up.
 const OPEN_ATTEMPTS: usize = 16;
 
@@ -189,8 +200,9 @@ const ABSENT_XATTRS_MAX: usize = 65536;
 const DIR_ATTRS_MAX: usize = 4096;
 
 impl Client {
-    /// Register with the metaserver (which hands out the id that makes stripe versions unique).
-    pub async fn new(meta: MetaConn, options: ClientOptions) -> Result<Client> {
+    /// Register with the metaserver (which hands out the id that makes stripe versions unique)
+    /// and start the write-back task (it ends once the client is dropped).
+    pub async fn new(meta: MetaConn, options: ClientOptions) -> Result<Arc<Client>> {
         let client_id = meta.register_client(p::Empty {}).await?.client_id;
         let nodes = Arc::new(Nodes::new(meta.clone(), options.block_cache_bytes)?);
         nodes.refresh().await?;
@@ -198,7 +210,7 @@ impl Client {
         tokio::spawn(session_heartbeat(meta.clone(), client_id, files.clone()));
         let releases = Arc::new(Releases::new(meta.clone(), client_id));
         tokio::spawn(releases.clone().run());
-        Ok(Client {
+        let client = Arc::new(Client {
             meta,
             nodes,
             options,
@@ -215,7 +227,53 @@ impl Client {
             epochs: (0..EPOCH_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             commits: AtomicU64::new(0),
             releases,
-        })
+        });
+        if !client.options.commit_interval.is_zero() {
+            tokio::spawn(write_back(Arc::downgrade(&client)));
+        }
+        Ok(client)
+    }
+
+    /// One write-back pass: every open file whose oldest uncommitted change is older than the
+    /// commit interval writes out and commits what it can (see [`OpenFile::write_back`]).
+    /// Publishes the age of the oldest change still uncommitted afterwards.
+    async fn write_back_pass(&self) {
+        use futures::StreamExt;
+        let interval = self.options.commit_interval;
+        let Some(due) = Instant::now().checked_sub(interval) else { return };
+        let files: Vec<(u64, Arc<OpenFile>)> = self
+            .files
+            .lock()
+            .iter()
+            .filter(|(_, o)| o.file.uncommitted_since().is_some_and(|t| t <= due))
+            .map(|(ino, o)| (*ino, o.file.clone()))
+            .collect();
+        futures::stream::iter(files)
+            .for_each_concurrent(WRITE_BACK_FILES, |(ino, file)| async move {
+                match file.write_back(&self.nodes, &self.meta, &self.versions, self.changes(ino), due).await {
+                    Ok(Some(done)) => {
+                        tracing::debug!(ino, ?done, "write-back committed");
+                        ::metrics::counter!(crate::metrics::WRITE_BACK_COMMITS).increment(1);
+                        ::metrics::counter!(crate::metrics::WRITE_BACK_BYTES).increment(done.bytes);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        ::metrics::counter!(crate::metrics::WRITE_BACK_FAILURES).increment(1);
+                        tracing::warn!(ino, "write-back commit failed ({e}); trying again later");
+                    }
+                }
+            })
+            .await;
+        let now = Instant::now();
+        let oldest = self
+            .files
+            .lock()
+            .values()
+            .filter_map(|o| o.file.uncommitted_since())
+            .map(|since| now.saturating_duration_since(since))
+            .max()
+            .unwrap_or_default();
+        ::metrics::gauge!(crate::metrics::OLDEST_UNCOMMITTED).set(oldest.as_secs_f64());
     }
 
     fn epoch(&self, ino: u64) -> &AtomicU64 {
@@ -802,6 +860,23 @@ fn lock_request(
 fn need(attr: Option<p::Attr>) -> Result<p::Attr> {
     attr.ok_or_else(|| CairnError::internal("metaserver reply without attributes"))
 }
+
+/// The write-back task: a pass every fifth of the commit interval (10 ms to 1 s), so a change
+/// is committed within about 1.2 intervals of being made. Ends when the client is dropped.
+async fn write_back(client: std::sync::Weak<Client>) {
+    let Some(every) = client.upgrade().map(|c| (c.options.commit_interval / 5).clamp(MIN_PASS, MAX_PASS))
+    else {
+        return;
+    };
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(client) = client.upgrade() else { return };
+        client.write_back_pass().await;
+    }
+}
+
+const MIN_PASS: Duration = Duration::from_millis(10);
+const MAX_PASS: Duration = Duration::from_secs(1);
 
 /// Renew this client's session every quarter lease, announcing every inode it has open (so a
 /// restarted metaserver learns them again, and unlinked files stay readable).

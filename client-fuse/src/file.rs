@@ -14,10 +14,16 @@
 //!   one; its bytes stay readable from its buffer. Anything that touches an in-flight stripe
 //!   (a write to it, flush, truncation) first waits for it; a failed background write puts the
 //!   stripe back among the dirty ones and its error comes back from the next write or flush.
+//! - Write-back: once the oldest change not yet committed is older than the mount's commit
+//!   interval, [`OpenFile::write_back`] writes out every buffered stripe and commits the
+//!   written ones, as close does, but only up to the first stripe it could not write: the
+//!   committed size never covers a stripe whose new bytes are not stored, so a crash or an
+//!   error later loses only what came after (see `docs/ARCHITECTURE.md`, "Write-back").
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use cairn_common::{CairnError, Result};
@@ -60,6 +66,27 @@ pub struct OpenFile {
     pub geo: Geometry,
     inner: Mutex<Inner>,
     cache: SyncMutex<StripeCache>,
+    /// When the oldest change not yet committed was made (`None`: everything is committed),
+    /// and when write-back last tried this file. Changed only with `inner` locked; kept
+    /// outside it so the write-back scan of every open file takes no async lock.
+    pending: SyncMutex<Pending>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Pending {
+    since: Option<Instant>,
+    tried: Option<Instant>,
+}
+
+/// What one write-back pass committed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WrittenBack {
+    /// Stripes committed.
+    pub stripes: usize,
+    /// Valid bytes in them.
+    pub bytes: u64,
+    /// The size committed with them.
+    pub size: u64,
 }
 
 struct Inner {
@@ -70,6 +97,9 @@ struct Inner {
     in_flight: BTreeMap<u64, InFlight>,
     size_dirty: bool,
     last_read_end: u64,
+    /// The bytes of the partial stripe write-back last stored (stripe, version, bytes), so an
+    /// appending writer continues it from memory instead of reading it back.
+    written_tail: Option<(u64, u64, Vec<u8>)>,
 }
 
 /// A full stripe being written in the background.
@@ -115,9 +145,27 @@ impl OpenFile {
                 in_flight: BTreeMap::new(),
                 size_dirty: false,
                 last_read_end: 0,
+                written_tail: None,
             }),
             cache: SyncMutex::new(StripeCache::default()),
+            pending: SyncMutex::new(Pending::default()),
         }
+    }
+
+    /// When the oldest change not yet committed was made, if there is one.
+    pub fn uncommitted_since(&self) -> Option<Instant> {
+        self.pending.lock().since
+    }
+
+    /// Note a change (with `inner` locked): the first since the last full commit starts the
+    /// write-back clock.
+    fn changed(&self) {
+        self.pending.lock().since.get_or_insert_with(Instant::now);
+    }
+
+    /// Everything is committed (with `inner` locked).
+    fn all_committed(&self) {
+        self.pending.lock().since = None;
     }
 
     /// Take the metaserver's newest view (a new open), unless this client has unflushed writes.
@@ -143,6 +191,7 @@ impl OpenFile {
         {
             inner.size = size;
             inner.stripes = stripes.into_iter().map(|s| (s.index, s)).collect();
+            inner.written_tail = None;
         }
         true
     }
@@ -297,14 +346,19 @@ impl OpenFile {
                 self.settle(&mut inner, Some(stripe)).await?;
             }
             if !inner.dirty.contains_key(&stripe) {
+                let tail = inner.written_tail.take();
                 let base = match inner.stripes.get(&stripe) {
                     // Copy-on-write: the new version starts from the old bytes unless this
-                    // write replaces all of them.
-                    Some(info) if !(in_stripe == 0 && take as u64 >= info.len) => {
-                        let mut buf = vec![0u8; info.len as usize];
-                        read_stripe(nodes, &self.geo, info, 0, &mut buf, Reader::Whole).await?;
-                        buf
-                    }
+                    // write replaces all of them; the stripe write-back just stored is still
+                    // in memory.
+                    Some(info) if !(in_stripe == 0 && take as u64 >= info.len) => match tail {
+                        Some((s, version, buf)) if s == stripe && version == info.version => buf,
+                        _ => {
+                            let mut buf = vec![0u8; info.len as usize];
+                            read_stripe(nodes, &self.geo, info, 0, &mut buf, Reader::Whole).await?;
+                            buf
+                        }
+                    },
                     _ => Vec::with_capacity(stripe_bytes as usize),
                 };
                 inner.dirty.insert(stripe, base);
@@ -322,6 +376,7 @@ impl OpenFile {
                 inner.size = pos;
             }
             inner.size_dirty = true;
+            self.changed();
             if full {
                 self.start_write(&mut inner, nodes, versions, stripe);
                 if inner.in_flight.len() > WRITES_IN_FLIGHT {
@@ -426,6 +481,7 @@ impl OpenFile {
         let all: Vec<u64> = inner.dirty.keys().copied().collect();
         self.write_out(&mut inner, nodes, versions, &all).await?;
         if inner.uncommitted.is_empty() && !inner.size_dirty {
+            self.all_committed();
             return Ok(None);
         }
         let req = cairn_proto::CommitRequest {
@@ -440,7 +496,88 @@ impl OpenFile {
         let attr = committed?.attr.ok_or_else(|| CairnError::internal("commit: no attr"))?;
         inner.uncommitted.clear();
         inner.size_dirty = false;
+        self.all_committed();
         Ok(Some(attr))
+    }
+
+    /// Write-back: if the oldest uncommitted change was made before `due` and this file was
+    /// not tried since `due`, write out every buffered stripe (partial ones too) and commit
+    /// the stripes written below the first one that could not be, with the size up to there.
+    /// Stripes past a failed one stay uncommitted, and the failed one stays buffered, for the
+    /// next pass or the close, which reports the error. Returns what was committed.
+    pub async fn write_back(
+        &self,
+        nodes: &Arc<Nodes>,
+        meta: &MetaConn,
+        versions: &Versions,
+        changes: Changes<'_>,
+        due: Instant,
+    ) -> Result<Option<WrittenBack>> {
+        let is_due = |p: Pending| p.since.is_some_and(|t| t <= due) && p.tried.is_none_or(|t| t <= due);
+        if !is_due(*self.pending.lock()) {
+            return Ok(None);
+        }
+        let mut inner = self.inner.lock().await;
+        {
+            // A close or another pass may have committed while this one waited for the lock.
+            let mut pending = self.pending.lock();
+            if !is_due(*pending) {
+                return Ok(None);
+            }
+            pending.tried = Some(Instant::now());
+        }
+        let layout = self.geo.layout;
+        let mut failure = self.settle(&mut inner, None).await.err();
+        // An appending writer continues the partial last stripe: keep its bytes for it.
+        let tail = match inner.dirty.last_key_value() {
+            Some((s, buf)) if (buf.len() as u64) < layout.stripe_bytes() => Some((*s, buf.clone())),
+            _ => None,
+        };
+        let all: Vec<u64> = inner.dirty.keys().copied().collect();
+        if let Err(e) = self.write_out(&mut inner, nodes, versions, &all).await {
+            failure.get_or_insert(e);
+        }
+        if let Some((stripe, buf)) = tail {
+            if let (false, Some(info)) = (inner.dirty.contains_key(&stripe), inner.uncommitted.get(&stripe)) {
+                inner.written_tail = Some((stripe, info.version, buf));
+            }
+        }
+        // Nothing at or past a stripe still buffered is committed: the size must not cover
+        // bytes that are not stored.
+        let first_unwritten = inner.dirty.keys().next().copied();
+        let (size, stripes): (u64, Vec<StripeInfo>) = match first_unwritten {
+            None => (inner.size, inner.uncommitted.values().cloned().collect()),
+            Some(stripe) => (
+                inner.size.min(layout.stripe_start(stripe)),
+                inner.uncommitted.range(..stripe).map(|(_, info)| *info).collect(),
+            ),
+        };
+        if let Some(e) = &failure {
+            tracing::warn!(ino = self.geo.ino, "write-back: {e}; committing what was stored before it");
+        }
+        if stripes.is_empty() && (first_unwritten.is_some() || !inner.size_dirty) {
+            if first_unwritten.is_none() {
+                self.all_committed();
+            }
+            return Ok(None);
+        }
+        let req = cairn_proto::CommitRequest {
+            ino: self.geo.ino,
+            size,
+            stripes: stripes.clone(),
+            mtime: Some(cairn_common::time::now()),
+        };
+        let committed = meta.commit(req).await;
+        changes.bump();
+        committed?;
+        for info in &stripes {
+            inner.uncommitted.remove(&info.index);
+        }
+        if first_unwritten.is_none() {
+            inner.size_dirty = false;
+            self.all_committed();
+        }
+        Ok(Some(WrittenBack { stripes: stripes.len(), bytes: stripes.iter().map(|s| s.len).sum(), size }))
     }
 
     /// Give up on what could not be committed (the last handle closed after a failed flush):
@@ -455,6 +592,8 @@ impl OpenFile {
         let _ = self.settle(&mut inner, None).await;
         inner.dirty.clear();
         inner.size_dirty = false;
+        inner.written_tail = None;
+        self.all_committed();
         let uncommitted: Vec<StripeInfo> = std::mem::take(&mut inner.uncommitted).into_values().collect();
         for info in &uncommitted {
             inner.stripes.remove(&info.index);
@@ -525,6 +664,7 @@ impl OpenFile {
         // A failed background write is dirty again and cut like the others.
         let _ = self.settle(&mut inner, None).await;
         inner.size = size;
+        inner.written_tail = None;
         let keep = layout.stripes_for(size);
         inner.stripes.retain(|i, _| *i < keep);
         inner.uncommitted.retain(|i, _| *i < keep);

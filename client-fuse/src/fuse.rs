@@ -38,6 +38,9 @@ pub struct MountOptions {
     pub metrics: Option<String>,
     /// Mount read-only: the kernel refuses every change with EROFS.
     pub read_only: bool,
+    /// Write-back: how old an open file's oldest uncommitted change may get before it is
+    /// committed in the background (zero: only close and fsync commit).
+    pub commit_interval: Duration,
 }
 
 /// Connect to the metaserver and serve the mount until it is unmounted (`umount`, or SIGINT /
@@ -62,12 +65,15 @@ pub fn mount(opts: MountOptions) -> Result<()> {
         let meta = connect_meta(&opts.meta).await?;
         Client::new(
             meta,
-            ClientOptions { attr_ttl: opts.attr_ttl, block_cache_bytes: opts.block_cache_bytes },
+            ClientOptions {
+                attr_ttl: opts.attr_ttl,
+                block_cache_bytes: opts.block_cache_bytes,
+                commit_interval: opts.commit_interval,
+            },
         )
         .await
     })?;
     let notifier = Arc::new(std::sync::OnceLock::new());
-    let client = Arc::new(client);
     let fs = CairnFs {
         client: client.clone(),
         notifier: notifier.clone(),

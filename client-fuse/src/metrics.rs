@@ -28,3 +28,11 @@ pub const BLOCK_CACHE_HITS: &str = "cairn_client_block_cache_hits_total";
 pub const BLOCK_CACHE_MISSES: &str = "cairn_client_block_cache_misses_total";
 /// Bytes held by the block cache (gauge).
 pub const BLOCK_CACHE_BYTES: &str = "cairn_client_block_cache_bytes";
+/// Write-back: commits of open files made in the background (not by close or fsync), the
+/// valid bytes of the stripes they committed, and passes whose commit failed (counters); the
+/// age of the oldest change written to an open file and not yet committed, seconds (gauge;
+/// what a crash of this client would lose).
+pub const WRITE_BACK_COMMITS: &str = "cairn_client_write_back_commits_total";
+pub const WRITE_BACK_BYTES: &str = "cairn_client_write_back_bytes_total";
+pub const WRITE_BACK_FAILURES: &str = "cairn_client_write_back_failures_total";
+pub const OLDEST_UNCOMMITTED: &str = "cairn_client_oldest_uncommitted_seconds";
