@@ -10,6 +10,7 @@ use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use support::{cli_json, eventually, kill9, metric, scrape, Cluster, Mount};
 
@@ -17,7 +18,8 @@ const UNIT_KIB: u32 = 256;
 
 /// A Python writer: creates `path`, writes what it is told (random bytes, also appended to the
 /// reference file `reference`), reports, and keeps the file open.
-/// Commands on stdin: `write N` (N bytes, then prints `written TOTAL`), `stream LIMIT` (1 MiB
+/// Commands on stdin: `write N` (N bytes, then prints `written TOTAL`), `pwrite OFFSET:N` (N
+/// bytes at OFFSET, the descriptor's position unchanged; prints `written END`), `stream LIMIT` (1 MiB
 /// at a time, a few ms apart, until a write fails or LIMIT bytes; prints `failed ERRNO TOTAL`
 /// or `limit TOTAL`, then closes the file and prints `closed ERRNO` with 0 for success).
 const WRITER: &str = r#"
@@ -28,6 +30,7 @@ total = 0
 def put(n):
     global total
     data = os.urandom(n)
+    ref.seek(total)
     ref.write(data)
     ref.flush()
     view = memoryview(data)
@@ -39,6 +42,14 @@ for line in sys.stdin:
     if cmd == 'write':
         put(int(arg))
         print('written', total, flush=True)
+    elif cmd == 'pwrite':
+        offset, n = (int(x) for x in arg.split(':'))
+        data = os.urandom(n)
+        ref.seek(offset)
+        ref.write(data)
+        ref.flush()
+        os.pwrite(fd, data, offset)
+        print('written', offset + n, flush=True)
     elif cmd == 'stream':
         code = None
         while total < int(arg):
@@ -106,10 +117,15 @@ fn free_addr() -> String {
     listener.local_addr().expect("addr").to_string()
 }
 
-/// The file as another client reads it now: every byte, which must be the reference's first
-/// bytes (the committed prefix of what was written), with nothing torn or zeroed.
-fn assert_committed_prefix(path: &Path, reference: &[u8]) -> usize {
-    let got = fs::read(path).expect("read the file back");
+/// The file as the metaserver has it now, read by a new client (one whose kernel has cached
+/// nothing of it): its size is the committed one, and every byte up to it must be the
+/// reference's (the committed prefix of what was written), nothing torn or zeroed.
+fn assert_committed_prefix(cluster: &Cluster, name: &str, reference: &[u8]) -> usize {
+    let (_, info) = cli_json(cluster, &["info", cluster.mnt.join(name).to_str().unwrap()]);
+    let size = info["size"].as_u64().expect("size") as usize;
+    let reader = Mount::new(cluster, &format!("reader-{}", READERS.fetch_add(1, Ordering::Relaxed)));
+    let got = fs::read(reader.dir.join(name)).expect("read the file back");
+    assert_eq!(got.len(), size, "a new client reads as many bytes as the committed size");
     assert!(got.len() <= reference.len(), "{} bytes read, only {} written", got.len(), reference.len());
     if got != reference[..got.len()] {
         let at = got.iter().zip(reference).position(|(a, b)| a != b).unwrap_or(0);
@@ -117,6 +133,8 @@ fn assert_committed_prefix(path: &Path, reference: &[u8]) -> usize {
     }
     got.len()
 }
+
+static READERS: AtomicUsize = AtomicUsize::new(0);
 
 #[test]
 fn a_writer_that_never_closes_loses_only_the_last_interval_when_its_client_dies() {
@@ -139,7 +157,7 @@ fn a_writer_that_never_closes_loses_only_the_last_interval_when_its_client_dies(
     assert!(metric(&text, "cairn_client_write_back_commits_total", &[]).unwrap_or(0.0) >= 1.0, "{text}");
     assert!(metric(&text, "cairn_client_write_back_bytes_total", &[]).unwrap_or(0.0) >= first as f64);
     assert!(metric(&text, "cairn_client_oldest_uncommitted_seconds", &[]).is_some(), "{text}");
-    assert_eq!(assert_committed_prefix(&seen, &fs::read(&reference).unwrap()), first);
+    assert_eq!(assert_committed_prefix(&cluster, "log", &fs::read(&reference).unwrap()), first);
 
     // 8 MiB more, and the client dies at once: what was committed stays, byte-exact; of the
     // rest, at most what write-back committed meanwhile, never a torn or zeroed stripe.
@@ -148,7 +166,7 @@ fn a_writer_that_never_closes_loses_only_the_last_interval_when_its_client_dies(
     client.kill9();
     drop(writer);
     drop(client);
-    let len = assert_committed_prefix(&seen, &fs::read(&reference).unwrap());
+    let len = assert_committed_prefix(&cluster, "log", &fs::read(&reference).unwrap());
     assert!(len >= first, "the file shrank to {len} bytes after the crash");
 
     // Once the dead client's lease ran out and its unfinished shards were judged, fsck finds
@@ -185,6 +203,45 @@ fn two_chunkservers_lost_mid_write_fail_the_writer_and_keep_what_was_committed()
     assert_eq!(closed, ["closed", &libc::EIO.to_string()]);
 
     // Everything committed before the failure reads back byte-exact (from the four survivors).
-    let len = assert_committed_prefix(&seen, &fs::read(&reference).unwrap());
+    let len = assert_committed_prefix(&cluster, "big", &fs::read(&reference).unwrap());
     assert!(len >= 8 << 20, "only {len} bytes kept");
+}
+
+#[test]
+fn a_stripe_that_cannot_be_stored_is_never_committed_as_a_hole() {
+    let cluster = Cluster::start(6, "4+2", UNIT_KIB);
+    let metrics = free_addr();
+    let client =
+        Mount::with_args(&cluster, "writer", &["--commit-interval-ms", "300", "--metrics", &metrics]);
+    let reference = cluster.root.path().join("reference");
+    let mut writer = Writer::start(&client.dir.join("f"), &reference);
+    let stripe = 1usize << 20; // 4 x 256 KiB
+    let first = 8 * stripe;
+    assert_eq!(writer.ask(&format!("write {first}")), ["written", &first.to_string()]);
+    let seen = cluster.mnt.join("f");
+    eventually(60, "write-back commits the first 8 stripes", || {
+        fs::metadata(&seen).map(|m| m.len()).unwrap_or(0) == first as u64
+    });
+
+    // The chunkservers at placement positions 0 and 1 die. Shard i of stripe s lives at
+    // position (s + i) mod 6, so stripe 8 filled past its first data shard (six shards) cannot
+    // be stored, while a small write into stripe 10 (data shard 0 and two parity shards, at
+    // positions 4, 2 and 3) can. Both writes are only buffered and succeed.
+    let (_, info) = cli_json(&cluster, &["info", seen.to_str().unwrap()]);
+    for position in 0..2 {
+        let addr = info["placement"][position]["addr"].as_str().expect("placement address");
+        let node = cluster.nodes.iter().find(|n| n.role == "chunk" && n.addr == addr).expect("node");
+        kill9(node.pid);
+    }
+    let tail = stripe - 100_000;
+    assert_eq!(writer.ask(&format!("write {tail}")), ["written", &(first + tail).to_string()]);
+    let far = 10 * stripe;
+    assert_eq!(writer.ask(&format!("pwrite {far}:1000")), ["written", &(far + 1000).to_string()]);
+    eventually(30, "a write-back pass fails to store stripe 8", || {
+        metric(&scrape(&metrics), "cairn_client_write_back_failures_total", &[]).unwrap_or(0.0) >= 1.0
+    });
+    // Stripe 10 is stored but not committed: the committed size still ends where the stored
+    // bytes end, and stripe 8 is not published as a hole of zeros.
+    let len = assert_committed_prefix(&cluster, "f", &fs::read(&reference).unwrap());
+    assert_eq!(len, first, "the committed size moved past a stripe that is not stored");
 }

@@ -252,9 +252,25 @@ impl Client {
             .for_each_concurrent(WRITE_BACK_FILES, |(ino, file)| async move {
                 match file.write_back(&self.nodes, &self.meta, &self.versions, self.changes(ino), due).await {
                     Ok(Some(done)) => {
-                        tracing::debug!(ino, ?done, "write-back committed");
-                        ::metrics::counter!(crate::metrics::WRITE_BACK_COMMITS).increment(1);
-                        ::metrics::counter!(crate::metrics::WRITE_BACK_BYTES).increment(done.bytes);
+                        if done.committed {
+                            tracing::debug!(
+                                ino,
+                                stripes = done.stripes,
+                                size = done.size,
+                                "write-back committed"
+                            );
+                            ::metrics::counter!(crate::metrics::WRITE_BACK_COMMITS).increment(1);
+                            ::metrics::counter!(crate::metrics::WRITE_BACK_BYTES).increment(done.bytes);
+                        }
+                        if let Some(e) = done.error {
+                            ::metrics::counter!(crate::metrics::WRITE_BACK_FAILURES).increment(1);
+                            tracing::warn!(
+                                ino,
+                                committed = done.stripes,
+                                "write-back could not store a stripe ({e}); it and what follows stay \
+                                 uncommitted, tried again later"
+                            );
+                        }
                     }
                     Ok(None) => {}
                     Err(e) => {

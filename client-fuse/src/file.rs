@@ -78,15 +78,20 @@ struct Pending {
     tried: Option<Instant>,
 }
 
-/// What one write-back pass committed.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// What one write-back pass of a file did.
+#[derive(Debug, Default)]
 pub struct WrittenBack {
+    /// A commit went out (stripes, or only a new size).
+    pub committed: bool,
     /// Stripes committed.
     pub stripes: usize,
     /// Valid bytes in them.
     pub bytes: u64,
-    /// The size committed with them.
+    /// The size committed with them (when `stripes` is not 0).
     pub size: u64,
+    /// Why some buffered stripe could not be stored: it and everything past it stay
+    /// uncommitted.
+    pub error: Option<CairnError>,
 }
 
 struct Inner {
@@ -504,7 +509,8 @@ impl OpenFile {
     /// not tried since `due`, write out every buffered stripe (partial ones too) and commit
     /// the stripes written below the first one that could not be, with the size up to there.
     /// Stripes past a failed one stay uncommitted, and the failed one stays buffered, for the
-    /// next pass or the close, which reports the error. Returns what was committed.
+    /// next pass or the close, which reports the error. Returns what was done; `None` when
+    /// the file was not due. An `Err` is a failed commit.
     pub async fn write_back(
         &self,
         nodes: &Arc<Nodes>,
@@ -545,6 +551,10 @@ impl OpenFile {
         // Nothing at or past a stripe still buffered is committed: the size must not cover
         // bytes that are not stored.
         let first_unwritten = inner.dirty.keys().next().copied();
+        if first_unwritten.is_none() {
+            // A background write that had failed was stored on the second try.
+            failure = None;
+        }
         let (size, stripes): (u64, Vec<StripeInfo>) = match first_unwritten {
             None => (inner.size, inner.uncommitted.values().cloned().collect()),
             Some(stripe) => (
@@ -552,14 +562,11 @@ impl OpenFile {
                 inner.uncommitted.range(..stripe).map(|(_, info)| *info).collect(),
             ),
         };
-        if let Some(e) = &failure {
-            tracing::warn!(ino = self.geo.ino, "write-back: {e}; committing what was stored before it");
-        }
         if stripes.is_empty() && (first_unwritten.is_some() || !inner.size_dirty) {
             if first_unwritten.is_none() {
                 self.all_committed();
             }
-            return Ok(None);
+            return Ok(failure.map(|e| WrittenBack { error: Some(e), ..WrittenBack::default() }));
         }
         let req = cairn_proto::CommitRequest {
             ino: self.geo.ino,
@@ -577,7 +584,13 @@ impl OpenFile {
             inner.size_dirty = false;
             self.all_committed();
         }
-        Ok(Some(WrittenBack { stripes: stripes.len(), bytes: stripes.iter().map(|s| s.len).sum(), size }))
+        Ok(Some(WrittenBack {
+            committed: true,
+            stripes: stripes.len(),
+            bytes: stripes.iter().map(|s| s.len).sum(),
+            size,
+            error: failure,
+        }))
     }
 
     /// Give up on what could not be committed (the last handle closed after a failed flush):

@@ -29,7 +29,8 @@ pub const BLOCK_CACHE_MISSES: &str = "cairn_client_block_cache_misses_total";
 /// Bytes held by the block cache (gauge).
 pub const BLOCK_CACHE_BYTES: &str = "cairn_client_block_cache_bytes";
 /// Write-back: commits of open files made in the background (not by close or fsync), the
-/// valid bytes of the stripes they committed, and passes whose commit failed (counters); the
+/// valid bytes of the stripes they committed, and passes that left something uncommitted
+/// because a stripe could not be stored or the commit failed (counters); the
 /// age of the oldest change written to an open file and not yet committed, seconds (gauge;
 /// what a crash of this client would lose).
 pub const WRITE_BACK_COMMITS: &str = "cairn_client_write_back_commits_total";
