@@ -18,7 +18,8 @@
 //!   interval, [`OpenFile::write_back`] writes out every buffered stripe and commits the
 //!   written ones, as close does, but only up to the first stripe it could not write: the
 //!   committed size never covers a stripe whose new bytes are not stored, so a crash or an
-//!   error later loses only what came after (see `docs/ARCHITECTURE.md`, "Write-back").
+//!   error later loses only what came after (see `docs/ARCHITECTURE.md`, "Write-back"). A
+//!   flush that cannot store a stripe commits by the same rule before it returns the error.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -470,7 +471,9 @@ impl OpenFile {
     /// Returns the committed attributes, or `None` when there was nothing to commit.
     /// `changes` (the client's change counters) are advanced when a commit goes out, while
     /// this file's lock is still held, so an open or getattr racing with the commit sees them
-    /// moved.
+    /// moved. When a stripe cannot be stored, what was stored below it is still committed (as
+    /// write-back would) before the error is returned, so a failed close loses only what it
+    /// could not store; the file is then not written back again until another interval passed.
     pub async fn flush(
         &self,
         nodes: &Arc<Nodes>,
@@ -484,7 +487,20 @@ impl OpenFile {
             tracing::warn!(ino = self.geo.ino, "background stripe write failed ({e}); trying again");
         }
         let all: Vec<u64> = inner.dirty.keys().copied().collect();
-        self.write_out(&mut inner, nodes, versions, &all).await?;
+        if let Err(e) = self.write_out(&mut inner, nodes, versions, &all).await {
+            self.pending.lock().tried = Some(Instant::now());
+            match self.commit_stored(&mut inner, meta, changes).await {
+                Ok(done) if done.stripes > 0 => tracing::warn!(
+                    ino = self.geo.ino,
+                    stripes = done.stripes,
+                    size = done.size,
+                    "a stripe could not be stored ({e}); committed what was stored before it"
+                ),
+                Ok(_) => {}
+                Err(c) => tracing::warn!(ino = self.geo.ino, "committing what was stored: {c}"),
+            }
+            return Err(e);
+        }
         if inner.uncommitted.is_empty() && !inner.size_dirty {
             self.all_committed();
             return Ok(None);
@@ -525,18 +541,18 @@ impl OpenFile {
         }
         let mut inner = self.inner.lock().await;
         {
-            // A close or another pass may have committed while this one waited for the lock.
+            // A close or another pass may have committed (or failed) while this one waited for
+            // the lock.
             let mut pending = self.pending.lock();
             if !is_due(*pending) {
                 return Ok(None);
             }
             pending.tried = Some(Instant::now());
         }
-        let layout = self.geo.layout;
         let mut failure = self.settle(&mut inner, None).await.err();
         // An appending writer continues the partial last stripe: keep its bytes for it.
         let tail = match inner.dirty.last_key_value() {
-            Some((s, buf)) if (buf.len() as u64) < layout.stripe_bytes() => Some((*s, buf.clone())),
+            Some((s, buf)) if (buf.len() as u64) < self.geo.layout.stripe_bytes() => Some((*s, buf.clone())),
             _ => None,
         };
         let all: Vec<u64> = inner.dirty.keys().copied().collect();
@@ -548,17 +564,30 @@ impl OpenFile {
                 inner.written_tail = Some((stripe, info.version, buf));
             }
         }
-        // Nothing at or past a stripe still buffered is committed: the size must not cover
-        // bytes that are not stored.
-        let first_unwritten = inner.dirty.keys().next().copied();
-        if first_unwritten.is_none() {
+        if inner.dirty.is_empty() {
             // A background write that had failed was stored on the second try.
             failure = None;
         }
+        let done = self.commit_stored(&mut inner, meta, changes).await?;
+        Ok((done.committed || failure.is_some()).then_some(WrittenBack { error: failure, ..done }))
+    }
+
+    /// Commit the stripes written and not yet committed that lie below the first stripe still
+    /// buffered (one that could not be stored), with the size up to there; with none buffered,
+    /// all of them and the file's size. Nothing at or past a buffered stripe is committed: the
+    /// committed size must never cover bytes that are not stored. `Commit` grows a size,
+    /// never shrinks it.
+    async fn commit_stored(
+        &self,
+        inner: &mut Inner,
+        meta: &MetaConn,
+        changes: Changes<'_>,
+    ) -> Result<WrittenBack> {
+        let first_unwritten = inner.dirty.keys().next().copied();
         let (size, stripes): (u64, Vec<StripeInfo>) = match first_unwritten {
             None => (inner.size, inner.uncommitted.values().cloned().collect()),
             Some(stripe) => (
-                inner.size.min(layout.stripe_start(stripe)),
+                inner.size.min(self.geo.layout.stripe_start(stripe)),
                 inner.uncommitted.range(..stripe).map(|(_, info)| *info).collect(),
             ),
         };
@@ -566,7 +595,7 @@ impl OpenFile {
             if first_unwritten.is_none() {
                 self.all_committed();
             }
-            return Ok(failure.map(|e| WrittenBack { error: Some(e), ..WrittenBack::default() }));
+            return Ok(WrittenBack::default());
         }
         let req = cairn_proto::CommitRequest {
             ino: self.geo.ino,
@@ -575,6 +604,7 @@ impl OpenFile {
             mtime: Some(cairn_common::time::now()),
         };
         let committed = meta.commit(req).await;
+        // Even a failed commit may have been applied (the answer was lost): count it as a change.
         changes.bump();
         committed?;
         for info in &stripes {
@@ -584,13 +614,13 @@ impl OpenFile {
             inner.size_dirty = false;
             self.all_committed();
         }
-        Ok(Some(WrittenBack {
+        Ok(WrittenBack {
             committed: true,
             stripes: stripes.len(),
             bytes: stripes.iter().map(|s| s.len).sum(),
             size,
-            error: failure,
-        }))
+            error: None,
+        })
     }
 
     /// Give up on what could not be committed (the last handle closed after a failed flush):
