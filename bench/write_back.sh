@@ -3,8 +3,9 @@
 # `cairn up` (release build) per mount setting — write-back off (commit_interval_ms=0), the
 # default (5000) and a short interval (1000) — plus local ext4 as the baseline. Each runs a
 # sequential 1 MiB write of SZ (default 2g, long enough for several intervals) with
-# --end_fsync=1, then SMALL (default 1000) 128 KiB files written (each closed at once). Prints
-# "LABEL JOB MiB/s files/s" lines. Run as root.
+# --end_fsync=1, then SMALL (default 1000) 128 KiB files written (fio keeps all of them open
+# until the job ends). Prints "LABEL JOB MiB/s IOPS" lines (IOPS of 128 KiB files = files/s),
+# and the mount's write-back commits. Run as root.
 #   cargo build --release -p cairn && bench/write_back.sh 2
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -43,6 +44,8 @@ cairn_run() { # interval_ms label
   for _ in $(seq 600); do grep -q "^ready" "$work/up.log" && break; sleep 0.1; done
   grep -q "^ready" "$work/up.log" || { cat "$work/up.log" >&2; kill -INT $pid; return 1; }
   jobs "$work/mnt" "$2"
+  local metrics; metrics=$(awk '$1 == "mount" { print $5 }' "$work/up.log")
+  echo "$2 write-back-commits $(curl -s "http://$metrics/metrics" | awk '/^cairn_client_write_back_commits_total/ { print $2 }')"
   kill -INT $pid; wait $pid || true
 }
 
