@@ -18,6 +18,8 @@ use crate::meta::MetaConn;
 use crate::nodes::Nodes;
 use crate::stripe::Geometry;
 
+mod write_back;
+
 /// Client settings.
 #[derive(Clone, Debug)]
 pub struct ClientOptions {
@@ -189,8 +191,6 @@ impl Releases {
 }
 
 const EPOCH_BUCKETS: usize = 1024;
-/// Files written back at once in one pass.
-const WRITE_BACK_FILES: usize = 8;
 /// Opens retried because a commit of this client raced with them, before giving up.
 const OPEN_ATTEMPTS: usize = 16;
 
@@ -229,67 +229,9 @@ impl Client {
             releases,
         });
         if !client.options.commit_interval.is_zero() {
-            tokio::spawn(write_back(Arc::downgrade(&client)));
+            tokio::spawn(write_back::run(Arc::downgrade(&client)));
         }
         Ok(client)
-    }
-
-    /// One write-back pass: every open file whose oldest uncommitted change is older than the
-    /// commit interval writes out and commits what it can (see [`OpenFile::write_back`]).
-    /// Publishes the age of the oldest change still uncommitted afterwards.
-    async fn write_back_pass(&self) {
-        use futures::StreamExt;
-        let interval = self.options.commit_interval;
-        let Some(due) = Instant::now().checked_sub(interval) else { return };
-        let files: Vec<(u64, Arc<OpenFile>)> = self
-            .files
-            .lock()
-            .iter()
-            .filter(|(_, o)| o.file.uncommitted_since().is_some_and(|t| t <= due))
-            .map(|(ino, o)| (*ino, o.file.clone()))
-            .collect();
-        futures::stream::iter(files)
-            .for_each_concurrent(WRITE_BACK_FILES, |(ino, file)| async move {
-                match file.write_back(&self.nodes, &self.meta, &self.versions, self.changes(ino), due).await {
-                    Ok(Some(done)) => {
-                        if done.committed {
-                            tracing::debug!(
-                                ino,
-                                stripes = done.stripes,
-                                size = done.size,
-                                "write-back committed"
-                            );
-                            ::metrics::counter!(crate::metrics::WRITE_BACK_COMMITS).increment(1);
-                            ::metrics::counter!(crate::metrics::WRITE_BACK_BYTES).increment(done.bytes);
-                        }
-                        if let Some(e) = done.error {
-                            ::metrics::counter!(crate::metrics::WRITE_BACK_FAILURES).increment(1);
-                            tracing::warn!(
-                                ino,
-                                committed = done.stripes,
-                                "write-back could not store a stripe ({e}); it and what follows stay \
-                                 uncommitted, tried again later"
-                            );
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        ::metrics::counter!(crate::metrics::WRITE_BACK_FAILURES).increment(1);
-                        tracing::warn!(ino, "write-back commit failed ({e}); trying again later");
-                    }
-                }
-            })
-            .await;
-        let now = Instant::now();
-        let oldest = self
-            .files
-            .lock()
-            .values()
-            .filter_map(|o| o.file.uncommitted_since())
-            .map(|since| now.saturating_duration_since(since))
-            .max()
-            .unwrap_or_default();
-        ::metrics::gauge!(crate::metrics::OLDEST_UNCOMMITTED).set(oldest.as_secs_f64());
     }
 
     fn epoch(&self, ino: u64) -> &AtomicU64 {
@@ -876,23 +818,6 @@ fn lock_request(
 fn need(attr: Option<p::Attr>) -> Result<p::Attr> {
     attr.ok_or_else(|| CairnError::internal("metaserver reply without attributes"))
 }
-
-/// The write-back task: a pass every fifth of the commit interval (10 ms to 1 s), so a change
-/// is committed within about 1.2 intervals of being made. Ends when the client is dropped.
-async fn write_back(client: std::sync::Weak<Client>) {
-    let Some(every) = client.upgrade().map(|c| (c.options.commit_interval / 5).clamp(MIN_PASS, MAX_PASS))
-    else {
-        return;
-    };
-    loop {
-        tokio::time::sleep(every).await;
-        let Some(client) = client.upgrade() else { return };
-        client.write_back_pass().await;
-    }
-}
-
-const MIN_PASS: Duration = Duration::from_millis(10);
-const MAX_PASS: Duration = Duration::from_secs(1);
 
 /// Renew this client's session every quarter lease, announcing every inode it has open (so a
 /// restarted metaserver learns them again, and unlinked files stay readable).
