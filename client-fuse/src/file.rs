@@ -82,8 +82,8 @@ struct Pending {
 /// What one write-back pass of a file did.
 #[derive(Debug, Default)]
 pub struct WrittenBack {
-    /// A commit went out (stripes, or only a new size).
-    pub committed: bool,
+    /// The attributes a commit returned (`None`: nothing needed committing).
+    pub attr: Option<Attr>,
     /// Stripes committed.
     pub stripes: usize,
     /// Valid bytes in them.
@@ -501,24 +501,8 @@ impl OpenFile {
             }
             return Err(e);
         }
-        if inner.uncommitted.is_empty() && !inner.size_dirty {
-            self.all_committed();
-            return Ok(None);
-        }
-        let req = cairn_proto::CommitRequest {
-            ino: self.geo.ino,
-            size: inner.size,
-            stripes: inner.uncommitted.values().cloned().collect(),
-            mtime: Some(cairn_common::time::now()),
-        };
-        let committed = meta.commit(req).await;
-        // Even a failed commit may have been applied (the answer was lost): count it as a change.
-        changes.bump();
-        let attr = committed?.attr.ok_or_else(|| CairnError::internal("commit: no attr"))?;
-        inner.uncommitted.clear();
-        inner.size_dirty = false;
-        self.all_committed();
-        Ok(Some(attr))
+        // Nothing is buffered any more: everything written is committed, with the size.
+        Ok(self.commit_stored(&mut inner, meta, changes).await?.attr)
     }
 
     /// Write-back: if the oldest uncommitted change was made before `due` and this file was
@@ -569,7 +553,7 @@ impl OpenFile {
             failure = None;
         }
         let done = self.commit_stored(&mut inner, meta, changes).await?;
-        Ok((done.committed || failure.is_some()).then_some(WrittenBack { error: failure, ..done }))
+        Ok((done.attr.is_some() || failure.is_some()).then_some(WrittenBack { error: failure, ..done }))
     }
 
     /// Commit the stripes written and not yet committed that lie below the first stripe still
@@ -606,7 +590,7 @@ impl OpenFile {
         let committed = meta.commit(req).await;
         // Even a failed commit may have been applied (the answer was lost): count it as a change.
         changes.bump();
-        committed?;
+        let attr = committed?.attr.ok_or_else(|| CairnError::internal("commit: no attr"))?;
         for info in &stripes {
             inner.uncommitted.remove(&info.index);
         }
@@ -615,7 +599,7 @@ impl OpenFile {
             self.all_committed();
         }
         Ok(WrittenBack {
-            committed: true,
+            attr: Some(attr),
             stripes: stripes.len(),
             bytes: stripes.iter().map(|s| s.len).sum(),
             size,

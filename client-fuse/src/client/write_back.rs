@@ -33,7 +33,7 @@ impl Client {
             .for_each_concurrent(FILES_AT_ONCE, |(ino, file)| async move {
                 match file.write_back(&self.nodes, &self.meta, &self.versions, self.changes(ino), due).await {
                     Ok(Some(done)) => {
-                        if done.committed {
+                        if done.attr.is_some() {
                             tracing::debug!(
                                 ino,
                                 stripes = done.stripes,
