@@ -19,7 +19,8 @@ const UNIT_KIB: u32 = 256;
 /// A Python writer: creates `path`, writes what it is told (random bytes, also appended to the
 /// reference file `reference`), reports, and keeps the file open.
 /// Commands on stdin: `write N` (N bytes, then prints `written TOTAL`), `pwrite OFFSET:N` (N
-/// bytes at OFFSET, the descriptor's position unchanged; prints `written END`), `stream LIMIT` (1 MiB
+/// bytes at OFFSET, the descriptor's position unchanged; prints `written END`), `close -`
+/// (prints `closed 0`), `stream LIMIT` (1 MiB
 /// at a time, a few ms apart, until a write fails or LIMIT bytes; prints `failed ERRNO TOTAL`
 /// or `limit TOTAL`, then closes the file and prints `closed ERRNO` with 0 for success).
 const WRITER: &str = r#"
@@ -50,6 +51,9 @@ for line in sys.stdin:
         ref.flush()
         os.pwrite(fd, data, offset)
         print('written', offset + n, flush=True)
+    elif cmd == 'close':
+        os.close(fd)
+        print('closed 0', flush=True)
     elif cmd == 'stream':
         code = None
         while total < int(arg):
@@ -244,4 +248,26 @@ fn a_stripe_that_cannot_be_stored_is_never_committed_as_a_hole() {
     // bytes end, and stripe 8 is not published as a hole of zeros.
     let len = assert_committed_prefix(&cluster, "f", &fs::read(&reference).unwrap());
     assert_eq!(len, first, "the committed size moved past a stripe that is not stored");
+}
+
+#[test]
+fn a_log_appended_between_write_backs_stays_byte_exact() {
+    let cluster = Cluster::start(6, "4+2", UNIT_KIB);
+    let client = Mount::with_args(&cluster, "writer", &["--commit-interval-ms", "200"]);
+    let reference = cluster.root.path().join("reference");
+    let mut writer = Writer::start(&client.dir.join("log"), &reference);
+    let seen = cluster.mnt.join("log");
+    // Each record ends inside a stripe (1 MiB); write-back stores that partial stripe and
+    // commits it, and the next record continues the stripe from the bytes kept in memory.
+    let mut total = 0u64;
+    for record in [300_000u64, 300_000, 500_000, 1, 700_000, 123_457] {
+        total += record;
+        assert_eq!(writer.ask(&format!("write {record}")), ["written", &total.to_string()]);
+        eventually(60, "write-back commits the record", || {
+            fs::metadata(&seen).map(|m| m.len()).unwrap_or(0) == total
+        });
+    }
+    assert_eq!(writer.ask("close -"), ["closed", "0"]);
+    let len = assert_committed_prefix(&cluster, "log", &fs::read(&reference).unwrap());
+    assert_eq!(len as u64, total);
 }
