@@ -7,7 +7,7 @@ use std::fs;
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 
-use support::{kill9, random_bytes, sha256, Cluster};
+use support::{kill9, random_bytes, sha256, write_and_close, Cluster};
 
 const UNIT: usize = 1 << 20;
 const K: usize = 4;
@@ -391,9 +391,13 @@ fn full_disk_is_enospc_and_loses_nothing_acknowledged() {
     let small = random_bytes(UNIT, 33);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        match fs::write(m.join("after"), &small) {
+        // close's error counts: a write whose close failed was never acknowledged.
+        match write_and_close(&m.join("after"), &small) {
             Ok(()) => break,
-            Err(e) => assert!(std::time::Instant::now() < deadline, "space never came back: {e}"),
+            Err(e) => {
+                eprintln!("writing after the removal: {e}; retrying");
+                assert!(std::time::Instant::now() < deadline, "space never came back: {e}");
+            }
         }
         std::thread::sleep(std::time::Duration::from_millis(500));
     }

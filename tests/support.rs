@@ -213,6 +213,21 @@ pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
+/// Writes a whole file and returns close's error too. `std::fs::write` drops the file, which
+/// ignores what close(2) says; on Cairn that is where a buffered write's failure (ENOSPC, EIO)
+/// is reported, so a test that wants to know whether a write was acknowledged uses this.
+pub fn write_and_close(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::fd::IntoRawFd;
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(data)?;
+    let fd = f.into_raw_fd();
+    if unsafe { libc::close(fd) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 pub fn sha256(data: &[u8]) -> String {
     use sha2::Digest;
     format!("{:x}", sha2::Sha256::digest(data))
