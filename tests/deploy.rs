@@ -651,6 +651,38 @@ fn grafana_dashboard_queries_only_exported_metrics() {
     }
 }
 
+// ---------------------------------------------------------------------------------- prometheus
+
+#[test]
+fn alert_rules_use_exported_metrics_and_page_on_stripes_that_can_lose_nothing() {
+    let rules = yaml_docs("deploy/prometheus/cairn-alerts.yml");
+    assert_eq!(rules.len(), 1);
+    let mut exported = BTreeSet::new();
+    for rel in ["common", "metaserver", "chunkserver", "client-fuse"] {
+        exported.extend(cairn_names(&read(&format!("{rel}/src/metrics.rs"))));
+    }
+    let mut critical = Vec::new();
+    let groups = rules[0]["groups"].as_sequence().expect("groups");
+    for rule in groups.iter().flat_map(|g| g["rules"].as_sequence().expect("rules")) {
+        let name = rule["alert"].as_str().expect("every rule is an alert");
+        let expr = rule["expr"].as_str().unwrap_or_else(|| panic!("{name}: expr"));
+        for metric in cairn_names(expr) {
+            assert!(exported.contains(&metric), "{name} uses {metric}, which no metrics.rs exports");
+        }
+        assert_eq!(expr.matches('(').count(), expr.matches(')').count(), "{name}: {expr}");
+        let severity = rule["labels"]["severity"].as_str().unwrap_or_else(|| panic!("{name}: severity"));
+        assert!(["warning", "critical"].contains(&severity), "{name}: {severity}");
+        assert!(rule["annotations"]["summary"].as_str().is_some(), "{name}: summary");
+        if severity == "critical" {
+            critical.push(expr.to_string());
+        }
+    }
+    assert!(
+        critical.iter().any(|e| e.contains("cairn_repair_stripes{can_lose=\"0\"}")),
+        "no critical alert on stripes that can lose 0 more shards: {critical:?}"
+    );
+}
+
 // ------------------------------------------------------------------------------------- docker
 
 /// The Dockerfile's instructions, continuation lines joined, comments dropped.

@@ -9,7 +9,8 @@ use support::{cli_json, eventually, kill9, random_bytes, sha256, Cluster};
 
 fn status(cluster: &Cluster) -> serde_json::Value {
     let out = cluster.cli(&["status", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // 0 OK, 2 WARN, 3 ERR: a status was read (1 would be a failure to ask).
+    assert!(matches!(out.status.code(), Some(0 | 2 | 3)), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -37,6 +38,11 @@ fn lost_chunkservers_are_rebuilt_then_m_more_can_fail() {
     });
     let st = status(&cluster);
     assert_eq!(st["repair"]["unrecoverable_stripes"], 0, "{st}");
+    // Rebuilt: every stripe can lose m more again; only the dead nodes are left to say.
+    assert_eq!(st["repair"]["reduced_redundancy_bytes"], 0, "{st}");
+    assert_eq!(st["health"], "HEALTH_WARN", "{st}");
+    assert_eq!(st["health_checks"].as_array().unwrap().len(), 1, "{st}");
+    assert!(st["health_checks"][0].as_str().unwrap().starts_with("2 chunkservers down"), "{st}");
     for (path, hash) in &files {
         assert_eq!(&sha256(&fs::read(path).unwrap()), hash, "{}", path.display());
     }
@@ -48,6 +54,85 @@ fn lost_chunkservers_are_rebuilt_then_m_more_can_fail() {
         let back = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert_eq!(&sha256(&back), hash, "{}", path.display());
     }
+}
+
+#[test]
+fn health_says_at_once_what_one_more_failure_would_lose() {
+    // 6 chunkservers, 4+2 with 64 KiB units: every stripe has a shard on every node. The
+    // rebuild waits the default 10 minutes, as on a real cluster.
+    let cluster = Cluster::start(6, "4+2", 64);
+    let meta_metrics = cluster.nodes.iter().find(|n| n.role == "meta").unwrap().metrics.clone().unwrap();
+    let data = random_bytes(4 << 20, 900);
+    fs::write(cluster.mnt.join("data"), &data).unwrap();
+    let stripes = (4 << 20) / (4 * 64 * 1024);
+    let health = |code: i32, word: &str| {
+        let out = cluster.cli(&["status"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.code() == Some(code) && text.starts_with(word), text)
+    };
+    eventually(30, "HEALTH_OK with every stripe able to lose 2", || {
+        let (_, st) = cli_json(&cluster, &["status"]);
+        st["health"] == "HEALTH_OK" && st["repair"]["stripes_by_margin"]["2"] == stripes
+    });
+    assert!(health(0, "HEALTH_OK\n").0, "{}", health(0, "").1);
+
+    let pids = cluster.chunk_pids();
+    kill9(pids[0]);
+    kill9(pids[1]);
+    // As soon as the metaserver marks them down (node timeout 10 s) and a repair pass counted,
+    // long before the rebuild starts.
+    let mut st = serde_json::Value::Null;
+    eventually(40, "lost redundancy shows", || {
+        let (code, now) = cli_json(&cluster, &["status"]);
+        st = now;
+        code == 2 && st["repair"]["stripes_by_margin"]["0"] == stripes
+    });
+    assert_eq!(st["health"], "HEALTH_WARN", "{st}");
+    assert_eq!(st["repair"]["reduced_redundancy_bytes"], 4 << 20, "{st}");
+    let checks: Vec<&str> =
+        st["health_checks"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    assert!(checks[0].starts_with("2 chunkservers down"), "{checks:?}");
+    assert!(checks.contains(&format!("{stripes} stripes can lose 0 more shards").as_str()), "{checks:?}");
+    assert!(
+        checks
+            .iter()
+            .any(|c| c.starts_with("rebuild starts in 9m") || c.starts_with("rebuild starts in 10m")),
+        "{checks:?}"
+    );
+    let down: Vec<&serde_json::Value> =
+        st["nodes"].as_array().unwrap().iter().filter(|n| n["up"] == false).collect();
+    assert_eq!(down.len(), 2);
+    assert!(
+        down.iter().all(|n| n["rebuild_in_ms"].as_u64().is_some_and(|ms| ms > 500_000 && ms <= 600_000)),
+        "{st}"
+    );
+    let (ok, text) = health(2, "HEALTH_WARN: 2 chunkservers down");
+    assert!(ok, "{text}");
+    assert!(text.contains("down, rebuild in"), "{text}");
+    // df and the metrics say the same.
+    let (_, df) = cli_json(&cluster, &["df"]);
+    assert_eq!(df["stripes_by_margin"]["0"], stripes, "{df}");
+    eventually(20, "the metrics count the stripes that can lose 0 more", || {
+        let text = support::scrape(&meta_metrics);
+        support::metric(&text, "cairn_repair_stripes", &["can_lose=\"0\""]) == Some(stripes as f64)
+            && support::metric(&text, "cairn_health", &[]) == Some(1.0)
+    });
+    // Still readable (degraded).
+    assert_eq!(sha256(&fs::read(cluster.mnt.join("data")).unwrap()), sha256(&data));
+
+    // One more: every stripe has lost more than m.
+    kill9(pids[2]);
+    eventually(40, "unreadable stripes are an error", || {
+        let (code, now) = cli_json(&cluster, &["status"]);
+        st = now;
+        code == 3 && st["repair"]["unrecoverable_stripes"] == stripes
+    });
+    assert!(
+        st["health_checks"][0].as_str().unwrap().starts_with(&format!("{stripes} stripes unreadable")),
+        "{st}"
+    );
+    let (ok, text) = health(3, "HEALTH_ERR: ");
+    assert!(ok, "{text}");
 }
 
 /// Shard files of `cluster` with their bytes.

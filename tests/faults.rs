@@ -23,7 +23,12 @@ use support::{eventually, kill9, random_bytes, sha256, Cluster, KillOnDrop, Moun
 
 fn status(cluster: &Cluster) -> serde_json::Value {
     let out = cluster.cli(&["status", "--json"]);
-    assert!(out.status.success(), "cairn status: {}", String::from_utf8_lossy(&out.stderr));
+    // 0 OK, 2 WARN, 3 ERR: a status was read (1 would be a failure to ask).
+    assert!(
+        matches!(out.status.code(), Some(0 | 2 | 3)),
+        "cairn status: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("status json")
 }
 

@@ -4,20 +4,7 @@ use cairn_common::{CairnError, Result};
 use cairn_proto as p;
 use serde_json::json;
 
-pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = bytes as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < UNITS.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[i])
-    }
-}
+pub use cairn_common::units::human_bytes as human;
 
 async fn cluster(meta: &str) -> Result<p::ClusterStatusReply> {
     cairn_client::connect_meta(meta).await?.cluster_status(p::Empty {}).await
@@ -70,6 +57,9 @@ pub async fn df(meta: &str, as_json: bool) -> Result<()> {
             "logical_bytes": status.logical_bytes,
             "reads": reads, "ssd_hit_ratio": hit_ratio(ssd_reads, reads),
             "promotions": promotions, "demotions": demotions,
+            "health": status.health,
+            "stripes_by_margin": margins_json(&status.stripes_by_margin),
+            "reduced_redundancy_bytes": status.reduced_redundancy_bytes,
             "tiers": rows,
         });
         println!("{}", serde_json::to_string_pretty(&out).expect("json"));
@@ -108,6 +98,12 @@ pub async fn df(meta: &str, as_json: bool) -> Result<()> {
         m as f64 * 100.0 / k as f64
     );
     println!("stored {} of shards for {} of file data", human(used), human(status.logical_bytes));
+    println!(
+        "redundancy: {}; {} at reduced redundancy ({})",
+        margins_line(&status.stripes_by_margin),
+        human(status.reduced_redundancy_bytes),
+        status.health
+    );
     let hit = hit_ratio(ssd_reads, reads).map(|h| format!("{:.1}%", h * 100.0)).unwrap_or_else(|| "-".into());
     println!(
         "shard reads {reads}, served from SSD {hit}; {promotions} promotions, {demotions} demotions \
@@ -116,8 +112,44 @@ pub async fn df(meta: &str, as_json: bool) -> Result<()> {
     Ok(())
 }
 
-pub async fn status(meta: &str, as_json: bool) -> Result<()> {
+/// `cairn status`'s exit status for a health word: 0 OK, 2 WARN, 3 ERR (1 is left for "could
+/// not ask"). An unknown word (a newer metaserver) counts as WARN.
+pub fn health_code(health: &str) -> u8 {
+    match health {
+        "HEALTH_OK" => 0,
+        "HEALTH_ERR" => 3,
+        _ => 2,
+    }
+}
+
+/// `HEALTH_WARN: 2 chunkservers down (5, 6), …`.
+pub fn health_line(status: &p::ClusterStatusReply) -> String {
+    if status.health_checks.is_empty() {
+        status.health.clone()
+    } else {
+        format!("{}: {}", status.health, status.health_checks.join(", "))
+    }
+}
+
+/// `stripes that can lose 0 more: 16, 1 more: 3, 2 more: 40`.
+fn margins_line(by_margin: &[u64]) -> String {
+    let parts: Vec<String> = by_margin.iter().enumerate().map(|(j, n)| format!("{j} more: {n}")).collect();
+    format!("stripes that can lose {}", parts.join(", "))
+}
+
+fn margins_json(by_margin: &[u64]) -> serde_json::Value {
+    by_margin
+        .iter()
+        .enumerate()
+        .map(|(j, n)| (j.to_string(), json!(n)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// Prints the cluster's state and returns the exit status for its health.
+pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
     let status = cluster(meta).await?;
+    let code = health_code(&status.health);
     let up = status.nodes.iter().filter(|n| n.up).count();
     if as_json {
         let nodes: Vec<_> = status
@@ -129,10 +161,12 @@ pub async fn status(meta: &str, as_json: bool) -> Result<()> {
                     "last_heartbeat_ms_ago": n.last_heartbeat_ms_ago, "state": n.state,
                     "shards_left": n.shards_left,
                     "shards": n.tiers.iter().map(|t| t.shards).sum::<u64>(),
+                    "full": n.full, "rebuild_in_ms": n.rebuild_in_ms,
                 })
             })
             .collect();
         let out = json!({
+            "health": status.health, "health_checks": status.health_checks,
             "nodes_up": up, "nodes_down": status.nodes.len() - up, "nodes": nodes,
             "files": status.files, "directories": status.directories,
             "logical_bytes": status.logical_bytes, "pending_gc": status.pending_gc,
@@ -143,14 +177,17 @@ pub async fn status(meta: &str, as_json: bool) -> Result<()> {
                 "shards_rebuilt": status.shards_rebuilt, "bytes_rebuilt": status.bytes_rebuilt,
                 "rate": status.rebuild_rate,
                 "stale_shards_deleted": status.stale_shards_deleted,
+                "stripes_by_margin": margins_json(&status.stripes_by_margin),
+                "reduced_redundancy_bytes": status.reduced_redundancy_bytes,
             },
         });
         println!("{}", serde_json::to_string_pretty(&out).expect("json"));
-        return Ok(());
+        return Ok(code);
     }
+    println!("{}", health_line(&status));
     println!("metaserver {meta}: {up} of {} chunkservers up", status.nodes.len());
     println!(
-        "{:>4}  {:<21} {:<5} {:<18} {:>8} {:>8} {:>16}",
+        "{:>4}  {:<21} {:<5} {:<24} {:>8} {:>8} {:>16}",
         "NODE", "ADDRESS", "UP", "STATE", "SHARDS", "PID", "LAST HEARTBEAT"
     );
     for n in &status.nodes {
@@ -159,13 +196,18 @@ pub async fn status(meta: &str, as_json: bool) -> Result<()> {
         } else {
             format!("{:.1} s ago", n.last_heartbeat_ms_ago as f64 / 1000.0)
         };
-        let state = if n.state == "draining" {
-            format!("draining ({} left)", n.shards_left)
-        } else {
-            n.state.clone()
+        let state = match (n.state.as_str(), n.rebuild_in_ms) {
+            ("draining", _) => format!("draining ({} left)", n.shards_left),
+            (_, Some(0)) => "down, rebuilding".to_string(),
+            (_, Some(ms)) => format!(
+                "down, rebuild in {}",
+                cairn_common::units::human_duration(std::time::Duration::from_millis(ms))
+            ),
+            _ if n.full => format!("{} (full)", n.state),
+            _ => n.state.clone(),
         };
         println!(
-            "{:>4}  {:<21} {:<5} {:<18} {:>8} {:>8} {:>16}",
+            "{:>4}  {:<21} {:<5} {:<24} {:>8} {:>8} {:>16}",
             n.id,
             n.addr,
             if n.up { "up" } else { "down" },
@@ -194,6 +236,11 @@ pub async fn status(meta: &str, as_json: bool) -> Result<()> {
         status.shards_rebuilt,
         human(status.bytes_rebuilt)
     );
+    println!(
+        "redundancy: {}; {} at reduced redundancy",
+        margins_line(&status.stripes_by_margin),
+        human(status.reduced_redundancy_bytes)
+    );
     if status.stale_shards_deleted > 0 {
         println!("unreferenced shards deleted since start: {}", status.stale_shards_deleted);
     }
@@ -203,5 +250,5 @@ pub async fn status(meta: &str, as_json: bool) -> Result<()> {
             status.unrecoverable_stripes, status.unrecoverable_files
         );
     }
-    Ok(())
+    Ok(code)
 }

@@ -154,7 +154,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Cluster health: nodes up/down, last heartbeat, files and bytes.
+    /// Cluster health: a one-line summary (HEALTH_OK, HEALTH_WARN, HEALTH_ERR), nodes up/down,
+    /// stripes by how many more shards they can lose, repair. Exit status: 0 HEALTH_OK,
+    /// 2 HEALTH_WARN, 3 HEALTH_ERR, 1 the metaserver could not be asked.
     Status {
         #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
         meta: String,
@@ -354,7 +356,15 @@ fn main() -> ExitCode {
                 rt.block_on(warmup::warmup(&path, meta, json))
             }
         }),
-        Command::Status { meta, json } => runtime().and_then(|rt| rt.block_on(admin::status(&meta, json))),
+        Command::Status { meta, json } => {
+            return match runtime().and_then(|rt| rt.block_on(admin::status(&meta, json))) {
+                Ok(code) => ExitCode::from(code),
+                Err(e) => {
+                    eprintln!("cairn: {}", e.message());
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Command::Scrub { path, all: _, meta, json } => {
             let opts = fsck::Options { path, meta, verify: true, repair: true, fsck: false, json };
             return exit_code(runtime().and_then(|rt| rt.block_on(fsck::run(opts))));

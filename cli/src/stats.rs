@@ -75,7 +75,7 @@ pub struct Rates {
 }
 
 const HEADER: &str =
-    "time      meta req/s  reads/s   read/s      writes/s  write/s     ssd hit  moves/s  degraded  rebuild/s  nodes up";
+    "time      meta req/s  reads/s   read/s      writes/s  write/s     ssd hit  moves/s  degraded  rebuild/s  nodes up  lose0  health";
 
 pub async fn stats(meta: &str, interval: Duration, count: Option<u64>, as_json: bool) -> Result<()> {
     let conn = cairn_client::connect_meta(meta).await?;
@@ -93,6 +93,8 @@ pub async fn stats(meta: &str, interval: Duration, count: Option<u64>, as_json: 
         let r = Totals::of(&now).rates(&Totals::of(&before), secs);
         let up = now.nodes.iter().filter(|n| n.up).count();
         let clock = chrono_like_now();
+        // Stripes one more failure would make unreadable.
+        let lose0 = now.stripes_by_margin.first().copied().unwrap_or(0);
         if as_json {
             let line = json!({
                 "time": clock, "interval_secs": secs, "meta_requests_per_sec": r.requests,
@@ -101,11 +103,12 @@ pub async fn stats(meta: &str, interval: Duration, count: Option<u64>, as_json: 
                 "ssd_hit_ratio": r.ssd_hit, "tier_moves_per_sec": r.moves,
                 "degraded_stripes": now.degraded_stripes, "rebuild_bytes_per_sec": r.rebuild_bytes,
                 "nodes_up": up, "nodes": now.nodes.len(),
+                "stripes_that_can_lose_0": lose0, "health": now.health,
             });
             println!("{line}");
         } else {
             println!(
-                "{clock:<9} {:<11.0} {:<9.0} {:<11} {:<9.0} {:<11} {:<8} {:<8.1} {:<9} {:<10} {up}/{}",
+                "{clock:<9} {:<11.0} {:<9.0} {:<11} {:<9.0} {:<11} {:<8} {:<8.1} {:<9} {:<10} {:<9} {lose0:<6} {}",
                 r.requests,
                 r.reads,
                 format!("{}/s", human(r.read_bytes as u64)),
@@ -115,7 +118,8 @@ pub async fn stats(meta: &str, interval: Duration, count: Option<u64>, as_json: 
                 r.moves,
                 now.degraded_stripes,
                 format!("{}/s", human(r.rebuild_bytes as u64)),
-                now.nodes.len(),
+                format!("{up}/{}", now.nodes.len()),
+                now.health.strip_prefix("HEALTH_").unwrap_or(&now.health),
             );
         }
         before = now;

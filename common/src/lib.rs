@@ -11,6 +11,7 @@ pub mod layout;
 pub mod metrics;
 pub mod telemetry;
 pub mod time;
+pub mod units;
 pub mod wire;
 
 pub use error::{CairnError, ErrorKind, Result};

@@ -8,6 +8,7 @@
 //! (the gRPC adapter).
 
 pub mod gc;
+pub mod health;
 pub mod metrics;
 pub mod namespace;
 pub mod reconcile;

@@ -22,6 +22,13 @@ pub const GC_PENDING: &str = "cairn_meta_gc_pending_shards";
 pub const CLIENTS: &str = "cairn_meta_client_sessions";
 /// Stripes with a shard lost or on a down node, as of the last repair pass (gauge).
 pub const DEGRADED_STRIPES: &str = "cairn_repair_degraded_stripes";
+/// Stripes by how many more shards each can lose before it is unreadable, by `can_lose`
+/// ("0" … m), as of the last repair pass (gauge). Alert on `can_lose="0"` above zero.
+pub const STRIPES_BY_MARGIN: &str = "cairn_repair_stripes";
+/// Bytes of file data in stripes that can lose fewer shards than their layout's m (gauge).
+pub const REDUCED_BYTES: &str = "cairn_repair_reduced_redundancy_bytes";
+/// The cluster's health as `cairn status` prints it: 0 OK, 1 WARN, 2 ERR (gauge).
+pub const HEALTH: &str = "cairn_health";
 /// Bytes still to rebuild (gauge) and the last pass's rebuild rate (gauge, bytes/s).
 pub const BYTES_TO_REBUILD: &str = "cairn_repair_bytes_to_rebuild";
 pub const REBUILD_RATE: &str = "cairn_repair_rate_bytes_per_second";
@@ -69,6 +76,19 @@ fn publish_once(ns: &Namespace) {
     metrics::gauge!(CLIENTS).set(ns.sessions().live_count() as f64);
     let repair = ns.repair_state().lock().clone();
     metrics::gauge!(DEGRADED_STRIPES).set(repair.degraded_stripes as f64);
+    // Every level up to the largest m in use, zeros included, so an alert sees 0 and not
+    // "no data" when all is well.
+    let levels = repair
+        .by_margin
+        .len()
+        .max(ns.getattr(cairn_common::ROOT_INO).map_or(0, |r| r.layout().m as usize + 1));
+    for margin in 0..levels {
+        let count = repair.by_margin.get(margin).copied().unwrap_or(0);
+        metrics::gauge!(STRIPES_BY_MARGIN, "can_lose" => margin.to_string()).set(count as f64);
+    }
+    metrics::gauge!(REDUCED_BYTES).set(repair.reduced_bytes as f64);
+    let health = crate::health::assess(&crate::service::nodes_with_progress(ns), &repair);
+    metrics::gauge!(HEALTH).set(health.level.gauge());
     metrics::gauge!(BYTES_TO_REBUILD).set(repair.bytes_to_rebuild as f64);
     metrics::gauge!(REBUILD_RATE).set(repair.rate as f64);
     metrics::gauge!(UNRECOVERABLE_STRIPES).set(repair.unrecoverable_stripes as f64);

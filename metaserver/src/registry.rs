@@ -336,6 +336,8 @@ impl Registry {
                 pid: n.pid,
                 state: state_name(n.state).into(),
                 shards_left: 0,
+                rebuild_in_ms: None,
+                full: n.is_full(FULL_BELOW_BYTES),
             })
             .collect()
     }

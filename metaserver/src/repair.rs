@@ -47,6 +47,41 @@ pub struct RepairState {
     pub drain_left: BTreeMap<u32, u64>,
     /// Unreferenced shards deleted by reconciliation since start.
     pub stale_shards_deleted: u64,
+    /// Stripes by how many more shards each can lose (`by_margin[j]`: can lose `j` more), as of
+    /// the last pass, after what it healed. Unreadable stripes are not here.
+    pub by_margin: Vec<u64>,
+    /// The stripes of `by_margin` that can lose fewer shards than their layout's `m`, by
+    /// margin, and the bytes of file data in them.
+    pub reduced_by_margin: Vec<u64>,
+    pub reduced_bytes: u64,
+    /// How long a node stays down before its shards are rebuilt elsewhere, and when the repair
+    /// started (a node not heard from since has been down at most that long); `None` until a
+    /// repair runs.
+    pub rebuild_after: Option<(Duration, Instant)>,
+}
+
+impl RepairState {
+    /// For a node down for `down_ms` (as the registry says), how long until the repair
+    /// rebuilds its shards elsewhere (zero: it is doing so); `None` without a repair.
+    pub fn rebuild_in(&self, down_ms: u64) -> Option<Duration> {
+        let (after, started) = self.rebuild_after?;
+        let down = Duration::from_millis(down_ms).min(started.elapsed());
+        Some(after.saturating_sub(down))
+    }
+
+    fn count_margin(&mut self, margin: usize, m: usize, written_len: u64) {
+        if self.by_margin.len() <= margin {
+            self.by_margin.resize(margin + 1, 0);
+        }
+        self.by_margin[margin] += 1;
+        if margin < m {
+            if self.reduced_by_margin.len() <= margin {
+                self.reduced_by_margin.resize(margin + 1, 0);
+            }
+            self.reduced_by_margin[margin] += 1;
+            self.reduced_bytes += written_len;
+        }
+    }
 }
 
 pub struct Repair {
@@ -82,11 +117,13 @@ impl NodeView {
 
 impl Repair {
     pub fn new(ns: Arc<Namespace>, rebuild_after: Duration, rate_bytes: u64) -> Repair {
+        let started = Instant::now();
+        ns.repair_state().lock().rebuild_after = Some((rebuild_after, started));
         Repair {
             ns,
             rebuild_after,
             rate_bytes: rate_bytes.max(1 << 20),
-            started: Instant::now(),
+            started,
             channels: Mutex::new(HashMap::new()),
             running: tokio::sync::Mutex::new(()),
             orphan_grace: Duration::from_secs(3600),
@@ -128,8 +165,9 @@ impl Repair {
                     );
                 }
             }
-            let seen: Vec<(u32, bool, bool, bool)> =
-                nodes.iter().map(|(id, n)| (*id, n.gone, n.draining, n.full)).collect();
+            // A node going down or coming back changes what stripes can still lose: count again.
+            let seen: Vec<(u32, bool, bool, bool, bool)> =
+                nodes.iter().map(|(id, n)| (*id, n.up, n.gone, n.draining, n.full)).collect();
             let changed = seen != last_seen;
             let hint = self.ns.take_degraded_hint();
             // While work is left that cannot progress, look again less and less often.
@@ -199,6 +237,7 @@ impl Repair {
                 shards_rebuilt: last.shards_rebuilt,
                 bytes_rebuilt: last.bytes_rebuilt,
                 rate: last.rate,
+                rebuild_after: last.rebuild_after,
                 ..Default::default()
             }
         };
@@ -257,6 +296,10 @@ impl Repair {
         let mut healed = Vec::new();
         let mut complete = true;
         let mut unrecoverable = false;
+        let m = layout.m as usize;
+        // Stripes short of shards: (gone, rebuilt, moved, unavailable, written_len), counted
+        // by margin once it is known whether the placement switches.
+        let mut short = Vec::new();
         for info in &stripes {
             let mut lost = info.missing;
             let mut moved = 0u32;
@@ -281,11 +324,13 @@ impl Repair {
             let unavailable =
                 (0..layout.width()).filter(|&i| lost & (1 << i) == 0 && !up(node_of(i))).count();
             if lost == 0 && unavailable == 0 {
+                state.count_margin(m, m, info.written_len);
                 continue;
             }
             let degraded = unavailable > 0 || (0..layout.width()).any(gone_here);
             state.degraded_stripes += degraded as u64;
-            let gone_count = (0..layout.width()).filter(|&i| gone_here(i)).count();
+            let gone = (0..layout.width()).filter(|&i| gone_here(i)).fold(0u32, |mask, i| mask | 1 << i);
+            let gone_count = gone.count_ones() as usize;
             if gone_count + unavailable > layout.m as usize {
                 state.unrecoverable_stripes += 1;
                 unrecoverable = true;
@@ -331,6 +376,7 @@ impl Repair {
                     }
                 }
             }
+            short.push((gone, rebuilt, moved, unavailable, info.written_len));
             if rebuilt != 0 {
                 healed.push((info.index, info.version, rebuilt));
             }
@@ -340,6 +386,13 @@ impl Repair {
         }
         if unrecoverable {
             state.unrecoverable_files.push(inode.ino);
+        }
+        // A rebuilt shard counts where it now lives: in place always, on a spare only when
+        // the placement switches to it.
+        for (gone, rebuilt, moved, unavailable, written_len) in short {
+            let restored = if complete { rebuilt } else { rebuilt & !moved };
+            let failures = (gone & !restored).count_ones() as usize + unavailable;
+            state.count_margin(m.saturating_sub(failures), m, written_len);
         }
         // Switch placement only if every shard of the replaced nodes now lives on the spares;
         // otherwise what went to spares stays unreferenced, and only in-place heals count.

@@ -100,12 +100,16 @@ fn check_ino(ino: u64) -> Result<u64> {
     Ok(ino)
 }
 
-/// Every node, with the drain progress of the last repair pass.
-fn nodes_with_progress(ns: &Namespace) -> Vec<NodeInfo> {
-    let drain = ns.repair_state().lock().drain_left.clone();
+/// Every node, with the drain progress of the last repair pass and, for a down node, when its
+/// rebuild starts.
+pub(crate) fn nodes_with_progress(ns: &Namespace) -> Vec<NodeInfo> {
+    let repair = ns.repair_state().lock().clone();
     let mut nodes = ns.registry().nodes();
     for n in &mut nodes {
-        n.shards_left = drain.get(&n.id).copied().unwrap_or(0);
+        n.shards_left = repair.drain_left.get(&n.id).copied().unwrap_or(0);
+        if !n.up {
+            n.rebuild_in_ms = repair.rebuild_in(n.last_heartbeat_ms_ago).map(|d| d.as_millis() as u64);
+        }
     }
     nodes
 }
@@ -114,8 +118,10 @@ fn status_reply(ns: &Namespace) -> Result<ClusterStatusReply> {
     let stats = ns.stats();
     let root = ns.getattr(cairn_common::ROOT_INO)?.layout();
     let repair = ns.repair_state().lock().clone();
+    let nodes = nodes_with_progress(ns);
+    let health = crate::health::assess(&nodes, &repair);
     Ok(ClusterStatusReply {
-        nodes: nodes_with_progress(ns),
+        nodes,
         files: stats.files.max(0) as u64,
         directories: stats.directories.max(0) as u64,
         logical_bytes: stats.logical_bytes.max(0) as u64,
@@ -130,6 +136,10 @@ fn status_reply(ns: &Namespace) -> Result<ClusterStatusReply> {
         rebuild_rate: repair.rate,
         stale_shards_deleted: repair.stale_shards_deleted,
         requests: cairn_common::metrics::foreground_requests(),
+        health: health.level.name().into(),
+        health_checks: health.checks,
+        stripes_by_margin: repair.by_margin,
+        reduced_redundancy_bytes: repair.reduced_bytes,
     })
 }
 

@@ -1,0 +1,163 @@
+//! The cluster's health in one line, the way `ceph health` reads: `HEALTH_OK`, `HEALTH_WARN`
+//! or `HEALTH_ERR`, then what makes it so, worst first. Computed from the registry's view of
+//! the chunkservers (live) and the last repair pass's count of stripes by how many more shards
+//! each can lose, so a node that just went down shows at once and its stripes within a pass.
+
+use std::time::Duration;
+
+use cairn_common::units::{human_bytes as human, human_duration as duration};
+use cairn_proto::NodeInfo;
+
+use crate::repair::RepairState;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Ok,
+    Warn,
+    Err,
+}
+
+impl Level {
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Ok => "HEALTH_OK",
+            Level::Warn => "HEALTH_WARN",
+            Level::Err => "HEALTH_ERR",
+        }
+    }
+
+    /// 0, 1, 2: the value of the `cairn_health` gauge.
+    pub fn gauge(self) -> f64 {
+        self as u8 as f64
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Health {
+    pub level: Level,
+    /// One short phrase per problem, worst first.
+    pub checks: Vec<String>,
+}
+
+impl Health {
+    /// `HEALTH_WARN: 2 chunkservers down (5, 6), …`.
+    pub fn line(&self) -> String {
+        if self.checks.is_empty() {
+            self.level.name().to_string()
+        } else {
+            format!("{}: {}", self.level.name(), self.checks.join(", "))
+        }
+    }
+}
+
+/// `nodes` as `ClusterStatus` reports them (with `rebuild_in_ms` filled in for down nodes).
+pub fn assess(nodes: &[NodeInfo], repair: &RepairState) -> Health {
+    let mut errors = Vec::new();
+    let mut warnings = Vec::new();
+    if repair.unrecoverable_stripes > 0 {
+        errors.push(format!(
+            "{} unreadable until chunkservers return (in {})",
+            plural(repair.unrecoverable_stripes, "stripe"),
+            plural(repair.unrecoverable_files.len() as u64, "file")
+        ));
+    }
+    let down: Vec<&NodeInfo> = nodes.iter().filter(|n| !n.up).collect();
+    if !down.is_empty() {
+        warnings.push(format!("{} down ({})", plural(down.len() as u64, "chunkserver"), ids(&down)));
+    }
+    for (margin, &count) in repair.reduced_by_margin.iter().enumerate() {
+        if count > 0 {
+            let shards = if margin == 1 { "shard" } else { "shards" };
+            warnings.push(format!("{} can lose {margin} more {shards}", plural(count, "stripe")));
+        }
+    }
+    if repair.reduced_bytes > 0 {
+        warnings.push(format!("{} at reduced redundancy", human(repair.reduced_bytes)));
+    }
+    let next_rebuild = down.iter().filter_map(|n| n.rebuild_in_ms).filter(|&ms| ms > 0).min();
+    if let Some(ms) = next_rebuild {
+        warnings.push(format!("rebuild starts in {}", duration(Duration::from_millis(ms))));
+    }
+    if repair.bytes_to_rebuild > 0 {
+        warnings.push(format!("{} to rebuild", human(repair.bytes_to_rebuild)));
+    }
+    let full: Vec<&NodeInfo> = nodes.iter().filter(|n| n.up && n.full).collect();
+    if !full.is_empty() {
+        warnings.push(format!("{} full ({})", plural(full.len() as u64, "chunkserver"), ids(&full)));
+    }
+    let level = if !errors.is_empty() {
+        Level::Err
+    } else if !warnings.is_empty() {
+        Level::Warn
+    } else {
+        Level::Ok
+    };
+    errors.extend(warnings);
+    Health { level, checks: errors }
+}
+
+fn plural(n: u64, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
+fn ids(nodes: &[&NodeInfo]) -> String {
+    nodes.iter().map(|n| n.id.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: u32, up: bool, rebuild_in_ms: Option<u64>) -> NodeInfo {
+        NodeInfo { id, up, rebuild_in_ms, ..Default::default() }
+    }
+
+    #[test]
+    fn healthy_is_ok_with_nothing_after_it() {
+        let repair = RepairState { by_margin: vec![0, 0, 12], ..Default::default() };
+        let h = assess(&[node(1, true, None), node(2, true, None)], &repair);
+        assert_eq!(h.level, Level::Ok);
+        assert_eq!(h.line(), "HEALTH_OK");
+    }
+
+    #[test]
+    fn down_nodes_and_lost_redundancy_warn_with_counts_and_the_rebuild_time() {
+        let repair = RepairState {
+            by_margin: vec![16, 3, 40],
+            reduced_by_margin: vec![16, 3],
+            reduced_bytes: 3 << 20,
+            ..Default::default()
+        };
+        let nodes = [node(1, true, None), node(5, false, Some(588_000)), node(6, false, Some(590_000))];
+        let h = assess(&nodes, &repair);
+        assert_eq!(h.level, Level::Warn);
+        assert_eq!(
+            h.line(),
+            "HEALTH_WARN: 2 chunkservers down (5, 6), 16 stripes can lose 0 more shards, \
+             3 stripes can lose 1 more shard, 3.0 MiB at reduced redundancy, rebuild starts in 9m48s"
+        );
+    }
+
+    #[test]
+    fn unreadable_stripes_are_an_error_and_come_first() {
+        let repair = RepairState {
+            unrecoverable_stripes: 3,
+            unrecoverable_files: vec![7],
+            bytes_to_rebuild: 1024,
+            ..Default::default()
+        };
+        let mut full = node(2, true, None);
+        full.full = true;
+        let h = assess(&[node(1, false, Some(0)), full], &repair);
+        assert_eq!(h.level, Level::Err);
+        assert_eq!(
+            h.line(),
+            "HEALTH_ERR: 3 stripes unreadable until chunkservers return (in 1 file), \
+             1 chunkserver down (1), 1.0 KiB to rebuild, 1 chunkserver full (2)"
+        );
+    }
+}
