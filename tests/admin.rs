@@ -94,6 +94,17 @@ fn info_and_layout_answer_where_a_file_lives_and_how_new_ones_are_coded() {
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("multiple of"));
     let out = cluster.cli(&["info", "/nope"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("/nope"));
+    // A local file that is not on a Cairn mount: said so, not "no entry \"etc\" in 1".
+    let local = cluster.root.path().join("local-file");
+    fs::write(&local, b"x").unwrap();
+    for args in [vec!["info", local.to_str().unwrap()], vec!["warmup", "--status", local.to_str().unwrap()]] {
+        let out = cluster.cli(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("is not on a Cairn mount (it is on "),
+            "{args:?}: {err}"
+        );
+    }
     assert_eq!(layout_of(&dir), (2, 1));
 }
 

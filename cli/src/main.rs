@@ -334,28 +334,34 @@ fn main() -> ExitCode {
         }
         Command::Bench(opts) => bench::run(opts),
         Command::Umount { mountpoint, lazy } => mount::umount(&mountpoint, lazy),
-        Command::Info { path, meta, stripes, json } => {
-            runtime().and_then(|rt| rt.block_on(info::info(&path, meta, stripes, json)))
-        }
+        Command::Info { path, meta, stripes, json } => runtime()
+            .and_then(|rt| rt.block_on(info::info(&path, meta, stripes, json)))
+            .map_err(|e| tree::explain_not_found(&path, e)),
         Command::Layout(cmd) => runtime().and_then(|rt| {
             rt.block_on(async {
                 match cmd {
-                    LayoutCommand::Get { path, meta, json } => info::layout_get(&path, meta, json).await,
+                    LayoutCommand::Get { path, meta, json } => info::layout_get(&path, meta, json)
+                        .await
+                        .map_err(|e| tree::explain_not_found(&path, e)),
                     LayoutCommand::Set { path, ec, unit, meta, json } => {
-                        info::layout_set(&path, meta, ec, unit, json).await
+                        info::layout_set(&path, meta, ec, unit, json)
+                            .await
+                            .map_err(|e| tree::explain_not_found(&path, e))
                     }
                 }
             })
         }),
         Command::Up(args) => up::run(args),
         Command::Df { meta, json } => runtime().and_then(|rt| rt.block_on(admin::df(&meta, json))),
-        Command::Warmup { path, status, tier: _, meta, json } => runtime().and_then(|rt| {
-            if status {
-                rt.block_on(warmup::status(&path, meta, json))
-            } else {
-                rt.block_on(warmup::warmup(&path, meta, json))
-            }
-        }),
+        Command::Warmup { path, status, tier: _, meta, json } => runtime()
+            .and_then(|rt| {
+                if status {
+                    rt.block_on(warmup::status(&path, meta, json))
+                } else {
+                    rt.block_on(warmup::warmup(&path, meta, json))
+                }
+            })
+            .map_err(|e| tree::explain_not_found(&path, e)),
         Command::Status { meta, json } => {
             return match runtime().and_then(|rt| rt.block_on(admin::status(&meta, json))) {
                 Ok(code) => ExitCode::from(code),
@@ -366,8 +372,13 @@ fn main() -> ExitCode {
             };
         }
         Command::Scrub { path, all: _, meta, json } => {
+            let shown = path.clone();
             let opts = fsck::Options { path, meta, verify: true, repair: true, fsck: false, json };
-            return exit_code(runtime().and_then(|rt| rt.block_on(fsck::run(opts))));
+            let result = runtime().and_then(|rt| rt.block_on(fsck::run(opts)));
+            return exit_code(result.map_err(|e| match &shown {
+                Some(path) => tree::explain_not_found(path, e),
+                None => e,
+            }));
         }
         Command::Fsck { repair, no_verify, meta, json } => {
             let opts =

@@ -105,6 +105,30 @@ pub fn resolve(path: &Path, meta: Option<String>) -> Result<(String, Vec<Vec<u8>
     Ok((meta, components.clone(), shown(&components)))
 }
 
+/// `e` for PATH, explained when PATH names nothing in Cairn but exists on a local filesystem
+/// that is not a Cairn mount: [`resolve`] took it as a path inside the namespace, and the user
+/// most likely meant a file of that other filesystem.
+pub fn explain_not_found(path: &Path, e: CairnError) -> CairnError {
+    if e.kind() != ErrorKind::NotFound {
+        return e;
+    }
+    let Ok(canon) = path.canonicalize() else { return e };
+    if cairn_mounts().iter().any(|(mp, _)| canon.starts_with(mp)) {
+        return e;
+    }
+    let on = mounts()
+        .into_iter()
+        .filter(|m| canon.starts_with(&m.mount_point))
+        .max_by_key(|m| m.mount_point.as_os_str().len())
+        .map(|m| format!(" (it is on {} mounted at {})", m.fstype, m.mount_point.display()))
+        .unwrap_or_default();
+    CairnError::not_found(format!(
+        "{} is not on a Cairn mount{on}; as a path inside the Cairn namespace: {}",
+        path.display(),
+        e.message()
+    ))
+}
+
 pub fn shown(components: &[Vec<u8>]) -> String {
     format!("/{}", components.iter().map(|c| String::from_utf8_lossy(c)).collect::<Vec<_>>().join("/"))
 }
