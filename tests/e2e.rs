@@ -254,6 +254,13 @@ fn admin_commands_report_the_cluster() {
         tiers.iter().filter(|t| t["tier"] == "hdd").map(|t| t["used"].as_u64().unwrap()).sum();
     assert_eq!(hdd_used, 0, "nothing destages to hdd yet");
     assert_eq!(df["usable_capacity"].as_u64().unwrap(), df["raw_capacity"].as_u64().unwrap() / 6 * 4);
+    // Every tier directory of this cluster is on one filesystem (under /tmp): counted once, and
+    // every row after the first says it shares the first one's.
+    assert_eq!(df["raw_capacity"], tiers[0]["capacity"], "{df}");
+    assert!(tiers[0]["shared_with_row"].is_null(), "{df}");
+    assert!(tiers[1..].iter().all(|t| t["shared_with_row"] == 1 && t["fs_id"] == tiers[0]["fs_id"]), "{df}");
+    let text = String::from_utf8_lossy(&cluster.cli(&["df"]).stdout).into_owned();
+    assert!(text.contains("=1 ") && text.contains("counted once in the totals"), "{text}");
 
     let out = cluster.cli(&["status", "--json"]);
     assert!(out.status.success());

@@ -900,9 +900,13 @@ impl ShardStore {
                     DiskSpace::default()
                 });
                 let fs_free = space.available.saturating_sub(self.reserve_bytes);
-                let (capacity, free) = match self.ssd_share(d) {
-                    Some(share) => (share, fs_free.min(share.saturating_sub(used.bytes))),
-                    None => (space.capacity, fs_free),
+                // A share of `ssd_capacity` is this directory's own; the whole filesystem may
+                // be shared with other directories and chunkservers, and says which it is.
+                let (capacity, free, fs_id) = match self.ssd_share(d) {
+                    Some(share) => (share, fs_free.min(share.saturating_sub(used.bytes)), String::new()),
+                    None => {
+                        (space.capacity, fs_free, cairn_common::space::fs_id(&dir.root).unwrap_or_default())
+                    }
                 };
                 cairn_proto::TierUsage {
                     name: dir.tier.as_str().into(),
@@ -917,6 +921,7 @@ impl ShardStore {
                     demotions: used.demotions,
                     writes: used.writes,
                     write_bytes: used.write_bytes,
+                    fs_id,
                 }
             })
             .collect()

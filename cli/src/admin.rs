@@ -19,8 +19,19 @@ pub async fn df(meta: &str, as_json: bool) -> Result<()> {
     let status = cluster(meta).await?;
     let layout = status.default_layout.ok_or_else(|| CairnError::internal("no layout in status"))?;
     let (k, m) = (layout.k as u64, layout.m as u64);
-    let mut raw_capacity = 0;
-    let mut raw_free = 0;
+    // A filesystem several tiers share (chunkservers on one disk) counts once, at the first up
+    // row on it; rows are numbered from 1 in the order printed.
+    let (raw_capacity, raw_free) =
+        cairn_common::space::raw_space(status.nodes.iter().filter(|n| n.up).flat_map(|n| &n.tiers));
+    let row_numbers: Vec<(bool, &p::TierUsage)> =
+        status.nodes.iter().flat_map(|n| n.tiers.iter().map(move |t| (n.up, t))).collect();
+    let up_rows: Vec<usize> = (0..row_numbers.len()).filter(|&i| row_numbers[i].0).collect();
+    let up_tiers: Vec<&p::TierUsage> = up_rows.iter().map(|&i| row_numbers[i].1).collect();
+    let mut shared_rows = vec![None; row_numbers.len()];
+    for (j, first) in cairn_common::space::shared_with(&up_tiers).into_iter().enumerate() {
+        shared_rows[up_rows[j]] = first.map(|f| up_rows[f]);
+    }
+    let mut shared = shared_rows.into_iter();
     let mut used = 0;
     let (mut reads, mut ssd_reads, mut promotions, mut demotions) = (0, 0, 0, 0);
     let mut rows = Vec::new();
@@ -28,10 +39,7 @@ pub async fn df(meta: &str, as_json: bool) -> Result<()> {
         let node_reads: u64 = n.tiers.iter().map(|t| t.reads).sum();
         reads += node_reads;
         for t in &n.tiers {
-            if n.up {
-                raw_capacity += t.capacity;
-                raw_free += t.free;
-            }
+            let shared_with = shared.next().flatten();
             used += t.used;
             if t.name == "ssd" {
                 ssd_reads += t.reads;
@@ -45,6 +53,7 @@ pub async fn df(meta: &str, as_json: bool) -> Result<()> {
                 "reads": t.reads, "read_bytes": t.read_bytes,
                 "hit_ratio": hit_ratio(t.reads, node_reads),
                 "promotions": t.promotions, "demotions": t.demotions,
+                "fs_id": t.fs_id, "shared_with_row": shared_with.map(|r| r + 1),
             }));
         }
     }
@@ -66,18 +75,40 @@ pub async fn df(meta: &str, as_json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:>4}  {:<21} {:<4} {:<4} {:>10} {:>10} {:>10} {:>7} {:>8} {:>6} {:>6} {:>6}  PATH",
-        "NODE", "ADDRESS", "UP", "TIER", "SIZE", "FREE", "USED", "SHARDS", "READS", "HIT", "PROMO", "DEMO"
+        "{:>3} {:>4}  {:<21} {:<4} {:<4} {:>11} {:>10} {:>10} {:>7} {:>8} {:>6} {:>6} {:>6}  PATH",
+        "ROW",
+        "NODE",
+        "ADDRESS",
+        "UP",
+        "TIER",
+        "SIZE",
+        "FREE",
+        "USED",
+        "SHARDS",
+        "READS",
+        "HIT",
+        "PROMO",
+        "DEMO"
     );
-    for r in &rows {
+    let mut any_shared = false;
+    for (i, r) in rows.iter().enumerate() {
         let hit = r["hit_ratio"].as_f64().map(|h| format!("{:.0}%", h * 100.0)).unwrap_or_else(|| "-".into());
+        // "=3": the same filesystem as row 3, counted there.
+        let size = match r["shared_with_row"].as_u64() {
+            Some(row) => {
+                any_shared = true;
+                format!("={row} {}", human(r["capacity"].as_u64().unwrap_or(0)))
+            }
+            None => human(r["capacity"].as_u64().unwrap_or(0)),
+        };
         println!(
-            "{:>4}  {:<21} {:<4} {:<4} {:>10} {:>10} {:>10} {:>7} {:>8} {:>6} {:>6} {:>6}  {}",
+            "{:>3} {:>4}  {:<21} {:<4} {:<4} {:>11} {:>10} {:>10} {:>7} {:>8} {:>6} {:>6} {:>6}  {}",
+            i + 1,
             r["node"].as_u64().unwrap_or(0),
             r["addr"].as_str().unwrap_or(""),
             if r["up"].as_bool() == Some(true) { "yes" } else { "no" },
             r["tier"].as_str().unwrap_or(""),
-            human(r["capacity"].as_u64().unwrap_or(0)),
+            size,
             human(r["free"].as_u64().unwrap_or(0)),
             human(r["used"].as_u64().unwrap_or(0)),
             r["shards"].as_u64().unwrap_or(0),
@@ -89,6 +120,9 @@ pub async fn df(meta: &str, as_json: bool) -> Result<()> {
         );
     }
     println!();
+    if any_shared {
+        println!("=N: on the same filesystem as row N (same machine and device), counted once in the totals");
+    }
     println!(
         "EC {k}+{m}: raw {} ({} free), usable {} ({} free) after {:.0}% parity overhead",
         human(raw_capacity),

@@ -9,6 +9,7 @@ pub mod error;
 pub mod ids;
 pub mod layout;
 pub mod metrics;
+pub mod space;
 pub mod telemetry;
 pub mod time;
 pub mod units;

@@ -413,19 +413,12 @@ impl Registry {
         inner.nodes.get(&id).map(|n| NodeAddr { id, addr: n.addr.clone(), up: self.is_up(n, now) })
     }
 
-    /// Raw capacity and free bytes summed over the tiers of the up nodes.
+    /// Raw capacity and free bytes of the up nodes' tiers, each filesystem once.
     pub fn capacity(&self) -> (u64, u64) {
         let now = Instant::now();
         let inner = self.inner.lock();
-        let mut capacity = 0u64;
-        let mut free = 0u64;
-        for n in inner.nodes.values().filter(|n| self.is_up(n, now)) {
-            for t in &n.tiers {
-                capacity = capacity.saturating_add(t.capacity);
-                free = free.saturating_add(t.free);
-            }
-        }
-        (capacity, free)
+        let up = inner.nodes.values().filter(|n| self.is_up(n, now));
+        cairn_common::space::raw_space(up.flat_map(|n| &n.tiers))
     }
 }
 
