@@ -4,6 +4,7 @@
 mod support;
 
 use std::fs;
+use std::time::{Duration, Instant};
 
 use support::{cli_json, eventually, kill9, random_bytes, sha256, Cluster};
 
@@ -133,6 +134,100 @@ fn health_says_at_once_what_one_more_failure_would_lose() {
     );
     let (ok, text) = health(3, "HEALTH_ERR: ");
     assert!(ok, "{text}");
+}
+
+/// SIGSTOPs processes and SIGCONTs them when dropped (also when a test fails), so the
+/// cluster can stop.
+struct Stopped(Vec<u32>);
+
+impl Stopped {
+    fn new(pids: &[u32]) -> Stopped {
+        for &pid in pids {
+            unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+        }
+        Stopped(pids.to_vec())
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+        }
+    }
+}
+
+/// Write `data` to `path` in another thread: close's outcome and how long it all took.
+fn write_in_background(
+    path: std::path::PathBuf,
+    data: Vec<u8>,
+) -> std::thread::JoinHandle<(std::io::Result<()>, Duration)> {
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        let result = support::write_and_close(&path, &data);
+        (result, started.elapsed())
+    })
+}
+
+#[test]
+fn io_waits_out_stopped_chunkservers_up_to_write_wait_ms_then_fails_cleanly() {
+    // The default mount waits up to a minute for chunkservers.
+    let cluster = Cluster::start(6, "4+2", 64);
+    let mount_metrics = cluster.nodes.iter().find(|n| n.role == "mount").unwrap().metrics.clone().unwrap();
+    let before = random_bytes(3 << 20, 910);
+    fs::write(cluster.mnt.join("before"), &before).unwrap();
+    let pids = cluster.chunk_pids();
+
+    // Two of six stop answering (a network blip, a stalled host): no stripe can be stored on
+    // k+1 = 5. Without waiting the write fails within a request timeout (10 s); it waits, and
+    // completes once they are back 15 s later.
+    let data = random_bytes((4 << 20) + 12_345, 911);
+    let stopped = Stopped::new(&pids[..2]);
+    let writer = write_in_background(cluster.mnt.join("during"), data.clone());
+    std::thread::sleep(Duration::from_secs(15));
+    drop(stopped);
+    let (result, took) = writer.join().unwrap();
+    result.unwrap_or_else(|e| panic!("the write failed after {took:?}: {e}"));
+    assert!(took >= Duration::from_secs(14), "{took:?}");
+    assert_eq!(sha256(&fs::read(cluster.mnt.join("during")).unwrap()), sha256(&data));
+    let text = support::scrape(&mount_metrics);
+    assert!(
+        support::metric(&text, "cairn_client_node_waits_total", &["op=\"write\""]).unwrap_or(0.0) >= 1.0,
+        "{text}"
+    );
+
+    // Three stop: a fresh mount (nothing cached) cannot read k = 4 shards; the read waits and
+    // succeeds once they are back.
+    let reader = support::Mount::new(&cluster, "reader");
+    let stopped = Stopped::new(&pids[..3]);
+    let path = reader.dir.join("before");
+    let read = std::thread::spawn(move || {
+        let started = Instant::now();
+        (fs::read(path), started.elapsed())
+    });
+    std::thread::sleep(Duration::from_secs(12));
+    drop(stopped);
+    let (back, took) = read.join().unwrap();
+    let back = back.unwrap_or_else(|e| panic!("the read failed after {took:?}: {e}"));
+    assert_eq!(sha256(&back), sha256(&before));
+    assert!(took >= Duration::from_secs(11), "{took:?}");
+
+    // Past the bound: a mount that waits 3 s fails the write with EIO (the README's error), and
+    // nothing else is touched.
+    let short = support::Mount::with_args(&cluster, "short", &["--write-wait-ms", "3000"]);
+    let stopped = Stopped::new(&pids[..2]);
+    let writer = write_in_background(short.dir.join("late"), random_bytes(1 << 20, 912));
+    let (result, took) = writer.join().unwrap();
+    drop(stopped);
+    let err = result.expect_err("the write must fail once the wait is over");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(took >= Duration::from_secs(3) && took < Duration::from_secs(40), "{took:?}");
+    assert_eq!(sha256(&fs::read(cluster.mnt.join("before")).unwrap()), sha256(&before));
+    assert_eq!(sha256(&fs::read(cluster.mnt.join("during")).unwrap()), sha256(&data));
+    eventually(90, "fsck is clean once the stopped chunkservers are back", || {
+        let (code, report) = cli_json(&cluster, &["fsck"]);
+        code == 0 && report["files"].as_u64() >= Some(2)
+    });
 }
 
 /// Shard files of `cluster` with their bytes.

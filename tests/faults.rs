@@ -789,11 +789,12 @@ fn chunkserver_on_a_full_small_disk_does_not_fail_the_cluster() {
 /// acknowledged by `close` is there afterwards byte for byte; the stripes written while the
 /// nodes were down are healed once they are back, and `cairn fsck` ends clean. (A write may
 /// fail in the first seconds after the kill, while the dead nodes still get new files; it is
-/// then not acknowledged, and counted.)
+/// then not acknowledged, and counted; the mount waits 5 s for chunkservers, not the default
+/// minute, so such a write fails soon.)
 #[test]
 fn chunkservers_killed_and_revived_under_a_write_verify_workload() {
     let mut revived = (KillOnDrop(None), KillOnDrop(None));
-    let cluster = Cluster::start(7, "4+2", 64);
+    let cluster = Cluster::start_with(Path::new("/tmp"), 7, "4+2", 64, &["--write-wait-ms", "5000"]);
     let dir = cluster.mnt.join("load");
     fs::create_dir(&dir).unwrap();
     let stop = Arc::new(AtomicBool::new(false));

@@ -184,7 +184,9 @@ fn a_writer_that_never_closes_loses_only_the_last_interval_when_its_client_dies(
 #[test]
 fn two_chunkservers_lost_mid_write_fail_the_writer_and_keep_what_was_committed() {
     let cluster = Cluster::start(6, "4+2", UNIT_KIB);
-    let client = Mount::with_args(&cluster, "writer", &["--commit-interval-ms", "500"]);
+    // The writer does not wait for chunkservers (`tests/failures.rs` covers the wait).
+    let client =
+        Mount::with_args(&cluster, "writer", &["--commit-interval-ms", "500", "--write-wait-ms", "0"]);
     let reference = cluster.root.path().join("reference");
     let mut writer = Writer::start(&client.dir.join("big"), &reference);
     writeln!(writer.stdin, "stream {}", 1u64 << 30).unwrap();
@@ -215,8 +217,12 @@ fn two_chunkservers_lost_mid_write_fail_the_writer_and_keep_what_was_committed()
 fn a_stripe_that_cannot_be_stored_is_never_committed_as_a_hole() {
     let cluster = Cluster::start(6, "4+2", UNIT_KIB);
     let metrics = free_addr();
-    let client =
-        Mount::with_args(&cluster, "writer", &["--commit-interval-ms", "300", "--metrics", &metrics]);
+    // Not waiting for chunkservers: the pass fails at once.
+    let client = Mount::with_args(
+        &cluster,
+        "writer",
+        &["--commit-interval-ms", "300", "--write-wait-ms", "0", "--metrics", &metrics],
+    );
     let reference = cluster.root.path().join("reference");
     let mut writer = Writer::start(&client.dir.join("f"), &reference);
     let stripe = 1usize << 20; // 4 x 256 KiB

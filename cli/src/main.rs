@@ -71,6 +71,11 @@ enum Command {
         /// dies, loses at most about this much; 0: only close and fsync commit.
         #[arg(long, env = "CAIRN_MOUNT_COMMIT_INTERVAL_MS", default_value_t = cairn_client::DEFAULT_COMMIT_INTERVAL_MS)]
         commit_interval_ms: u64,
+        /// How long a create, write or read that finds fewer chunkservers answering than a
+        /// stripe needs (k+1 to write, k to read) waits for them, retrying, before it fails
+        /// with EIO, milliseconds; 0: fail at once.
+        #[arg(long, env = "CAIRN_MOUNT_WRITE_WAIT_MS", default_value_t = cairn_client::DEFAULT_WRITE_WAIT_MS)]
+        write_wait_ms: u64,
         /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9410).
         #[arg(long, env = "CAIRN_MOUNT_METRICS")]
         metrics: Option<String>,
@@ -302,6 +307,7 @@ fn main() -> ExitCode {
             attr_ttl_ms,
             cache_mib,
             commit_interval_ms,
+            write_wait_ms,
             metrics,
             read_only,
             background,
@@ -314,6 +320,7 @@ fn main() -> ExitCode {
                 attr_ttl_ms,
                 cache_mib,
                 commit_interval_ms,
+                write_wait_ms,
                 metrics,
                 read_only,
                 log,

@@ -22,6 +22,8 @@ pub struct MountArgs {
     pub cache_mib: u64,
     /// Write-back interval, milliseconds (0: only close and fsync commit).
     pub commit_interval_ms: u64,
+    /// How long I/O waits for chunkservers when too few answer, milliseconds (0: fail at once).
+    pub write_wait_ms: u64,
     pub metrics: Option<String>,
     pub read_only: bool,
     /// Where a background mount writes its log.
@@ -42,6 +44,7 @@ impl MountArgs {
             metrics: self.metrics,
             read_only: self.read_only,
             commit_interval: Duration::from_millis(self.commit_interval_ms),
+            write_wait: Duration::from_millis(self.write_wait_ms),
         }
     }
 
@@ -59,6 +62,8 @@ impl MountArgs {
             self.cache_mib.to_string().into(),
             "--commit-interval-ms".into(),
             self.commit_interval_ms.to_string().into(),
+            "--write-wait-ms".into(),
+            self.write_wait_ms.to_string().into(),
         ];
         if let Some(m) = &self.metrics {
             args.extend(["--metrics".into(), m.into()]);
@@ -219,7 +224,7 @@ pub fn umount(mountpoint: &Path, lazy: bool) -> Result<()> {
 
 /// Parse what mount(8) hands a helper: `SOURCE DIR [-o OPTS] [-n] [-s] [-f] [-v] [-r|-w]`.
 /// SOURCE is the metaserver address (`host:port`, optionally prefixed `cairn:`). Options Cairn
-/// knows: `threads=N`, `attr_ttl_ms=N`, `cache_mib=N`, `commit_interval_ms=N`, `metrics=ADDR`,
+/// knows: `threads=N`, `attr_ttl_ms=N`, `cache_mib=N`, `commit_interval_ms=N`, `write_wait_ms=N`, `metrics=ADDR`,
 /// `log=FILE`, `ro`/`rw`; the generic ones
 /// mount(8), fstab and systemd use (`defaults`, `_netdev`, `noauto`, `nofail`, `x-*`, ...) are
 /// accepted and ignored. Anything else is refused by name.
@@ -254,6 +259,7 @@ pub fn parse_helper_args(args: &[String]) -> Result<MountArgs> {
         attr_ttl_ms: 1000,
         cache_mib: cairn_client::default_block_cache_mib(),
         commit_interval_ms: cairn_client::DEFAULT_COMMIT_INTERVAL_MS,
+        write_wait_ms: cairn_client::DEFAULT_WRITE_WAIT_MS,
         metrics: None,
         read_only,
         log: None,
@@ -272,6 +278,7 @@ pub fn parse_helper_args(args: &[String]) -> Result<MountArgs> {
             "attr_ttl_ms" => parsed.attr_ttl_ms = number(value)?,
             "cache_mib" => parsed.cache_mib = number(value)?,
             "commit_interval_ms" => parsed.commit_interval_ms = number(value)?,
+            "write_wait_ms" => parsed.write_wait_ms = number(value)?,
             "metrics" => parsed.metrics = Some(value.unwrap_or_default().to_string()),
             "log" => parsed.log = value.map(PathBuf::from),
             "ro" => parsed.read_only = true,
@@ -305,10 +312,11 @@ mod tests {
             "cairn:10.0.0.1:9400",
             "/mnt/data",
             "-o",
-            "rw,_netdev,noauto,x-systemd.automount,threads=8,attr_ttl_ms=5000,cache_mib=64,metrics=127.0.0.1:9410,commit_interval_ms=250",
+            "rw,_netdev,noauto,x-systemd.automount,threads=8,attr_ttl_ms=5000,cache_mib=64,metrics=127.0.0.1:9410,commit_interval_ms=250,write_wait_ms=0",
         ]))
         .unwrap();
         assert_eq!(a.commit_interval_ms, 250);
+        assert_eq!(a.write_wait_ms, 0);
         assert_eq!(a.meta, "10.0.0.1:9400");
         assert_eq!(a.mountpoint, PathBuf::from("/mnt/data"));
         assert_eq!((a.threads, a.attr_ttl_ms, a.cache_mib, a.read_only), (8, 5000, 64, false));
@@ -332,6 +340,7 @@ mod tests {
             attr_ttl_ms: 7,
             cache_mib: 9,
             commit_interval_ms: 11,
+            write_wait_ms: 12,
             metrics: Some("h:2".into()),
             read_only: true,
             log: None,

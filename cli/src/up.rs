@@ -73,6 +73,10 @@ pub struct UpArgs {
     /// in the background (0: only close and fsync commit).
     #[arg(long, env = "CAIRN_MOUNT_COMMIT_INTERVAL_MS", default_value_t = cairn_client::DEFAULT_COMMIT_INTERVAL_MS)]
     commit_interval_ms: u64,
+    /// How long the mount's I/O waits for chunkservers when too few answer, ms (0: fail at
+    /// once).
+    #[arg(long, env = "CAIRN_MOUNT_WRITE_WAIT_MS", default_value_t = cairn_client::DEFAULT_WRITE_WAIT_MS)]
+    write_wait_ms: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -360,6 +364,7 @@ async fn up(args: UpArgs) -> Result<()> {
         let mount_log = logs.join("mount.log");
         let metrics = free_local_addr()?;
         let commit_interval = args.commit_interval_ms.to_string();
+        let write_wait = args.write_wait_ms.to_string();
         let child = spawn(
             &[
                 "mount",
@@ -369,6 +374,8 @@ async fn up(args: UpArgs) -> Result<()> {
                 &metrics,
                 "--commit-interval-ms",
                 &commit_interval,
+                "--write-wait-ms",
+                &write_wait,
                 mountpoint.to_str().unwrap_or_default(),
             ],
             &mount_log,

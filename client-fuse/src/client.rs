@@ -31,11 +31,19 @@ pub struct ClientOptions {
     /// them is this old, so a writer that never closes (or a client that dies) loses at most
     /// about this much. Zero: only close and fsync commit.
     pub commit_interval: Duration,
+    /// How long a create, write or read that finds fewer chunkservers answering than a stripe
+    /// needs (`k+1` to write, `k` to read) waits for them, retrying, before it fails with EIO.
+    /// Zero: fail at once.
+    pub write_wait: Duration,
 }
 
 /// The commit interval unless told otherwise, in milliseconds (ext4 commits its journal every
 /// 5 seconds by default).
 pub const DEFAULT_COMMIT_INTERVAL_MS: u64 = 5000;
+
+/// How long I/O waits for chunkservers unless told otherwise, in milliseconds: long enough for
+/// a chunkserver restart or a network blip, short enough that a job sees a real outage.
+pub const DEFAULT_WRITE_WAIT_MS: u64 = 60_000;
 
 /// The block cache's size unless told otherwise: 1 GiB, or a sixteenth of the machine's memory
 /// when that is less.
@@ -52,6 +60,7 @@ impl Default for ClientOptions {
             attr_ttl: Duration::from_secs(1),
             block_cache_bytes: (default_block_cache_mib() << 20) as usize,
             commit_interval: Duration::from_millis(DEFAULT_COMMIT_INTERVAL_MS),
+            write_wait: Duration::from_millis(DEFAULT_WRITE_WAIT_MS),
         }
     }
 }
@@ -204,7 +213,8 @@ impl Client {
     /// and start the write-back task (it ends once the client is dropped).
     pub async fn new(meta: MetaConn, options: ClientOptions) -> Result<Arc<Client>> {
         let client_id = meta.register_client(p::Empty {}).await?.client_id;
-        let nodes = Arc::new(Nodes::new(meta.clone(), options.block_cache_bytes)?);
+        let nodes =
+            Arc::new(Nodes::new(meta.clone(), options.block_cache_bytes)?.with_wait(options.write_wait));
         nodes.refresh().await?;
         let files: Arc<Mutex<HashMap<u64, Opened>>> = Arc::new(Mutex::new(HashMap::new()));
         tokio::spawn(session_heartbeat(meta.clone(), client_id, files.clone()));
@@ -351,9 +361,17 @@ impl Client {
         req.open = open;
         let generation = self.releases.next_generation();
         req.generation = generation;
-        req.avoid_nodes = self.nodes.suspects();
         let parent = req.parent;
-        let reply = self.meta.create(req).await?;
+        // Placing a new file needs k+1 chunkservers up: wait for them like a write does. The
+        // metaserver refuses before creating anything, so trying again is safe.
+        let reply = self
+            .nodes
+            .waiting("create", || {
+                let mut req = req.clone();
+                req.avoid_nodes = self.nodes.suspects();
+                self.meta.create(req)
+            })
+            .await?;
         let info = reply.file.ok_or_else(|| CairnError::internal("create: no file info"))?;
         let attr = need(info.attr)?;
         if reply.created {

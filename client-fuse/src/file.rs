@@ -36,7 +36,7 @@ use tokio::sync::{Mutex, OnceCell};
 use crate::meta::MetaConn;
 use crate::metrics;
 use crate::nodes::Nodes;
-use crate::stripe::{read_stripe, write_stripe, Geometry, Reader};
+use crate::stripe::{read_stripe_waiting as read_stripe, write_stripe_waiting, Geometry, Reader};
 
 /// The change counters a commit or truncation advances: the client's sequence of changes
 /// (`any`), and for the inode (bucketed) the number of its latest change in that sequence.
@@ -403,8 +403,10 @@ impl OpenFile {
     fn start_write(&self, inner: &mut Inner, nodes: &Arc<Nodes>, versions: &Versions, stripe: u64) {
         let Some(buf) = inner.dirty.remove(&stripe) else { return };
         let buf = Arc::new(buf);
-        let (nodes, geo, version, data) = (nodes.clone(), self.geo.clone(), versions.next(), buf.clone());
-        let task = tokio::spawn(async move { write_stripe(&nodes, &geo, stripe, version, &data).await });
+        let (nodes, geo, versions, data) = (nodes.clone(), self.geo.clone(), versions.clone(), buf.clone());
+        let task = tokio::spawn(async move {
+            write_stripe_waiting(&nodes, &geo, stripe, || versions.next(), &data).await
+        });
         inner.in_flight.insert(stripe, InFlight { buf, task });
     }
 
@@ -448,8 +450,9 @@ impl OpenFile {
     ) -> Result<()> {
         let bufs: Vec<(u64, Vec<u8>)> =
             which.iter().filter_map(|s| inner.dirty.remove(s).map(|b| (*s, b))).collect();
-        let writes =
-            bufs.iter().map(|(stripe, buf)| write_stripe(nodes, &self.geo, *stripe, versions.next(), buf));
+        let writes = bufs
+            .iter()
+            .map(|(stripe, buf)| write_stripe_waiting(nodes, &self.geo, *stripe, || versions.next(), buf));
         let results = join_all(writes).await;
         let mut first_error = None;
         for ((stripe, buf), result) in bufs.into_iter().zip(results) {
@@ -711,15 +714,16 @@ impl OpenFile {
 }
 
 /// Stripe versions no other writer can produce: the client id the metaserver handed out at
-/// mount in the high 32 bits, a counter in the low 32.
+/// mount in the high 32 bits, a counter in the low 32. Clones share the counter.
+#[derive(Clone)]
 pub struct Versions {
     client_id: u32,
-    counter: std::sync::atomic::AtomicU32,
+    counter: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Versions {
     pub fn new(client_id: u32) -> Versions {
-        Versions { client_id, counter: std::sync::atomic::AtomicU32::new(0) }
+        Versions { client_id, counter: Arc::new(std::sync::atomic::AtomicU32::new(0)) }
     }
 
     pub fn next(&self) -> u64 {

@@ -41,6 +41,8 @@ pub struct MountOptions {
     /// Write-back: how old an open file's oldest uncommitted change may get before it is
     /// committed in the background (zero: only close and fsync commit).
     pub commit_interval: Duration,
+    /// How long I/O waits for chunkservers when too few answer (zero: fail at once).
+    pub write_wait: Duration,
 }
 
 /// Connect to the metaserver and serve the mount until it is unmounted (`umount`, or SIGINT /
@@ -69,6 +71,7 @@ pub fn mount(opts: MountOptions) -> Result<()> {
                 attr_ttl: opts.attr_ttl,
                 block_cache_bytes: opts.block_cache_bytes,
                 commit_interval: opts.commit_interval,
+                write_wait: opts.write_wait,
             },
         )
         .await

@@ -13,6 +13,9 @@ pub mod metrics;
 mod nodes;
 mod stripe;
 
-pub use client::{default_block_cache_mib, Client, ClientOptions, OpenOutcome, DEFAULT_COMMIT_INTERVAL_MS};
+pub use client::{
+    default_block_cache_mib, Client, ClientOptions, OpenOutcome, DEFAULT_COMMIT_INTERVAL_MS,
+    DEFAULT_WRITE_WAIT_MS,
+};
 pub use fuse::{mount, MountOptions};
 pub use meta::{connect_meta, connect_meta_with_timeout, MetaConn, Transport};

@@ -37,3 +37,10 @@ pub const WRITE_BACK_COMMITS: &str = "cairn_client_write_back_commits_total";
 pub const WRITE_BACK_BYTES: &str = "cairn_client_write_back_bytes_total";
 pub const WRITE_BACK_FAILURES: &str = "cairn_client_write_back_failures_total";
 pub const OLDEST_UNCOMMITTED: &str = "cairn_client_oldest_uncommitted_seconds";
+/// Waits for chunkservers (`write_wait_ms`): operations that found fewer chunkservers
+/// answering than a stripe needs and waited, and those whose wait ran out (they failed with
+/// EIO), by `op` = create, write, read (counters); how long each wait lasted, by `op`
+/// (histogram, seconds).
+pub const NODE_WAITS: &str = "cairn_client_node_waits_total";
+pub const NODE_WAIT_FAILURES: &str = "cairn_client_node_wait_failures_total";
+pub const NODE_WAIT_SECONDS: &str = "cairn_client_node_wait_seconds";

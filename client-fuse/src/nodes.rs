@@ -66,8 +66,14 @@ impl ChunkConn {
     }
 }
 
+/// First and longest pause between tries while waiting for chunkservers.
+const WAIT_FIRST_PAUSE: Duration = Duration::from_millis(100);
+const WAIT_MAX_PAUSE: Duration = Duration::from_secs(2);
+
 pub struct Nodes {
     meta: MetaConn,
+    /// How long an operation that finds too few chunkservers answering waits for them.
+    wait: Duration,
     transport: Transport,
     chunks: RwLock<HashMap<u32, (String, ChunkConn)>>,
     refresh: tokio::sync::Mutex<()>,
@@ -82,12 +88,44 @@ impl Nodes {
     pub fn new(meta: MetaConn, cache_bytes: usize) -> Result<Nodes> {
         Ok(Nodes {
             meta,
+            wait: Duration::ZERO,
             transport: Transport::from_env()?,
             chunks: RwLock::new(HashMap::new()),
             refresh: tokio::sync::Mutex::new(()),
             suspect: RwLock::new(HashMap::new()),
             blocks: BlockCache::new(cache_bytes),
         })
+    }
+
+    /// Wait up to `wait` for chunkservers when too few answer (see [`Nodes::waiting`]).
+    pub fn with_wait(mut self, wait: Duration) -> Nodes {
+        self.wait = wait;
+        self
+    }
+
+    /// Run `attempt` until it succeeds, fails with anything but
+    /// [`ErrorKind::TooFewNodes`](cairn_common::ErrorKind::TooFewNodes), or the wait bound has
+    /// passed (see [`NodeWait`]).
+    pub async fn waiting<T, F, Fut>(&self, op: &'static str, mut attempt: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let mut wait = self.wait_for(op);
+        loop {
+            match attempt().await {
+                Err(e) => wait.again(e).await?,
+                Ok(v) => {
+                    wait.succeeded();
+                    return Ok(v);
+                }
+            }
+        }
+    }
+
+    /// A wait for chunkservers, for an operation that retries by itself.
+    pub fn wait_for(&self, op: &'static str) -> NodeWait {
+        NodeWait { bound: self.wait, op, started: Instant::now(), pause: WAIT_FIRST_PAUSE, waited: false }
     }
 
     /// The node failed to answer within the last [`SUSPECT_FOR`].
@@ -232,6 +270,57 @@ impl Nodes {
         let from = ((offset - start) as usize).min(data.len());
         let to = (from + len as usize).min(data.len());
         Ok(data.slice(from..to))
+    }
+}
+
+/// Waiting for chunkservers when too few answer: a chunkserver restart or a network blip
+/// shorter than the bound (`write_wait_ms`) costs the application time, not an error. Pauses
+/// between tries grow from 100 ms to 2 s; the start and the end of a wait are logged, and each
+/// wait is counted by `op`.
+pub struct NodeWait {
+    bound: Duration,
+    op: &'static str,
+    started: Instant,
+    pause: Duration,
+    waited: bool,
+}
+
+impl NodeWait {
+    /// After a failed try: `Ok` once it is time to try again, or `e` itself when it is not
+    /// [`ErrorKind::TooFewNodes`](cairn_common::ErrorKind::TooFewNodes) or the bound has
+    /// passed since the first try.
+    pub async fn again(&mut self, e: CairnError) -> Result<()> {
+        let elapsed = self.started.elapsed();
+        if e.kind() != cairn_common::ErrorKind::TooFewNodes || elapsed >= self.bound {
+            if self.waited {
+                self.record(elapsed);
+                ::metrics::counter!(crate::metrics::NODE_WAIT_FAILURES, "op" => self.op).increment(1);
+                tracing::warn!(op = self.op, "gave up waiting for chunkservers after {elapsed:.1?}: {e}");
+            }
+            return Err(e);
+        }
+        if !self.waited {
+            self.waited = true;
+            ::metrics::counter!(crate::metrics::NODE_WAITS, "op" => self.op).increment(1);
+            tracing::warn!(op = self.op, "too few chunkservers answer; waiting up to {:?}: {e}", self.bound);
+        }
+        tokio::time::sleep(self.pause.min(self.bound - elapsed)).await;
+        self.pause = (self.pause * 2).min(WAIT_MAX_PAUSE);
+        Ok(())
+    }
+
+    /// The operation went through (after a wait, if there was one).
+    pub fn succeeded(&self) {
+        if self.waited {
+            let elapsed = self.started.elapsed();
+            self.record(elapsed);
+            tracing::info!(op = self.op, "chunkservers answer again after {elapsed:.1?}");
+        }
+    }
+
+    fn record(&self, elapsed: Duration) {
+        ::metrics::histogram!(crate::metrics::NODE_WAIT_SECONDS, "op" => self.op)
+            .record(elapsed.as_secs_f64());
     }
 }
 

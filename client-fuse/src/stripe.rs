@@ -76,6 +76,24 @@ pub async fn write_stripe(
         shards.extend(parity.into_iter().map(Bytes::from));
     }
     let tolerated = layout.m.saturating_sub(1);
+    // More of the stripe's nodes did not answer lately than it can do without: writing would
+    // only wait for their timeouts. The caller may wait for them (`write_stripe_waiting`).
+    let suspects: Vec<u32> = (0..shards.len() as u32)
+        .filter(|&i| !shards[i as usize].is_empty())
+        .map(|i| geo.node(stripe, i))
+        .filter(|&node| nodes.is_suspect(node))
+        .collect();
+    if suspects.len() as u32 > tolerated {
+        metrics::counter!(crate::metrics::SHARD_WRITE_FAILURES).increment(suspects.len() as u64);
+        return Err(CairnError::new(
+            ErrorKind::TooFewNodes,
+            format!(
+                "stripe {stripe} of inode {}: chunkservers {suspects:?} did not answer lately, at most \
+                 {tolerated} of its shards may be missing",
+                geo.ino
+            ),
+        ));
+    }
     // Shards for suspect nodes are recorded missing without waiting for them, as long as the
     // stripe can afford it.
     let mut skipped = 0u32;
@@ -96,6 +114,8 @@ pub async fn write_stripe(
     }
     let mut stored = Vec::new();
     let mut first_error = None;
+    // Every failure was a node not answering (as opposed to one refusing the write).
+    let mut all_unreachable = true;
     for (index, result) in join_all(writes).await {
         match result {
             Ok(()) => stored.push(index),
@@ -103,6 +123,7 @@ pub async fn write_stripe(
                 tracing::warn!(ino = geo.ino, stripe, index, "shard write failed: {e}");
                 metrics::counter!(crate::metrics::SHARD_WRITE_FAILURES).increment(1);
                 missing |= 1 << index;
+                all_unreachable &= unreachable(&e);
                 first_error.get_or_insert(e);
             }
         }
@@ -114,8 +135,15 @@ pub async fn write_stripe(
         });
         join_all(deletes).await;
         let e = first_error.unwrap_or_else(|| CairnError::internal("shard write failed"));
-        // A full disk stays ENOSPC for the application; anything else is an I/O error.
-        let kind = if e.kind() == ErrorKind::NoSpace { ErrorKind::NoSpace } else { ErrorKind::Io };
+        // A full disk stays ENOSPC for the application; too few nodes answering is worth
+        // waiting for (the caller decides how long); anything else is an I/O error.
+        let kind = if e.kind() == ErrorKind::NoSpace {
+            ErrorKind::NoSpace
+        } else if all_unreachable {
+            ErrorKind::TooFewNodes
+        } else {
+            ErrorKind::Io
+        };
         return Err(CairnError::new(
             kind,
             format!(
@@ -127,6 +155,50 @@ pub async fn write_stripe(
         ));
     }
     Ok(StripeInfo { index: stripe, version, len: written, written_len: written, missing })
+}
+
+/// [`write_stripe`], waiting for chunkservers while too few answer (up to the mount's
+/// `write_wait`). Each try stores a new version (`next_version`): a failed try deletes the
+/// shards it stored, and a delete that arrives late must never hit a later try's shard.
+pub async fn write_stripe_waiting(
+    nodes: &Nodes,
+    geo: &Geometry,
+    stripe: u64,
+    next_version: impl Fn() -> u64,
+    data: &[u8],
+) -> Result<StripeInfo> {
+    let mut wait = nodes.wait_for("write");
+    loop {
+        match write_stripe(nodes, geo, stripe, next_version(), data).await {
+            Ok(info) => {
+                wait.succeeded();
+                return Ok(info);
+            }
+            Err(e) => wait.again(e).await?,
+        }
+    }
+}
+
+/// [`read_stripe`], waiting for chunkservers while fewer than `k` of the stripe's shards can be
+/// had (up to the mount's `write_wait`).
+pub async fn read_stripe_waiting(
+    nodes: &Nodes,
+    geo: &Geometry,
+    info: &StripeInfo,
+    offset: u64,
+    out: &mut [u8],
+    reader: Reader,
+) -> Result<()> {
+    let mut wait = nodes.wait_for("read");
+    loop {
+        match read_stripe(nodes, geo, info, offset, out, reader).await {
+            Ok(()) => {
+                wait.succeeded();
+                return Ok(());
+            }
+            Err(e) => wait.again(e).await?,
+        }
+    }
 }
 
 /// Who reads: a random reader goes through the client's block cache, whole-stripe reads (the
@@ -251,6 +323,10 @@ pub async fn reconstruct(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Re
     if first.len() < need {
         first.append(&mut later);
     }
+    // Shards that failed because their node did not answer (not because they are damaged or
+    // gone): if these are what is short, waiting for the nodes may help.
+    let mut unanswered = 0usize;
+    let mut damaged = 0usize;
     for round in [first, later] {
         let mut reads: FuturesUnordered<_> = round
             .iter()
@@ -266,18 +342,35 @@ pub async fn reconstruct(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Re
                 if is_damage(&e) {
                     nodes.report_damaged(geo.shard(info.index, index, info.version));
                 }
+                if unreachable(&e) {
+                    unanswered += 1;
+                } else {
+                    damaged += 1;
+                }
             }
         }
         if shards.decodable() {
             break;
         }
     }
+    // Short only because nodes did not answer: the stored shards are intact as far as we know.
+    let stored_intact = geo.layout.width() as usize - info.missing.count_ones() as usize - damaged;
+    let kind = if unanswered > 0 && stored_intact >= geo.layout.k as usize {
+        ErrorKind::TooFewNodes
+    } else {
+        ErrorKind::Io
+    };
     shards.data().map_err(|e| {
         CairnError::new(
-            ErrorKind::Io,
+            kind,
             format!("inode {} stripe {} cannot be reconstructed: {}", geo.ino, info.index, e.message()),
         )
     })
+}
+
+/// A node that did not answer (down, partitioned, timed out) or too few of them.
+fn unreachable(e: &CairnError) -> bool {
+    matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::TooFewNodes)
 }
 
 /// A shard that is corrupt, or gone from a chunkserver that answers: damage to repair (as

@@ -37,10 +37,13 @@ pub enum ErrorKind {
     Corrupt,
     Io,
     Internal,
+    /// Fewer chunkservers answer than a stripe needs (`k+1` to place or write one, `k` to
+    /// read one): worth waiting for (EIO once the wait is over).
+    TooFewNodes,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 21] = [
+    pub const ALL: [ErrorKind; 22] = [
         ErrorKind::NotFound,
         ErrorKind::Exists,
         ErrorKind::NotDir,
@@ -62,6 +65,8 @@ impl ErrorKind {
         ErrorKind::Corrupt,
         ErrorKind::Io,
         ErrorKind::Internal,
+        // Later additions go last: a kind's wire number is its place here.
+        ErrorKind::TooFewNodes,
     ];
 
     /// The errno a FUSE reply carries for this kind.
@@ -84,7 +89,11 @@ impl ErrorKind {
             ErrorKind::NotSupported => libc::EOPNOTSUPP,
             ErrorKind::WouldBlock => libc::EAGAIN,
             ErrorKind::Interrupted => libc::EINTR,
-            ErrorKind::Unavailable | ErrorKind::Corrupt | ErrorKind::Io | ErrorKind::Internal => libc::EIO,
+            ErrorKind::Unavailable
+            | ErrorKind::Corrupt
+            | ErrorKind::Io
+            | ErrorKind::Internal
+            | ErrorKind::TooFewNodes => libc::EIO,
         }
     }
 
@@ -105,7 +114,7 @@ impl ErrorKind {
             ErrorKind::NotSupported => Code::Unimplemented,
             ErrorKind::WouldBlock => Code::Aborted,
             ErrorKind::Interrupted => Code::Cancelled,
-            ErrorKind::Unavailable => Code::Unavailable,
+            ErrorKind::Unavailable | ErrorKind::TooFewNodes => Code::Unavailable,
             ErrorKind::Corrupt => Code::DataLoss,
             ErrorKind::Io | ErrorKind::Internal => Code::Internal,
         }
@@ -134,6 +143,7 @@ impl ErrorKind {
             ErrorKind::Corrupt => "corrupt",
             ErrorKind::Io => "io",
             ErrorKind::Internal => "internal",
+            ErrorKind::TooFewNodes => "too_few_nodes",
         }
     }
 

@@ -288,7 +288,8 @@ impl Registry {
                 up.len()
             );
             // Nodes are there but out of room: that is a full filesystem to the application.
-            let kind = if up.len() + full >= needed { ErrorKind::NoSpace } else { ErrorKind::Unavailable };
+            // Nodes down: a client may wait for them (its `write_wait_ms`).
+            let kind = if up.len() + full >= needed { ErrorKind::NoSpace } else { ErrorKind::TooFewNodes };
             return Err(CairnError::new(kind, message));
         }
         if up.len() + down.len() < width {
@@ -460,7 +461,7 @@ mod tests {
         let store: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
         let layout = Layout::new(2, 1, 4096).unwrap();
         let r = registry(store.clone());
-        assert_eq!(r.place(&layout).unwrap_err().kind(), ErrorKind::Unavailable);
+        assert_eq!(r.place(&layout).unwrap_err().kind(), ErrorKind::TooFewNodes);
         for i in 0..6 {
             r.register(&format!("n{i}"), &format!("127.0.0.1:{}", 100 + i), vec![], 0).unwrap();
         }
@@ -481,11 +482,11 @@ mod tests {
         // After a restart only heartbeating nodes are up: 3 up (k+1) → filled with down nodes.
         let r = registry(store);
         let err = r.place(&layout).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Unavailable);
+        assert_eq!(err.kind(), ErrorKind::TooFewNodes);
         assert!(err.message().contains("need at least 3"), "{err}");
         r.heartbeat(1, "", vec![], 0).unwrap();
         r.heartbeat(2, "", vec![], 0).unwrap();
-        assert_eq!(r.place(&layout).unwrap_err().kind(), ErrorKind::Unavailable);
+        assert_eq!(r.place(&layout).unwrap_err().kind(), ErrorKind::TooFewNodes);
         r.heartbeat(3, "", vec![], 0).unwrap();
         let g = r.place(&layout).unwrap();
         assert_eq!(g.len(), 3);

@@ -117,7 +117,7 @@ fn create_needs_enough_chunkservers() {
     let ns = Namespace::open_memory(layout()).unwrap();
     add_nodes(&ns, 2);
     let err = ns.create(&new(ROOT_INO, "a", S_IFREG | 0o644), 0, false).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unavailable);
+    assert_eq!(err.kind(), ErrorKind::TooFewNodes);
     assert_eq!(kind(ns.lookup(ROOT_INO, b"a")), ErrorKind::NotFound);
     // Special files and directories need no chunkservers.
     ns.create(&new(ROOT_INO, "p", S_IFIFO | 0o600), 0, false).unwrap();
