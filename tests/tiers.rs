@@ -1,7 +1,9 @@
 //! Tiering end to end, on a real local cluster whose chunkservers have an 8 MiB SSD tier each:
 //! writing more than the SSD tiers hold destages shards to HDD and every file still reads
 //! byte-exact; a file read twice comes back to SSD; `cairn warmup DIR` brings all of DIR's
-//! shards to SSD and fails clearly when an SSD tier is full; `kill -9` of a chunkserver while
+//! shards to SSD, demoting other data to make room, and fails clearly when an SSD tier cannot
+//! hold it even then; a pinned dataset stays on SSD across warmups, the mover and restarts;
+//! `kill -9` of a chunkserver while
 //! its mover is copying a shard loses nothing and leaves every shard in exactly one place.
 //!
 //! Reads go around the kernel page cache (`posix_fadvise(DONTNEED)` before each), so every
@@ -288,6 +290,100 @@ fn shards_destage_come_back_when_read_twice_and_warm_up() {
     let out = c.cli(&["warmup", "/no/such/tree"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/tree"));
+}
+
+/// `cairn warmup ARGS --json`: whether it succeeded, and its summary.
+fn warmup_with(c: &Cluster, args: &[&str]) -> (bool, Value) {
+    let mut all = vec!["warmup"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let out = c.cli(&all);
+    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        panic!("warmup {args:?}: no json ({e}): {stdout}\n{stderr}")
+    });
+    (out.status.success(), json)
+}
+
+#[test]
+fn warmup_makes_room_by_demoting_other_data_and_pins_keep_a_dataset_on_ssd() {
+    // Six chunkservers with 8 MiB of SSD each (48 MiB), as an operator tried it: a 12 MiB
+    // dataset (18 MiB of shards, 3 MiB per chunkserver) written first, then 96 MiB of other
+    // files, written over some seconds so the mover (every second) keeps demoting the least
+    // recently used shards: the dataset goes to HDD and the SSD tiers stay full of the others.
+    let mut c = Cluster::start_with(Path::new("/tmp"), 6, "4+2", UNIT_KIB, &["--ssd-capacity", "8M"]);
+    fs::create_dir(c.mnt.join("set")).unwrap();
+    let set = random_bytes(12 << 20, 40);
+    fs::write(c.mnt.join("set/data"), &set).unwrap();
+    let set_ino = fs::metadata(c.mnt.join("set/data")).unwrap().ino();
+    fs::create_dir(c.mnt.join("other")).unwrap();
+    let mut others = Vec::new();
+    for i in 0..48u64 {
+        let data = random_bytes(2 << 20, 41 + i);
+        fs::write(c.mnt.join(format!("other/f{i:02}")), &data).unwrap();
+        others.push(sha256(&data));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    eventually(60, "the dataset is pushed to HDD by the newer files", || {
+        all_in(&tiers_of(&c, set_ino, false), "hdd")
+    });
+
+    // Free space alone does not hold it (the SSD tiers stay above their low watermark).
+    let (ok, summary) = warmup_with(&c, &["--no-evict", "/set"]);
+    assert!(!ok && summary["ssd_full"] == true, "{summary}");
+    assert_eq!(summary["evicted"], 0, "{summary}");
+
+    // Asked for, it gets the room: least recently used other shards go to HDD. Pinned.
+    let (ok, summary) = warmup_with(&c, &["--pin", "/set"]);
+    assert!(ok, "{summary}");
+    assert!(summary["evicted"].as_u64().unwrap() > 0, "{summary}");
+    assert_eq!(summary["not_promoted"], 0, "{summary}");
+    assert!(all_in(&tiers_of(&c, set_ino, false), "ssd"));
+    let status = |c: &Cluster| -> Value {
+        let out = c.cli(&["warmup", "--status", "/set", "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let st = status(&c);
+    assert_eq!(
+        (st["pinned"].clone(), st["pinned_bytes"].clone()),
+        (st["shards"].clone(), st["bytes"].clone()),
+        "{st}"
+    );
+    assert_eq!(st["ssd_share"].as_f64(), Some(1.0), "{st}");
+
+    // A warmup that cannot fit (144 MiB of shards into the 30 MiB left beside the pinned
+    // dataset) fills what it can, says how much did, and never evicts the pinned dataset. The
+    // mover, back under its watermark, does not demote it either.
+    let (ok, summary) = warmup_with(&c, &["/other"]);
+    assert!(!ok && summary["ssd_full"] == true, "{summary}");
+    assert!(summary["promoted"].as_u64().unwrap() > 0, "{summary}");
+    assert!(summary["not_promoted"].as_u64().unwrap() > 0, "{summary}");
+    eventually(60, "the mover brings every SSD tier under its high watermark", || {
+        df_nodes(&c).iter().all(|(ssd, _)| ssd["used"].as_u64().unwrap() <= SSD_CAP * 9 / 10)
+    });
+    assert!(all_in(&tiers_of(&c, set_ino, false), "ssd"), "a pinned shard was demoted");
+
+    // Pins survive a restart of every process.
+    c.stop();
+    c.restart();
+    let st = status(&c);
+    assert_eq!(st["pinned_bytes"], st["bytes"], "{st}");
+    let (ok, summary) = warmup_with(&c, &["/other"]);
+    assert!(!ok, "{summary}");
+    assert!(all_in(&tiers_of(&c, set_ino, false), "ssd"), "a pinned shard was evicted after the restart");
+
+    // Unpinned, it is ordinary data again.
+    let out = c.cli(&["warmup", "--unpin", "/set", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let unpinned: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(unpinned["unpinned"], 6, "one pin per chunkserver: {unpinned}");
+    assert_eq!(status(&c)["pinned"], 0);
+
+    check(&c.mnt.join("set/data"), &sha256(&set));
+    for (i, digest) in others.iter().enumerate() {
+        check(&c.mnt.join(format!("other/f{i:02}")), digest);
+    }
 }
 
 /// A chunkserver started by the test; killed when dropped.

@@ -21,6 +21,7 @@ pub mod engine;
 pub mod heartbeat;
 pub mod metrics;
 pub mod mover;
+pub mod pins;
 pub mod policy;
 pub mod rebuild;
 pub mod scrub;
@@ -29,7 +30,7 @@ pub mod shard;
 pub mod store;
 
 pub use engine::{IoEngine, PreadEngine, UringEngine};
-pub use mover::{MoveOutcome, PassReport, PromoteSummary};
+pub use mover::{MoveOutcome, PassReport, PromoteOptions, PromoteSummary};
 pub use policy::{Clock, ManualClock, SystemClock, TierPolicy};
 pub use service::ChunkService;
 pub use store::{ShardStore, StoreOptions, Tier};

@@ -78,7 +78,27 @@ pub struct PromoteSummary {
     pub already: u32,
     pub missing: u32,
     pub bytes: u64,
+    /// Other shards demoted to HDD to make room, and their bytes.
+    pub evicted: u32,
+    pub evicted_bytes: u64,
 }
+
+/// How a `Promote` request may make room, and what it leaves behind. The default is the
+/// plainest: room from free space only, nothing pinned.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PromoteOptions {
+    /// Demote least recently used SSD shards that are not pinned, not named in the request
+    /// and not used since the session began, when a named shard does not fit.
+    pub evict: bool,
+    /// Pin the named shards' files (inodes) first.
+    pub pin: bool,
+    /// The warmup run this request belongs to (0: none; then only the request's own shards
+    /// are spared).
+    pub session: u64,
+}
+
+/// How long a warmup session is remembered.
+const WARMUP_SESSION_MS: u64 = 3_600_000;
 
 /// What one pass of the mover did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -260,9 +280,16 @@ impl ShardStore {
         Ok(())
     }
 
-    /// Move the named shards to SSD now (`cairn warmup`), up to the SSD capacity. A full SSD
-    /// tier is a `NoSpace` error that says how many were promoted before it filled.
+    /// Move the named shards to SSD now (`cairn warmup`), up to the SSD capacity, with no
+    /// eviction and no pin ([`ShardStore::promote_with`]).
     pub async fn promote(&self, ids: &[ShardId]) -> Result<PromoteSummary> {
+        self.promote_with(ids, PromoteOptions::default()).await
+    }
+
+    /// Move the named shards to SSD now. A shard that does not fit makes room by demoting
+    /// others when `opts.evict` allows (see [`PromoteOptions`]); a tier that cannot fit it
+    /// even then is a `NoSpace` error that says how many were promoted and evicted before.
+    pub async fn promote_with(&self, ids: &[ShardId], opts: PromoteOptions) -> Result<PromoteSummary> {
         for id in ids {
             id.validate()?;
         }
@@ -272,6 +299,11 @@ impl ShardStore {
                 "this chunkserver has no SSD tier to promote to",
             ));
         }
+        if opts.pin {
+            self.pins.add(ids.iter().map(|id| id.ino)).await?;
+        }
+        let spared_since = self.warmup_started(opts.session);
+        let named: std::collections::HashSet<ShardId> = ids.iter().copied().collect();
         let mut done = PromoteSummary::default();
         for (n, id) in ids.iter().enumerate() {
             let _claim = self.claim(*id).await;
@@ -283,14 +315,20 @@ impl ShardStore {
                 done.already += 1;
                 continue;
             }
-            let (used, capacity) = self.tier_fill(Tier::Ssd);
-            let moved = if used + loc.file_len > capacity {
+            let room = self.ssd_room_for(loc.file_len)
+                || (opts.evict && self.evict(loc.file_len, &named, spared_since, &mut done).await);
+            let moved = if room {
+                self.move_claimed(*id, loc, Tier::Ssd).await
+            } else {
+                let (used, capacity) = self.tier_fill(Tier::Ssd);
                 Err(CairnError::new(
                     ErrorKind::NoSpace,
-                    format!("{used} of {capacity} bytes used, shard {id} needs {}", loc.file_len),
+                    format!(
+                        "{used} of {capacity} bytes used, shard {id} needs {}{}",
+                        loc.file_len,
+                        if opts.evict { " and the rest is pinned or part of this warmup" } else { "" }
+                    ),
                 ))
-            } else {
-                self.move_claimed(*id, loc, Tier::Ssd).await
             };
             match moved {
                 Ok(bytes) => {
@@ -302,13 +340,14 @@ impl ShardStore {
                     return Err(CairnError::new(
                         e.kind(),
                         format!(
-                            "{}: promoted {} shards ({} bytes), {} already on SSD, {} missing; \
-                             {} of {} shards not looked at: {}",
+                            "{}: promoted {} shards ({} bytes), {} already on SSD, {} missing, {} \
+                             others demoted to make room; {} of {} shards not looked at: {}",
                             if full { "the SSD tier is full" } else { "promotion failed" },
                             done.promoted,
                             done.bytes,
                             done.already,
                             done.missing,
+                            done.evicted,
                             ids.len() - n,
                             ids.len(),
                             e.message()
@@ -318,6 +357,61 @@ impl ShardStore {
             }
         }
         Ok(done)
+    }
+
+    /// When (store clock) warmup `session` began on this chunkserver: shards used since are
+    /// spared by its evictions. Without a session, now.
+    fn warmup_started(&self, session: u64) -> u64 {
+        let now = self.clock.now_ms();
+        if session == 0 {
+            return now;
+        }
+        let mut warmups = self.warmups.lock();
+        warmups.retain(|_, started| now.saturating_sub(*started) < WARMUP_SESSION_MS);
+        *warmups.entry(session).or_insert(now)
+    }
+
+    /// The SSD tier has room for `len` more bytes.
+    fn ssd_room_for(&self, len: u64) -> bool {
+        let (used, capacity) = self.tier_fill(Tier::Ssd);
+        used + len <= capacity
+    }
+
+    /// Demote least recently used SSD shards, none of them pinned, in `named` or used since
+    /// `spared_since`, until a shard of `len` bytes fits; nothing when they cannot free that
+    /// much. True when the room is there.
+    async fn evict(
+        &self,
+        len: u64,
+        named: &std::collections::HashSet<ShardId>,
+        spared_since: u64,
+        done: &mut PromoteSummary,
+    ) -> bool {
+        let (used, capacity) = self.tier_fill(Tier::Ssd);
+        let need = (used + len).saturating_sub(capacity);
+        let candidates: Vec<(ShardId, u64, u64)> = self
+            .demotable_ssd_shards()
+            .into_iter()
+            .filter(|(id, at, _)| *at < spared_since && !named.contains(id))
+            .collect();
+        let sizes: std::collections::HashMap<ShardId, u64> =
+            candidates.iter().map(|&(id, _, len)| (id, len)).collect();
+        let victims = self.policy.pick_demotions(candidates, need);
+        if victims.iter().map(|id| sizes[id]).sum::<u64>() < need {
+            return false;
+        }
+        let mut report = PassReport::default();
+        self.demote(&victims, &mut report).await;
+        done.evicted += report.demoted;
+        done.evicted_bytes += report.bytes;
+        if report.demoted > 0 {
+            tracing::info!(
+                shards = report.demoted,
+                bytes = report.bytes,
+                "demoted shards to make room for a warmup"
+            );
+        }
+        self.ssd_room_for(len)
     }
 
     /// One round of the mover: demote least recently used SSD shards while SSD use is above
@@ -334,7 +428,7 @@ impl ShardStore {
         let goal = self.policy.demotion_goal(used, capacity);
         if goal > 0 {
             tracing::info!(used, capacity, goal, "SSD tier above its high watermark: demoting");
-            let picked = self.policy.pick_demotions(self.ssd_shards(), goal);
+            let picked = self.policy.pick_demotions(self.demotable_ssd_shards(), goal);
             self.demote(&picked, &mut report).await;
         }
 
@@ -370,18 +464,20 @@ impl ShardStore {
     /// ([`TierPolicy::pick_displacements`]). False when there are not enough cold ones or a
     /// demotion failed.
     async fn displace_cold(&self, need: u64, now: u64, report: &mut PassReport) -> bool {
-        let Some(victims) = self.policy.pick_displacements(self.ssd_shards(), need, now) else {
+        let Some(victims) = self.policy.pick_displacements(self.demotable_ssd_shards(), need, now) else {
             return false;
         };
         tracing::debug!(need, shards = victims.len(), "SSD tier full: demoting cold shards for a hot one");
         self.demote(&victims, report).await == victims.len()
     }
 
-    /// `(id, last access, file bytes)` of every shard on the SSD tier.
-    fn ssd_shards(&self) -> Vec<(ShardId, u64, u64)> {
+    /// `(id, last access, file bytes)` of every shard on the SSD tier that may be demoted:
+    /// all but those of pinned files.
+    fn demotable_ssd_shards(&self) -> Vec<(ShardId, u64, u64)> {
+        let pinned = self.pins.snapshot();
         let index = self.index.lock();
         (index.shards.iter())
-            .filter(|(_, loc)| self.dirs[loc.dir].tier == Tier::Ssd)
+            .filter(|(id, loc)| self.dirs[loc.dir].tier == Tier::Ssd && !pinned.contains(&id.ino))
             .map(|(id, loc)| (*id, loc.last_access, loc.file_len))
             .collect()
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use cairn_common::{ErrorKind, ShardId};
 
-use super::{MoveOutcome, PromoteSummary};
+use super::{MoveOutcome, PromoteOptions, PromoteSummary};
 use crate::engine::{IoEngine, IoFuture, PreadEngine, UringEngine};
 use crate::policy::{ManualClock, TierPolicy};
 use crate::store::{ShardStore, StoreOptions, Tier};
@@ -54,6 +54,7 @@ impl Dirs {
             mover_rate_bytes: 1 << 30,
             ssd_direct_io: false,
             hdd_direct_io: false,
+            pins_file: None,
         }
     }
 
@@ -354,7 +355,10 @@ async fn promote_moves_named_shards_until_ssd_is_full(engine: MakeEngine) {
     }
     store.move_shard(id(0), Tier::Ssd).await.unwrap();
     let done = store.promote(&[id(0), id(1), id(2), id(77)]).await.unwrap();
-    assert_eq!(done, PromoteSummary { promoted: 2, already: 1, missing: 1, bytes: 2 * FILE });
+    assert_eq!(
+        done,
+        PromoteSummary { promoted: 2, already: 1, missing: 1, bytes: 2 * FILE, ..Default::default() }
+    );
     assert_eq!(store.tier_of(&id(2)), Some(Tier::Ssd));
 
     // 15 shards fit the SSD capacity: 12 more, then it is full.
@@ -370,6 +374,60 @@ async fn promote_moves_named_shards_until_ssd_is_full(engine: MakeEngine) {
     }
     let bad = ShardId { ino: 0, stripe: 0, index: 0, version: 0 };
     assert_eq!(store.promote(&[bad]).await.unwrap_err().kind(), ErrorKind::InvalidArgument);
+}
+
+async fn promote_evicts_lru_shards_but_never_pinned_ones_or_its_own(engine: MakeEngine) {
+    let dirs = Dirs::new();
+    let clock = clock();
+    let store = dirs.open(engine(), &clock).await;
+    write_shards(&store, &clock, 20).await;
+    for n in 0..20 {
+        store.move_shard(id(n), Tier::Hdd).await.unwrap();
+    }
+    // The SSD tier full (15 shards), least recently used first; shard 0's file pinned.
+    for n in 0..15 {
+        clock.advance(Duration::from_secs(1));
+        store.move_shard(id(n), Tier::Ssd).await.unwrap();
+    }
+    assert_eq!(store.pins.add([id(0).ino]).await.unwrap(), 1);
+    clock.advance(Duration::from_secs(1));
+
+    // Two more make room by demoting the two least recently used unpinned shards (1 and 2).
+    let warmup = PromoteOptions { evict: true, pin: false, session: 7 };
+    let done = store.promote_with(&[id(15), id(16)], warmup).await.unwrap();
+    assert_eq!((done.promoted, done.evicted, done.evicted_bytes), (2, 2, 2 * FILE), "{done:?}");
+    let tier = |n: u64| store.tier_of(&id(n)).unwrap();
+    assert_eq!(
+        [tier(0), tier(1), tier(2), tier(3), tier(15), tier(16)],
+        [Tier::Ssd, Tier::Hdd, Tier::Hdd, Tier::Ssd, Tier::Ssd, Tier::Ssd]
+    );
+
+    // Later in the same warmup: what it promoted is spared, the next oldest (3) goes.
+    clock.advance(Duration::from_secs(1));
+    let done = store.promote_with(&[id(17)], warmup).await.unwrap();
+    assert_eq!((done.promoted, done.evicted), (1, 1));
+    assert_eq!([tier(3), tier(15), tier(16), tier(17)], [Tier::Hdd, Tier::Ssd, Tier::Ssd, Tier::Ssd]);
+
+    // More than fits beside the pinned shard and the request's own: full, and it says why.
+    let all: Vec<ShardId> = (0..20).map(id).collect();
+    let err = store.promote_with(&all, warmup).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NoSpace, "{err}");
+    assert!(err.message().contains("pinned or part of this warmup"), "{err}");
+    assert_eq!(tier(0), Tier::Ssd);
+
+    // Above its high watermark, the mover demotes down to the low one, never the pinned shard.
+    let report = store.mover_pass().await;
+    assert!(report.demoted > 0, "{report:?}");
+    assert_eq!(tier(0), Tier::Ssd);
+    assert!(store.usage()[0].shards <= 12);
+
+    // `pin` pins the file of every named shard.
+    let done = store.promote_with(&[id(18)], PromoteOptions { pin: true, ..warmup }).await.unwrap();
+    assert_eq!(done.promoted, 1);
+    assert!(store.pins.contains(id(18).ino));
+    for n in 0..20 {
+        assert_reads_exact(&store, n).await;
+    }
 }
 
 async fn reads_racing_moves_never_fail(engine: MakeEngine) {
@@ -519,6 +577,7 @@ mover_tests!(
     an_interrupted_move_is_settled_at_open,
     a_corrupt_copy_aborts_the_move,
     promote_moves_named_shards_until_ssd_is_full,
+    promote_evicts_lru_shards_but_never_pinned_ones_or_its_own,
     reads_racing_moves_never_fail,
     no_capacity_set_means_the_filesystem,
 );

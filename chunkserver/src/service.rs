@@ -11,11 +11,12 @@ use cairn_proto::chunk_server::Chunk;
 use cairn_proto::{
     CheckShardsReply, CheckShardsRequest, ChunkStatReply, DeleteShardsReply, DeleteShardsRequest, Empty,
     ListShardsReply, ListShardsRequest, PromoteReply, PromoteRequest, ReadShardReply, ReadShardRequest,
-    RebuildShardReply, RebuildShardRequest, ShardCheck, ShardEntry, ShardState, WriteShardReply,
-    WriteShardRequest,
+    RebuildShardReply, RebuildShardRequest, ShardCheck, ShardEntry, ShardState, UnpinReply, UnpinRequest,
+    WriteShardReply, WriteShardRequest,
 };
 use tonic::{Request, Response, Status};
 
+use crate::mover::PromoteOptions;
 use crate::shard::MAX_SHARD_BYTES;
 use crate::store::ShardStore;
 
@@ -105,13 +106,29 @@ impl Chunk for ChunkService {
             .into());
         }
         let ids = req.ids.iter().map(|id| shard_id(Some(id))).collect::<Result<Vec<_>>>()?;
-        let done = self.store.promote(&ids).await?;
+        let opts = PromoteOptions { evict: !req.no_evict, pin: req.pin, session: req.session };
+        let done = self.store.promote_with(&ids, opts).await?;
         Ok(Response::new(PromoteReply {
             promoted: done.promoted,
             already: done.already,
             missing: done.missing,
             bytes: done.bytes,
+            evicted: done.evicted,
+            evicted_bytes: done.evicted_bytes,
         }))
+    }
+
+    async fn unpin(&self, request: Request<UnpinRequest>) -> Result<Response<UnpinReply>, Status> {
+        let req = request.into_inner();
+        if req.inos.len() > MAX_PROMOTE_IDS {
+            return Err(CairnError::invalid(format!(
+                "{} inodes in one unpin, at most {MAX_PROMOTE_IDS} allowed",
+                req.inos.len()
+            ))
+            .into());
+        }
+        let unpinned = self.store.pins.remove(req.inos).await?;
+        Ok(Response::new(UnpinReply { unpinned: unpinned as u32 }))
     }
 
     async fn rebuild_shard(
@@ -168,7 +185,8 @@ impl Chunk for ChunkService {
                     Err(e) => (ShardState::ShardUnreadable, e.message().into()),
                 };
                 let tier = self.store.tier_of(&id).map_or(String::new(), |t| t.as_str().to_string());
-                ShardCheck { id: Some(id.into()), state: state as i32, error, tier }
+                let pinned = self.store.pins.contains(id.ino);
+                ShardCheck { id: Some(id.into()), state: state as i32, error, tier, pinned }
             })
             .buffered(CHECK_CONCURRENCY)
             .collect()

@@ -43,6 +43,7 @@ use tokio::sync::Notify;
 
 use crate::engine::{drop_cached, IoEngine, IoFuture};
 use crate::mover::RateLimiter;
+use crate::pins::Pins;
 use crate::policy::{system_ms, Clock, HotTracker, SystemClock, TierPolicy};
 use crate::shard::{self, HEADER_ALIGN, MAX_SHARD_BYTES};
 
@@ -133,6 +134,8 @@ pub struct StoreOptions {
     /// cache), so whole-shard reads do not evict what the page cache is better used for.
     pub ssd_direct_io: bool,
     pub hdd_direct_io: bool,
+    /// Where the pinned files are kept (`pins.rs`); `None`: in memory only.
+    pub pins_file: Option<PathBuf>,
 }
 
 impl StoreOptions {
@@ -146,6 +149,7 @@ impl StoreOptions {
             mover_rate_bytes: config.mover_rate_bytes,
             ssd_direct_io: config.ssd_direct_io,
             hdd_direct_io: config.hdd_direct_io,
+            pins_file: Some(config.state_dir.join("pins")),
         }
     }
 }
@@ -337,6 +341,11 @@ pub struct ShardStore {
     pub(crate) read_back: Mutex<ReadBack>,
     /// Shared by every copy between tiers (mover and `Promote`).
     pub(crate) limiter: RateLimiter,
+    /// Files whose shards stay on SSD (`cairn warmup --pin`).
+    pub(crate) pins: Pins,
+    /// Warmup sessions, and when (store clock, ms) each was first seen: what a session
+    /// promoted, or what was used since it began, is not evicted for it.
+    pub(crate) warmups: Mutex<HashMap<u64, u64>>,
 }
 
 impl ShardStore {
@@ -364,6 +373,7 @@ impl ShardStore {
         if dirs.is_empty() {
             return Err(CairnError::invalid("the chunkserver needs at least one ssd or hdd directory"));
         }
+        let pins = Pins::load(options.pins_file.clone())?;
         let (dirs, (index, duplicates)) =
             tokio::task::spawn_blocking(move || scan(&dirs).map(|scanned| (dirs, scanned)))
                 .await
@@ -381,6 +391,8 @@ impl ShardStore {
             claims: Claims::default(),
             read_back: Mutex::new(ReadBack::default()),
             limiter: RateLimiter::new(options.mover_rate_bytes),
+            pins,
+            warmups: Mutex::new(HashMap::new()),
         };
         for dir in store.dirs.iter().filter(|d| d.direct) {
             probe_direct(dir)?;

@@ -30,6 +30,7 @@ fn options(ssd: &[&Path], hdd: &[&Path]) -> StoreOptions {
         mover_rate_bytes: 1 << 30,
         ssd_direct_io: false,
         hdd_direct_io: false,
+        pins_file: None,
     }
 }
 

@@ -353,20 +353,24 @@ async fn tiers_over_grpc(engine: IoEngineKind) {
     assert_eq!(stat.tiers[0].reads + stat.tiers[1].reads, 10);
     assert_eq!(stat.tiers[1].read_bytes, stat.tiers[1].reads * (252 << 10));
 
-    // Warmup: one HDD shard comes back; asking for all of them fills SSD and says so.
+    // Warmup: one HDD shard comes back; asking for all of them fills SSD and says so (a
+    // request never evicts its own shards to make room).
     let reply = client
-        .promote(PromoteRequest { ids: vec![sid(20, 0), sid(20, 0), sid(99, 0)] })
+        .promote(PromoteRequest { ids: vec![sid(20, 0), sid(20, 0), sid(99, 0)], ..Default::default() })
         .await
         .unwrap()
         .into_inner();
     assert_eq!((reply.promoted, reply.already, reply.missing, reply.bytes), (1, 1, 1, 256 << 10));
-    let all = PromoteRequest { ids: (0..10).map(|n| sid(20, n)).collect() };
+    let all = PromoteRequest { ids: (0..10).map(|n| sid(20, n)).collect(), ..Default::default() };
     let r = client.promote(all).await;
     let err = CairnError::from(r.unwrap_err());
     assert_eq!(err.kind(), ErrorKind::NoSpace, "{err}");
     assert!(err.message().contains("SSD tier is full"), "{err}");
     let hostile = cairn_proto::ShardId { ino: 0, stripe: 1, index: 200, version: 1 };
-    assert_eq!(kind(client.promote(PromoteRequest { ids: vec![hostile] }).await), ErrorKind::InvalidArgument);
+    assert_eq!(
+        kind(client.promote(PromoteRequest { ids: vec![hostile], ..Default::default() }).await),
+        ErrorKind::InvalidArgument
+    );
     chunk.stop().await;
 }
 

@@ -125,14 +125,26 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Move every shard of a file or directory tree to the SSD tier now, before a job reads it
-    /// (with --status: show how much of it is on the SSD tier, moving nothing).
+    /// Move every shard of a file or directory tree to the SSD tier now, before a job reads it,
+    /// demoting least recently used other data to make room (with --status: show how much of
+    /// it is on the SSD tier, moving nothing).
     Warmup {
         /// A path under a Cairn mount, or a path inside the Cairn namespace (`/datasets/x`).
         path: PathBuf,
-        /// Report how many of the tree's shards and bytes are on SSD and on HDD; move nothing.
-        #[arg(long)]
+        /// Report how many of the tree's shards and bytes are on SSD, on HDD and pinned; move
+        /// nothing.
+        #[arg(long, conflicts_with_all = ["pin", "unpin", "no_evict"])]
         status: bool,
+        /// Keep the tree on SSD until `--unpin`: the mover never demotes it and later warmups
+        /// never evict it (pins survive restarts).
+        #[arg(long, conflicts_with = "unpin")]
+        pin: bool,
+        /// Undo `--pin` for the tree; moves nothing.
+        #[arg(long, conflicts_with = "no_evict")]
+        unpin: bool,
+        /// Use free SSD space only: fail when it is full rather than demote other data.
+        #[arg(long)]
+        no_evict: bool,
         /// The tier to move the shards into: `ssd` (cold shards reach HDD by themselves).
         #[arg(long, default_value = "ssd", value_parser = ["ssd"])]
         tier: String,
@@ -360,12 +372,15 @@ fn main() -> ExitCode {
         }),
         Command::Up(args) => up::run(args),
         Command::Df { meta, json } => runtime().and_then(|rt| rt.block_on(admin::df(&meta, json))),
-        Command::Warmup { path, status, tier: _, meta, json } => runtime()
+        Command::Warmup { path, status, pin, unpin, no_evict, tier: _, meta, json } => runtime()
             .and_then(|rt| {
                 if status {
                     rt.block_on(warmup::status(&path, meta, json))
+                } else if unpin {
+                    rt.block_on(warmup::unpin(&path, meta, json))
                 } else {
-                    rt.block_on(warmup::warmup(&path, meta, json))
+                    let opts = warmup::Options { evict: !no_evict, pin };
+                    rt.block_on(warmup::warmup(&path, meta, opts, json))
                 }
             })
             .map_err(|e| tree::explain_not_found(&path, e)),

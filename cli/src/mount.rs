@@ -360,6 +360,8 @@ mod tests {
                 "9",
                 "--commit-interval-ms",
                 "11",
+                "--write-wait-ms",
+                "12",
                 "--metrics",
                 "h:2",
                 "--read-only",

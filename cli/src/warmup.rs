@@ -6,9 +6,13 @@
 //! reads file data. From each file's layout, placement and stripe records it derives the shard
 //! ids and the chunkserver of each, leaving out shards a degraded write never stored
 //! (`missing`) and empty data shards. Then it sends `Promote`
-//! requests, in small batches so progress shows, to all chunkservers at once. A chunkserver
-//! whose SSD tier is full stops there (the others go on), and the command fails with a summary
-//! that says so.
+//! requests, in small batches so progress shows, to all chunkservers at once. A shard that does
+//! not fit makes room by demoting least recently used shards that are neither pinned nor part
+//! of this warmup (one random session id in every request); `--no-evict` uses free space only.
+//! A chunkserver whose SSD tier is full even then stops there (the others go on), and the
+//! command fails with a summary that says so. `--pin` also pins the files on their
+//! chunkservers (the mover never demotes them, later warmups never evict them), `--unpin`
+//! undoes it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -48,12 +52,24 @@ struct Plan {
     bytes: u64,
 }
 
+/// How `cairn warmup` may make room.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Demote other (least recently used, unpinned) shards when the SSD tier is full.
+    pub evict: bool,
+    /// Pin the tree on SSD.
+    pub pin: bool,
+}
+
 /// What the promotion did on one chunkserver.
 #[derive(Default)]
 struct NodeOutcome {
     shards: u64,
     promoted: u64,
     promoted_bytes: u64,
+    /// Other shards demoted to make room.
+    evicted: u64,
+    evicted_bytes: u64,
     already: u64,
     missing: u64,
     /// Shards of batches that failed or were never sent.
@@ -61,7 +77,7 @@ struct NodeOutcome {
     error: Option<CairnError>,
 }
 
-pub async fn warmup(path: &Path, meta: Option<String>, as_json: bool) -> Result<()> {
+pub async fn warmup(path: &Path, meta: Option<String>, opts: Options, as_json: bool) -> Result<()> {
     let (meta_addr, components, shown) = resolve(path, meta)?;
     let conn = cairn_client::connect_meta(&meta_addr).await?;
     let started = Instant::now();
@@ -106,11 +122,15 @@ pub async fn warmup(path: &Path, meta: Option<String>, as_json: bool) -> Result<
         conn.list_nodes(p::Empty {}).await?.nodes.into_iter().map(|n| (n.id, (n.addr, n.up))).collect();
     let left: Arc<Vec<AtomicU64>> = Arc::new(plan.per_file.iter().map(|&n| AtomicU64::new(n)).collect());
     let promote_started = Instant::now();
+    // Every request of this run carries it: what the run promoted is never evicted for it.
+    let session = rand::random::<u64>() | 1;
     let tasks = plan.shards.into_iter().map(|(node, shards)| {
         let addr = addrs.get(&node).cloned();
         let (bar, left, files_done, files) = (bar.clone(), left.clone(), files_done.clone(), plan.files);
         async move {
-            let outcome = promote_node(node, addr, shards, &bar, &left, &files_done, files).await;
+            let request =
+                p::PromoteRequest { ids: Vec::new(), no_evict: !opts.evict, pin: opts.pin, session };
+            let outcome = promote_node(node, addr, shards, request, &bar, &left, &files_done, files).await;
             (node, outcome)
         }
     });
@@ -122,6 +142,7 @@ pub async fn warmup(path: &Path, meta: Option<String>, as_json: bool) -> Result<
     let sum = |f: fn(&NodeOutcome) -> u64| outcomes.iter().map(|(_, o)| f(o)).sum::<u64>();
     let (promoted, promoted_bytes) = (sum(|o| o.promoted), sum(|o| o.promoted_bytes));
     let (already, missing, not_promoted) = (sum(|o| o.already), sum(|o| o.missing), sum(|o| o.not_promoted));
+    let (evicted, evicted_bytes) = (sum(|o| o.evicted), sum(|o| o.evicted_bytes));
     let failures: Vec<String> = outcomes
         .iter()
         .filter_map(|(node, o)| {
@@ -140,6 +161,7 @@ pub async fn warmup(path: &Path, meta: Option<String>, as_json: bool) -> Result<
                     "node": node, "addr": addrs.get(node).map(|(a, _)| a.clone()),
                     "shards": o.shards, "promoted": o.promoted, "promoted_bytes": o.promoted_bytes,
                     "already": o.already, "missing": o.missing, "not_promoted": o.not_promoted,
+                    "evicted": o.evicted, "evicted_bytes": o.evicted_bytes,
                     "error": o.error.as_ref().map(|e| e.message().to_string()),
                     "no_space": o.error.as_ref().is_some_and(|e| e.kind() == ErrorKind::NoSpace),
                 })
@@ -150,6 +172,7 @@ pub async fn warmup(path: &Path, meta: Option<String>, as_json: bool) -> Result<
             "shards": total_shards, "bytes": plan.bytes,
             "promoted": promoted, "promoted_bytes": promoted_bytes, "already": already,
             "missing": missing, "not_promoted": not_promoted,
+            "evicted": evicted, "evicted_bytes": evicted_bytes, "pinned": opts.pin,
             "seconds": elapsed.as_secs_f64(), "walk_seconds": walked.as_secs_f64(),
             "ok": failures.is_empty(), "ssd_full": full, "nodes": nodes,
         });
@@ -169,6 +192,12 @@ pub async fn warmup(path: &Path, meta: Option<String>, as_json: bool) -> Result<
             human(rate as u64),
             if not_promoted > 0 { format!(", {not_promoted} NOT promoted") } else { String::new() }
         );
+        if evicted > 0 {
+            println!("  made room by demoting {evicted} other shards ({}) to HDD", human(evicted_bytes));
+        }
+        if opts.pin {
+            println!("  pinned: stays on SSD until `cairn warmup --unpin {shown}`");
+        }
         for f in &failures {
             println!("  {f}");
         }
@@ -177,8 +206,12 @@ pub async fn warmup(path: &Path, meta: Option<String>, as_json: bool) -> Result<
         return Ok(());
     }
     let kind = if full { ErrorKind::NoSpace } else { ErrorKind::Io };
-    let what = if full {
-        "the SSD tier of a chunkserver is full (free space, raise ssd_capacity, or warm up less)"
+    let what = if full && opts.evict {
+        "the SSD tier of a chunkserver is full even after demoting other data (what is left there \
+         is pinned or part of this warmup: unpin something, raise ssd_capacity, or warm up less)"
+    } else if full {
+        "the SSD tier of a chunkserver is full (drop --no-evict to demote other data, raise ssd_capacity, \
+         or warm up less)"
     } else {
         "some shards could not be promoted"
     };
@@ -197,6 +230,9 @@ struct Placement {
     hdd: u64,
     hdd_bytes: u64,
     missing: u64,
+    /// Shards of pinned files, and their bytes.
+    pinned: u64,
+    pinned_bytes: u64,
     /// Shards that could not be asked about (node down or unreachable).
     unknown: u64,
     error: Option<String>,
@@ -219,6 +255,7 @@ pub async fn status(path: &Path, meta: Option<String>, as_json: bool) -> Result<
     let (shards, ssd, ssd_bytes) = (sum(|n| n.shards), sum(|n| n.ssd), sum(|n| n.ssd_bytes));
     let (hdd, hdd_bytes, missing, unknown) =
         (sum(|n| n.hdd), sum(|n| n.hdd_bytes), sum(|n| n.missing), sum(|n| n.unknown));
+    let (pinned, pinned_bytes) = (sum(|n| n.pinned), sum(|n| n.pinned_bytes));
     let share = if plan.bytes > 0 { ssd_bytes as f64 / plan.bytes as f64 } else { 1.0 };
     if as_json {
         let per_node: Vec<_> = nodes
@@ -228,13 +265,15 @@ pub async fn status(path: &Path, meta: Option<String>, as_json: bool) -> Result<
                     "node": node, "addr": addrs.get(node), "shards": n.shards, "ssd": n.ssd,
                     "ssd_bytes": n.ssd_bytes, "hdd": n.hdd, "hdd_bytes": n.hdd_bytes,
                     "missing": n.missing, "unknown": n.unknown, "error": n.error,
+                    "pinned": n.pinned, "pinned_bytes": n.pinned_bytes,
                 })
             })
             .collect();
         let out = json!({
             "path": shown, "files": plan.files, "directories": plan.directories, "shards": shards,
             "bytes": plan.bytes, "ssd": ssd, "ssd_bytes": ssd_bytes, "hdd": hdd, "hdd_bytes": hdd_bytes,
-            "missing": missing, "unknown": unknown, "ssd_share": share, "nodes": per_node,
+            "missing": missing, "unknown": unknown, "ssd_share": share,
+            "pinned": pinned, "pinned_bytes": pinned_bytes, "nodes": per_node,
         });
         println!("{}", serde_json::to_string_pretty(&out).expect("json"));
     } else {
@@ -256,6 +295,7 @@ pub async fn status(path: &Path, meta: Option<String>, as_json: bool) -> Result<
                 String::new()
             },
         );
+        println!("  pinned {pinned} shards ({})", human(pinned_bytes));
         for (node, n) in &nodes {
             let addr = addrs.get(node).map_or("?", |a| a.as_str());
             match &n.error {
@@ -265,6 +305,64 @@ pub async fn status(path: &Path, meta: Option<String>, as_json: bool) -> Result<
         }
     }
     Ok(())
+}
+
+/// `cairn warmup --unpin PATH`: unpin the tree's files on every chunkserver holding their
+/// shards. Moves nothing: the mover demotes them again when they go cold.
+pub async fn unpin(path: &Path, meta: Option<String>, as_json: bool) -> Result<()> {
+    let (meta_addr, components, shown) = resolve(path, meta)?;
+    let conn = cairn_client::connect_meta(&meta_addr).await?;
+    let mut plan = Plan::default();
+    plan.directories = walk(&conn, &components, |f| add_file(&mut plan, f), || {}).await?;
+    let addrs: HashMap<u32, String> =
+        conn.list_nodes(p::Empty {}).await?.nodes.into_iter().map(|n| (n.id, n.addr)).collect();
+    let tasks = plan.shards.iter().map(|(node, shards)| {
+        let mut inos: Vec<u64> = shards.iter().map(|s| s.id.ino).collect();
+        inos.sort_unstable();
+        inos.dedup();
+        let addr = addrs.get(node).cloned();
+        async move {
+            let asked = async {
+                let addr = addr.ok_or_else(|| {
+                    CairnError::unavailable(format!("chunkserver {node} is not registered"))
+                })?;
+                let reply =
+                    chunk_client(&addr)?.unpin(p::UnpinRequest { inos }).await.map_err(CairnError::from)?;
+                Ok::<u32, CairnError>(reply.into_inner().unpinned)
+            };
+            (*node, asked.await)
+        }
+    });
+    let outcomes: Vec<(u32, Result<u32>)> = futures::future::join_all(tasks).await;
+    let failures: Vec<String> = outcomes
+        .iter()
+        .filter_map(|(node, r)| r.as_ref().err().map(|e| format!("chunkserver {node}: {}", e.message())))
+        .collect();
+    let unpinned: u64 = outcomes.iter().filter_map(|(_, r)| r.as_ref().ok()).map(|&n| n as u64).sum();
+    if as_json {
+        let out = json!({
+            "path": shown, "files": plan.files, "chunkservers": outcomes.len(),
+            "unpinned": unpinned, "errors": failures,
+        });
+        println!("{}", serde_json::to_string_pretty(&out).expect("json"));
+    } else {
+        println!(
+            "unpin {shown}: {} files, {unpinned} pins removed on {} chunkservers",
+            plan.files,
+            outcomes.len()
+        );
+        for f in &failures {
+            println!("  {f}");
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(CairnError::unavailable(format!(
+            "unpin of {shown}: {} chunkservers did not answer; run it again once they are up",
+            failures.len()
+        )))
+    }
 }
 
 /// Ask chunkserver `node` where each of `shards` is.
@@ -282,6 +380,9 @@ async fn placement_on(node: u32, addr: Option<String>, shards: &[Shard]) -> Plac
                 .map_err(CairnError::from)?
                 .into_inner();
             for (shard, result) in batch.iter().zip(reply.results) {
+                if result.pinned {
+                    (out.pinned, out.pinned_bytes) = (out.pinned + 1, out.pinned_bytes + shard.bytes);
+                }
                 match result.tier.as_str() {
                     "ssd" => (out.ssd, out.ssd_bytes) = (out.ssd + 1, out.ssd_bytes + shard.bytes),
                     "hdd" => (out.hdd, out.hdd_bytes) = (out.hdd + 1, out.hdd_bytes + shard.bytes),
@@ -312,11 +413,14 @@ fn add_file(plan: &mut Plan, f: Opened) {
     plan.per_file.push(count);
 }
 
-/// Promote one chunkserver's shards, batch by batch, until done or the first error.
+/// Promote one chunkserver's shards, batch by batch (each a copy of `request` with its ids),
+/// until done or the first error.
+#[allow(clippy::too_many_arguments)]
 async fn promote_node(
     node: u32,
     addr: Option<(String, bool)>,
     shards: Vec<Shard>,
+    request: p::PromoteRequest,
     bar: &ProgressBar,
     left: &[AtomicU64],
     files_done: &AtomicU64,
@@ -342,7 +446,7 @@ async fn promote_node(
         let bytes: u64 = rest[..n].iter().map(|s| s.bytes).sum();
         let (batch, after) = rest.split_at(n);
         rest = after;
-        let req = p::PromoteRequest { ids: batch.iter().map(|s| s.id).collect() };
+        let req = p::PromoteRequest { ids: batch.iter().map(|s| s.id).collect(), ..request.clone() };
         match client.promote(req).await {
             Ok(reply) => {
                 let r = reply.into_inner();
@@ -350,6 +454,8 @@ async fn promote_node(
                 out.already += r.already as u64;
                 out.missing += r.missing as u64;
                 out.promoted_bytes += r.bytes;
+                out.evicted += r.evicted as u64;
+                out.evicted_bytes += r.evicted_bytes;
             }
             Err(status) => {
                 let e = CairnError::from(status);

@@ -68,6 +68,9 @@ impl Chunk for FakeChunk {
     ) -> Result<Response<CheckShardsReply>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn unpin(&self, _: Request<UnpinRequest>) -> Result<Response<UnpinReply>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
 }
 
 async fn fake_chunkserver() -> (String, FakeChunk) {
