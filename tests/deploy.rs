@@ -678,7 +678,7 @@ fn alert_rules_use_exported_metrics_and_page_on_stripes_that_can_lose_nothing() 
         }
     }
     assert!(
-        critical.iter().any(|e| e.contains("cairn_repair_stripes{can_lose=\"0\"}")),
+        critical.iter().any(|e| e.contains("cairn_repair_reduced_stripes{can_lose=\"0\"}")),
         "no critical alert on stripes that can lose 0 more shards: {critical:?}"
     );
 }

@@ -116,6 +116,8 @@ fn health_says_at_once_what_one_more_failure_would_lose() {
     eventually(20, "the metrics count the stripes that can lose 0 more", || {
         let text = support::scrape(&meta_metrics);
         support::metric(&text, "cairn_repair_stripes", &["can_lose=\"0\""]) == Some(stripes as f64)
+            && support::metric(&text, "cairn_repair_reduced_stripes", &["can_lose=\"0\""])
+                == Some(stripes as f64)
             && support::metric(&text, "cairn_health", &[]) == Some(1.0)
     });
     // Still readable (degraded).

@@ -72,7 +72,7 @@ pub enum MoveOutcome {
 }
 
 /// What a `Promote` request did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PromoteSummary {
     pub promoted: u32,
     pub already: u32,
@@ -81,24 +81,25 @@ pub struct PromoteSummary {
     /// Other shards demoted to HDD to make room, and their bytes.
     pub evicted: u32,
     pub evicted_bytes: u64,
+    /// Why the request stopped early (a full SSD tier is `NoSpace`), if it did, and how many
+    /// named shards it did not get to; the counts above are what it did before.
+    pub stopped: Option<CairnError>,
+    pub not_looked_at: u32,
 }
 
-/// How a `Promote` request may make room, and what it leaves behind. The default is the
-/// plainest: room from free space only, nothing pinned.
+/// How a `Promote` request may make room. The default is the plainest: free space only.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PromoteOptions {
     /// Demote least recently used SSD shards that are not pinned, not named in the request
     /// and not used since the session began, when a named shard does not fit.
     pub evict: bool,
-    /// Pin the named shards' files (inodes) first.
-    pub pin: bool,
     /// The warmup run this request belongs to (0: none; then only the request's own shards
     /// are spared).
     pub session: u64,
 }
 
-/// How long a warmup session is remembered.
-const WARMUP_SESSION_MS: u64 = 3_600_000;
+/// How long a warmup session is remembered after its last request.
+const WARMUP_SESSION_IDLE_MS: u64 = 3_600_000;
 
 /// What one pass of the mover did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -287,8 +288,9 @@ impl ShardStore {
     }
 
     /// Move the named shards to SSD now. A shard that does not fit makes room by demoting
-    /// others when `opts.evict` allows (see [`PromoteOptions`]); a tier that cannot fit it
-    /// even then is a `NoSpace` error that says how many were promoted and evicted before.
+    /// others when `opts.evict` allows (see [`PromoteOptions`]). A tier that cannot fit it
+    /// even then (`NoSpace`), or a move that fails, stops the request there: the summary
+    /// says why and what was done before. Errors are for requests that are wrong as a whole.
     pub async fn promote_with(&self, ids: &[ShardId], opts: PromoteOptions) -> Result<PromoteSummary> {
         for id in ids {
             id.validate()?;
@@ -298,9 +300,6 @@ impl ShardStore {
                 ErrorKind::NoSpace,
                 "this chunkserver has no SSD tier to promote to",
             ));
-        }
-        if opts.pin {
-            self.pins.add(ids.iter().map(|id| id.ino)).await?;
         }
         let spared_since = self.warmup_started(opts.session);
         let named: std::collections::HashSet<ShardId> = ids.iter().copied().collect();
@@ -312,6 +311,8 @@ impl ShardStore {
                 continue;
             };
             if self.dirs[loc.dir].tier == Tier::Ssd {
+                // Part of this warmup now: spared by its later evictions, like a promoted one.
+                self.touch(id);
                 done.already += 1;
                 continue;
             }
@@ -337,26 +338,22 @@ impl ShardStore {
                 }
                 Err(e) => {
                     let full = e.kind() == ErrorKind::NoSpace;
-                    return Err(CairnError::new(
-                        e.kind(),
-                        format!(
-                            "{}: promoted {} shards ({} bytes), {} already on SSD, {} missing, {} \
-                             others demoted to make room; {} of {} shards not looked at: {}",
-                            if full { "the SSD tier is full" } else { "promotion failed" },
-                            done.promoted,
-                            done.bytes,
-                            done.already,
-                            done.missing,
-                            done.evicted,
-                            ids.len() - n,
-                            ids.len(),
-                            e.message()
-                        ),
-                    ));
+                    let what = if full { "the SSD tier is full" } else { "promotion failed" };
+                    done.stopped = Some(CairnError::new(e.kind(), format!("{what}: {}", e.message())));
+                    done.not_looked_at = (ids.len() - n) as u32;
+                    return Ok(done);
                 }
             }
         }
         Ok(done)
+    }
+
+    /// Note `id` as used now (for the LRU order and warmup sessions).
+    fn touch(&self, id: &ShardId) {
+        let now = self.clock.now_ms();
+        if let Some(loc) = self.index.lock().shards.get_mut(id) {
+            loc.last_access = loc.last_access.max(now);
+        }
     }
 
     /// When (store clock) warmup `session` began on this chunkserver: shards used since are
@@ -367,8 +364,10 @@ impl ShardStore {
             return now;
         }
         let mut warmups = self.warmups.lock();
-        warmups.retain(|_, started| now.saturating_sub(*started) < WARMUP_SESSION_MS);
-        *warmups.entry(session).or_insert(now)
+        warmups.retain(|_, (_, last)| now.saturating_sub(*last) < WARMUP_SESSION_IDLE_MS);
+        let (started, last) = warmups.entry(session).or_insert((now, now));
+        *last = now;
+        *started
     }
 
     /// The SSD tier has room for `len` more bytes.

@@ -363,11 +363,11 @@ async fn promote_moves_named_shards_until_ssd_is_full(engine: MakeEngine) {
 
     // 15 shards fit the SSD capacity: 12 more, then it is full.
     let all: Vec<ShardId> = (0..20).map(id).collect();
-    let err = store.promote(&all).await.unwrap_err();
+    let done = store.promote(&all).await.unwrap();
+    let err = done.stopped.clone().expect("the SSD tier fills");
     assert_eq!(err.kind(), ErrorKind::NoSpace, "{err}");
-    let msg = err.message();
-    assert!(msg.contains("SSD tier is full") && msg.contains("promoted 12 shards"), "{msg}");
-    assert!(msg.contains("3 already on SSD"), "{msg}");
+    assert!(err.message().contains("SSD tier is full"), "{err}");
+    assert_eq!((done.promoted, done.already, done.not_looked_at), (12, 3, 5), "{done:?}");
     assert_eq!(store.usage()[0].shards, 15);
     for n in 0..20 {
         assert_reads_exact(&store, n).await;
@@ -393,7 +393,7 @@ async fn promote_evicts_lru_shards_but_never_pinned_ones_or_its_own(engine: Make
     clock.advance(Duration::from_secs(1));
 
     // Two more make room by demoting the two least recently used unpinned shards (1 and 2).
-    let warmup = PromoteOptions { evict: true, pin: false, session: 7 };
+    let warmup = PromoteOptions { evict: true, session: 7 };
     let done = store.promote_with(&[id(15), id(16)], warmup).await.unwrap();
     assert_eq!((done.promoted, done.evicted, done.evicted_bytes), (2, 2, 2 * FILE), "{done:?}");
     let tier = |n: u64| store.tier_of(&id(n)).unwrap();
@@ -410,10 +410,20 @@ async fn promote_evicts_lru_shards_but_never_pinned_ones_or_its_own(engine: Make
 
     // More than fits beside the pinned shard and the request's own: full, and it says why.
     let all: Vec<ShardId> = (0..20).map(id).collect();
-    let err = store.promote_with(&all, warmup).await.unwrap_err();
+    let done = store.promote_with(&all, warmup).await.unwrap();
+    let err = done.stopped.expect("full");
     assert_eq!(err.kind(), ErrorKind::NoSpace, "{err}");
     assert!(err.message().contains("pinned or part of this warmup"), "{err}");
     assert_eq!(tier(0), Tier::Ssd);
+
+    // A shard already on SSD when the warmup names it is part of it too: spared.
+    clock.advance(Duration::from_secs(1));
+    let session = PromoteOptions { evict: true, session: 8 };
+    let oldest_unpinned = (1..20).filter(|&n| tier(n) == Tier::Ssd).min().unwrap();
+    store.promote_with(&[id(oldest_unpinned)], session).await.unwrap();
+    let cold = (0..20).find(|&n| tier(n) == Tier::Hdd).unwrap();
+    store.promote_with(&[id(cold)], session).await.unwrap();
+    assert_eq!(tier(oldest_unpinned), Tier::Ssd, "a shard the warmup named was evicted for it");
 
     // Above its high watermark, the mover demotes down to the low one, never the pinned shard.
     let report = store.mover_pass().await;
@@ -421,10 +431,6 @@ async fn promote_evicts_lru_shards_but_never_pinned_ones_or_its_own(engine: Make
     assert_eq!(tier(0), Tier::Ssd);
     assert!(store.usage()[0].shards <= 12);
 
-    // `pin` pins the file of every named shard.
-    let done = store.promote_with(&[id(18)], PromoteOptions { pin: true, ..warmup }).await.unwrap();
-    assert_eq!(done.promoted, 1);
-    assert!(store.pins.contains(id(18).ino));
     for n in 0..20 {
         assert_reads_exact(&store, n).await;
     }

@@ -10,8 +10,8 @@ use cairn_common::{CairnError, Result, ShardId};
 use cairn_proto::chunk_server::Chunk;
 use cairn_proto::{
     CheckShardsReply, CheckShardsRequest, ChunkStatReply, DeleteShardsReply, DeleteShardsRequest, Empty,
-    ListShardsReply, ListShardsRequest, PromoteReply, PromoteRequest, ReadShardReply, ReadShardRequest,
-    RebuildShardReply, RebuildShardRequest, ShardCheck, ShardEntry, ShardState, UnpinReply, UnpinRequest,
+    ListShardsReply, ListShardsRequest, PinReply, PinRequest, PromoteReply, PromoteRequest, ReadShardReply,
+    ReadShardRequest, RebuildShardReply, RebuildShardRequest, ShardCheck, ShardEntry, ShardState,
     WriteShardReply, WriteShardRequest,
 };
 use tonic::{Request, Response, Status};
@@ -106,7 +106,7 @@ impl Chunk for ChunkService {
             .into());
         }
         let ids = req.ids.iter().map(|id| shard_id(Some(id))).collect::<Result<Vec<_>>>()?;
-        let opts = PromoteOptions { evict: !req.no_evict, pin: req.pin, session: req.session };
+        let opts = PromoteOptions { evict: !req.no_evict, session: req.session };
         let done = self.store.promote_with(&ids, opts).await?;
         Ok(Response::new(PromoteReply {
             promoted: done.promoted,
@@ -115,20 +115,30 @@ impl Chunk for ChunkService {
             bytes: done.bytes,
             evicted: done.evicted,
             evicted_bytes: done.evicted_bytes,
+            error: done.stopped.as_ref().map(|e| e.message().to_string()).unwrap_or_default(),
+            no_space: done.stopped.as_ref().is_some_and(|e| e.kind() == ErrorKind::NoSpace),
+            not_looked_at: done.not_looked_at,
         }))
     }
 
-    async fn unpin(&self, request: Request<UnpinRequest>) -> Result<Response<UnpinReply>, Status> {
+    async fn pin(&self, request: Request<PinRequest>) -> Result<Response<PinReply>, Status> {
         let req = request.into_inner();
         if req.inos.len() > MAX_PROMOTE_IDS {
             return Err(CairnError::invalid(format!(
-                "{} inodes in one unpin, at most {MAX_PROMOTE_IDS} allowed",
+                "{} inodes in one pin request, at most {MAX_PROMOTE_IDS} allowed",
                 req.inos.len()
             ))
             .into());
         }
-        let unpinned = self.store.pins.remove(req.inos).await?;
-        Ok(Response::new(UnpinReply { unpinned: unpinned as u32 }))
+        if let Some(&bad) = req.inos.iter().find(|&&ino| ino == 0) {
+            return Err(CairnError::invalid(format!("inode {bad} cannot be pinned")).into());
+        }
+        let changed = if req.unpin {
+            self.store.pins.remove(req.inos).await?
+        } else {
+            self.store.pins.add(req.inos).await?
+        };
+        Ok(Response::new(PinReply { changed: changed as u32 }))
     }
 
     async fn rebuild_shard(

@@ -343,9 +343,9 @@ pub struct ShardStore {
     pub(crate) limiter: RateLimiter,
     /// Files whose shards stay on SSD (`cairn warmup --pin`).
     pub(crate) pins: Pins,
-    /// Warmup sessions, and when (store clock, ms) each was first seen: what a session
+    /// Warmup sessions: when (store clock, ms) each was first and last seen. What a session
     /// promoted, or what was used since it began, is not evicted for it.
-    pub(crate) warmups: Mutex<HashMap<u64, u64>>,
+    pub(crate) warmups: Mutex<HashMap<u64, (u64, u64)>>,
 }
 
 impl ShardStore {

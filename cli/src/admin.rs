@@ -69,6 +69,7 @@ pub async fn df(meta: &str, as_json: bool) -> Result<()> {
             "health": status.health,
             "stripes_by_margin": margins_json(&status.stripes_by_margin),
             "reduced_redundancy_bytes": status.reduced_redundancy_bytes,
+            "reduced_stripes_by_margin": margins_json(&status.reduced_stripes_by_margin),
             "tiers": rows,
         });
         println!("{}", serde_json::to_string_pretty(&out).expect("json"));
@@ -146,19 +147,23 @@ pub async fn df(meta: &str, as_json: bool) -> Result<()> {
     Ok(())
 }
 
-/// `cairn status`'s exit status for a health word: 0 OK, 2 WARN, 3 ERR (1 is left for "could
-/// not ask"). An unknown word (a newer metaserver) counts as WARN.
+/// `cairn status`'s exit status for a health word: 0 OK, 2 WARN, 3 ERR; 1 when the metaserver
+/// reports none (it predates health reports: nothing to vouch for). An unknown word (a newer
+/// metaserver) counts as WARN.
 pub fn health_code(health: &str) -> u8 {
     match health {
         "HEALTH_OK" => 0,
         "HEALTH_ERR" => 3,
+        "" => 1,
         _ => 2,
     }
 }
 
 /// `HEALTH_WARN: 2 chunkservers down (5, 6), …`.
 pub fn health_line(status: &p::ClusterStatusReply) -> String {
-    if status.health_checks.is_empty() {
+    if status.health.is_empty() {
+        "HEALTH_UNKNOWN: this metaserver does not report health (an older version)".to_string()
+    } else if status.health_checks.is_empty() {
         status.health.clone()
     } else {
         format!("{}: {}", status.health, status.health_checks.join(", "))
@@ -213,6 +218,7 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
                 "stale_shards_deleted": status.stale_shards_deleted,
                 "stripes_by_margin": margins_json(&status.stripes_by_margin),
                 "reduced_redundancy_bytes": status.reduced_redundancy_bytes,
+                "reduced_stripes_by_margin": margins_json(&status.reduced_stripes_by_margin),
             },
         });
         println!("{}", serde_json::to_string_pretty(&out).expect("json"));

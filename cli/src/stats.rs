@@ -93,8 +93,8 @@ pub async fn stats(meta: &str, interval: Duration, count: Option<u64>, as_json: 
         let r = Totals::of(&now).rates(&Totals::of(&before), secs);
         let up = now.nodes.iter().filter(|n| n.up).count();
         let clock = chrono_like_now();
-        // Stripes one more failure would make unreadable.
-        let lose0 = now.stripes_by_margin.first().copied().unwrap_or(0);
+        // Stripes that lost all their parity: one more failure would make them unreadable.
+        let lose0 = now.reduced_stripes_by_margin.first().copied().unwrap_or(0);
         if as_json {
             let line = json!({
                 "time": clock, "interval_secs": secs, "meta_requests_per_sec": r.requests,

@@ -128,9 +128,9 @@ pub async fn warmup(path: &Path, meta: Option<String>, opts: Options, as_json: b
         let addr = addrs.get(&node).cloned();
         let (bar, left, files_done, files) = (bar.clone(), left.clone(), files_done.clone(), plan.files);
         async move {
-            let request =
-                p::PromoteRequest { ids: Vec::new(), no_evict: !opts.evict, pin: opts.pin, session };
-            let outcome = promote_node(node, addr, shards, request, &bar, &left, &files_done, files).await;
+            let request = p::PromoteRequest { ids: Vec::new(), no_evict: !opts.evict, session };
+            let outcome =
+                promote_node(node, addr, shards, request, opts.pin, &bar, &left, &files_done, files).await;
             (node, outcome)
         }
     });
@@ -317,28 +317,24 @@ pub async fn unpin(path: &Path, meta: Option<String>, as_json: bool) -> Result<(
     let addrs: HashMap<u32, String> =
         conn.list_nodes(p::Empty {}).await?.nodes.into_iter().map(|n| (n.id, n.addr)).collect();
     let tasks = plan.shards.iter().map(|(node, shards)| {
-        let mut inos: Vec<u64> = shards.iter().map(|s| s.id.ino).collect();
-        inos.sort_unstable();
-        inos.dedup();
+        let inos = inodes(shards);
         let addr = addrs.get(node).cloned();
         async move {
             let asked = async {
                 let addr = addr.ok_or_else(|| {
                     CairnError::unavailable(format!("chunkserver {node} is not registered"))
                 })?;
-                let reply =
-                    chunk_client(&addr)?.unpin(p::UnpinRequest { inos }).await.map_err(CairnError::from)?;
-                Ok::<u32, CairnError>(reply.into_inner().unpinned)
+                pin_on(&mut chunk_client(&addr)?, &inos, true).await
             };
             (*node, asked.await)
         }
     });
-    let outcomes: Vec<(u32, Result<u32>)> = futures::future::join_all(tasks).await;
+    let outcomes: Vec<(u32, Result<u64>)> = futures::future::join_all(tasks).await;
     let failures: Vec<String> = outcomes
         .iter()
         .filter_map(|(node, r)| r.as_ref().err().map(|e| format!("chunkserver {node}: {}", e.message())))
         .collect();
-    let unpinned: u64 = outcomes.iter().filter_map(|(_, r)| r.as_ref().ok()).map(|&n| n as u64).sum();
+    let unpinned: u64 = outcomes.iter().filter_map(|(_, r)| r.as_ref().ok()).sum();
     if as_json {
         let out = json!({
             "path": shown, "files": plan.files, "chunkservers": outcomes.len(),
@@ -413,14 +409,41 @@ fn add_file(plan: &mut Plan, f: Opened) {
     plan.per_file.push(count);
 }
 
-/// Promote one chunkserver's shards, batch by batch (each a copy of `request` with its ids),
-/// until done or the first error.
+/// Inodes per `Pin` request (each saves the chunkserver's pin set once).
+const PIN_BATCH: usize = 50_000;
+
+/// Pin (or with `unpin`, unpin) `inos` on a chunkserver, in a few large requests; how many
+/// changed.
+async fn pin_on(
+    client: &mut cairn_proto::chunk_client::ChunkClient<tonic::transport::Channel>,
+    inos: &[u64],
+    unpin: bool,
+) -> Result<u64> {
+    let mut changed = 0;
+    for batch in inos.chunks(PIN_BATCH) {
+        let req = p::PinRequest { inos: batch.to_vec(), unpin };
+        changed += client.pin(req).await.map_err(CairnError::from)?.into_inner().changed as u64;
+    }
+    Ok(changed)
+}
+
+/// The distinct inodes of `shards`.
+fn inodes(shards: &[Shard]) -> Vec<u64> {
+    let mut inos: Vec<u64> = shards.iter().map(|s| s.id.ino).collect();
+    inos.sort_unstable();
+    inos.dedup();
+    inos
+}
+
+/// Promote one chunkserver's shards (after pinning their files, with `pin`), batch by batch
+/// (each a copy of `request` with its ids), until done or the first error.
 #[allow(clippy::too_many_arguments)]
 async fn promote_node(
     node: u32,
     addr: Option<(String, bool)>,
     shards: Vec<Shard>,
     request: p::PromoteRequest,
+    pin: bool,
     bar: &ProgressBar,
     left: &[AtomicU64],
     files_done: &AtomicU64,
@@ -440,6 +463,13 @@ async fn promote_node(
             return out;
         }
     };
+    if pin {
+        if let Err(e) = pin_on(&mut client, &inodes(&shards), false).await {
+            out.not_promoted = out.shards;
+            out.error = Some(e);
+            return out;
+        }
+    }
     let mut rest = &shards[..];
     while !rest.is_empty() {
         let n = batch_len(rest, BATCH_SHARDS, BATCH_BYTES, |s| s.bytes);
@@ -456,18 +486,17 @@ async fn promote_node(
                 out.promoted_bytes += r.bytes;
                 out.evicted += r.evicted as u64;
                 out.evicted_bytes += r.evicted_bytes;
+                if !r.error.is_empty() {
+                    // Stopped early: the reply counts what it did before.
+                    let kind = if r.no_space { ErrorKind::NoSpace } else { ErrorKind::Io };
+                    out.not_promoted = r.not_looked_at as u64 + rest.len() as u64;
+                    out.error = Some(CairnError::new(kind, r.error));
+                    return out;
+                }
             }
             Err(status) => {
-                let e = CairnError::from(status);
-                // The chunkserver's message counts what this batch did before it stopped.
-                let partial = partial_counts(e.message());
-                out.promoted += partial[0];
-                out.promoted_bytes += partial[1];
-                out.already += partial[2];
-                out.missing += partial[3];
-                let counted = partial[0] + partial[2] + partial[3];
-                out.not_promoted = (batch.len() as u64).saturating_sub(counted) + rest.len() as u64;
-                out.error = Some(e);
+                out.not_promoted = (batch.len() + rest.len()) as u64;
+                out.error = Some(CairnError::from(status));
                 return out;
             }
         }
@@ -482,40 +511,11 @@ async fn promote_node(
     out
 }
 
-/// The counts in a failed `Promote`'s message ("promoted 3 shards (123 bytes), 1 already on
-/// SSD, 0 missing; ..."): promoted, bytes, already, missing; zeros where it says otherwise.
-fn partial_counts(message: &str) -> [u64; 4] {
-    let number_before = |marker: &str| -> Option<u64> {
-        let at = message.find(marker)?;
-        let head = message[..at].trim_end();
-        let digits = head.len() - head.trim_end_matches(|c: char| c.is_ascii_digit()).len();
-        head[head.len() - digits..].parse().ok()
-    };
-    let promoted = message
-        .find("promoted ")
-        .and_then(|at| message[at + 9..].split(' ').next()?.parse().ok())
-        .unwrap_or(0);
-    [
-        promoted,
-        number_before(" bytes)").unwrap_or(0),
-        number_before(" already on SSD").unwrap_or(0),
-        number_before(" missing").unwrap_or(0),
-    ]
-}
-
 #[cfg(test)]
 mod tests {
     use cairn_common::Layout;
 
     use super::*;
-
-    #[test]
-    fn counts_come_back_from_a_full_ssd_message() {
-        let m = "the SSD tier is full: promoted 3 shards (12288 bytes), 2 already on SSD, 1 missing; \
-                 58 of 64 shards not looked at: 100 of 200 bytes used";
-        assert_eq!(partial_counts(m), [3, 12288, 2, 1]);
-        assert_eq!(partial_counts("connection refused"), [0, 0, 0, 0]);
-    }
 
     #[test]
     fn shards_skip_missing_and_empty_ones() {

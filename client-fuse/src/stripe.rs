@@ -44,13 +44,16 @@ impl Geometry {
 
 /// Encode `data` (the first `data.len()` bytes of stripe `stripe`) and store its shards as
 /// `version`. Succeeds when at most `m − 1` shards failed (the stripe still survives one more
-/// loss); the failed ones are recorded in `missing` for repair.
+/// loss); the failed ones are recorded in `missing` for repair. With `retrying` (a later try
+/// of a wait for chunkservers), a stripe with more suspect nodes than it can do without fails
+/// at once instead of waiting for their timeouts; a first try always tries them.
 pub async fn write_stripe(
     nodes: &Nodes,
     geo: &Geometry,
     stripe: u64,
     version: u64,
     data: &[u8],
+    retrying: bool,
 ) -> Result<StripeInfo> {
     let layout = geo.layout;
     let written = data.len() as u64;
@@ -76,15 +79,14 @@ pub async fn write_stripe(
         shards.extend(parity.into_iter().map(Bytes::from));
     }
     let tolerated = layout.m.saturating_sub(1);
-    // More of the stripe's nodes did not answer lately than it can do without: writing would
-    // only wait for their timeouts. The caller may wait for them (`write_stripe_waiting`).
+    // Retrying, and more of the stripe's nodes did not answer lately than it can do without:
+    // writing would only wait for their timeouts again.
     let suspects: Vec<u32> = (0..shards.len() as u32)
         .filter(|&i| !shards[i as usize].is_empty())
         .map(|i| geo.node(stripe, i))
         .filter(|&node| nodes.is_suspect(node))
         .collect();
-    if suspects.len() as u32 > tolerated {
-        metrics::counter!(crate::metrics::SHARD_WRITE_FAILURES).increment(suspects.len() as u64);
+    if retrying && suspects.len() as u32 > tolerated {
         return Err(CairnError::new(
             ErrorKind::TooFewNodes,
             format!(
@@ -168,13 +170,17 @@ pub async fn write_stripe_waiting(
     data: &[u8],
 ) -> Result<StripeInfo> {
     let mut wait = nodes.wait_for("write");
+    let mut retrying = false;
     loop {
-        match write_stripe(nodes, geo, stripe, next_version(), data).await {
+        match write_stripe(nodes, geo, stripe, next_version(), data, retrying).await {
             Ok(info) => {
                 wait.succeeded();
                 return Ok(info);
             }
-            Err(e) => wait.again(e).await?,
+            Err(e) => {
+                wait.again(e).await?;
+                retrying = true;
+            }
         }
     }
 }

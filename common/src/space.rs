@@ -8,30 +8,24 @@ use std::collections::HashMap;
 
 use cairn_proto::TierUsage;
 
-/// Raw (capacity, free) of `tiers`, each filesystem once.
+/// Raw (capacity, free) of `tiers`, each filesystem once (with the largest capacity and free
+/// space any of its tiers reports: one whose statvfs failed reports zeros).
 pub fn raw_space<'a>(tiers: impl IntoIterator<Item = &'a TierUsage>) -> (u64, u64) {
     let mut capacity = 0u64;
     let mut free = 0u64;
-    let mut seen: HashMap<&str, u64> = HashMap::new();
+    let mut shared: HashMap<&str, (u64, u64)> = HashMap::new();
     for t in tiers {
         if t.fs_id.is_empty() {
             capacity = capacity.saturating_add(t.capacity);
             free = free.saturating_add(t.free);
-            continue;
+        } else {
+            let most = shared.entry(&t.fs_id).or_default();
+            *most = (most.0.max(t.capacity), most.1.max(t.free));
         }
-        match seen.get_mut(t.fs_id.as_str()) {
-            Some(most) => {
-                if t.free > *most {
-                    free = free.saturating_add(t.free - *most);
-                    *most = t.free;
-                }
-            }
-            None => {
-                seen.insert(&t.fs_id, t.free);
-                capacity = capacity.saturating_add(t.capacity);
-                free = free.saturating_add(t.free);
-            }
-        }
+    }
+    for (c, f) in shared.into_values() {
+        capacity = capacity.saturating_add(c);
+        free = free.saturating_add(f);
     }
     (capacity, free)
 }
@@ -58,18 +52,24 @@ pub fn shared_with(tiers: &[&TierUsage]) -> Vec<Option<usize>> {
         .collect()
 }
 
-/// This machine's identity for `fs_id`: `/etc/machine-id` (systemd, dbus), else the host
-/// name. Two chunkservers on one machine share it; containers without a machine id get their
-/// host names, so their volumes count separately (as they may be on different disks).
+/// This machine's identity for `fs_id`: the running kernel's boot id, which every process
+/// and container on one machine shares (so their tier directories on one disk count once)
+/// and VMs cloned from one image do not (unlike `/etc/machine-id`); else the machine id, else
+/// the host name.
 pub fn machine_id() -> &'static str {
     static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     ID.get_or_init(|| {
-        ["/etc/machine-id", "/var/lib/dbus/machine-id", "/proc/sys/kernel/hostname"]
-            .iter()
-            .filter_map(|path| std::fs::read_to_string(path).ok())
-            .map(|text| text.trim().to_string())
-            .find(|id| !id.is_empty())
-            .unwrap_or_else(|| "unknown".to_string())
+        [
+            "/proc/sys/kernel/random/boot_id",
+            "/etc/machine-id",
+            "/var/lib/dbus/machine-id",
+            "/proc/sys/kernel/hostname",
+        ]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .map(|text| text.trim().to_string())
+        .find(|id| !id.is_empty())
+        .unwrap_or_else(|| "unknown".to_string())
     })
 }
 
@@ -99,6 +99,8 @@ mod tests {
             tier("other:8:1", 100, 40),
         ];
         assert_eq!(raw_space(&tiers), (100 + 50 + 20 + 20 + 100, 45 + 10 + 5 + 5 + 40));
+        // A tier whose statvfs failed (zeros) does not hide its filesystem.
+        assert_eq!(raw_space(&[tier("m:8:1", 0, 0), tier("m:8:1", 100, 40)]), (100, 40));
         let refs: Vec<&TierUsage> = tiers.iter().collect();
         assert_eq!(shared_with(&refs), vec![None, Some(0), None, None, None, None]);
         assert_eq!(raw_space(&[]), (0, 0));

@@ -104,6 +104,8 @@ plain_messages!(
     NodeRequest,
     OpenReply,
     OpenRequest,
+    PinReply,
+    PinRequest,
     PromoteReply,
     PromoteRequest,
     ReadDirReply,
@@ -128,8 +130,6 @@ plain_messages!(
     SetXattrRequest,
     StatFsReply,
     SymlinkRequest,
-    UnpinReply,
-    UnpinRequest,
     WriteShardReply,
     XattrReply,
     XattrRequest,
@@ -293,7 +293,7 @@ service!(chunk, "chunk", cairn_proto::chunk_server::Chunk,
     6 rebuild_shard "RebuildShard" (RebuildShardRequest) -> RebuildShardReply;
     7 list_shards "ListShards" (ListShardsRequest) -> ListShardsReply;
     8 check_shards "CheckShards" (CheckShardsRequest) -> CheckShardsReply;
-    9 unpin "Unpin" (UnpinRequest) -> UnpinReply;
+    9 pin "Pin" (PinRequest) -> PinReply;
 );
 
 /// A client's connections to one server: a pool of idle wire connections, each carrying one

@@ -68,7 +68,7 @@ impl Chunk for FakeChunk {
     ) -> Result<Response<CheckShardsReply>, Status> {
         Err(Status::unimplemented("fake"))
     }
-    async fn unpin(&self, _: Request<UnpinRequest>) -> Result<Response<UnpinReply>, Status> {
+    async fn pin(&self, _: Request<PinRequest>) -> Result<Response<PinReply>, Status> {
         Err(Status::unimplemented("fake"))
     }
 }

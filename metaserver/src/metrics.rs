@@ -23,8 +23,10 @@ pub const CLIENTS: &str = "cairn_meta_client_sessions";
 /// Stripes with a shard lost or on a down node, as of the last repair pass (gauge).
 pub const DEGRADED_STRIPES: &str = "cairn_repair_degraded_stripes";
 /// Stripes by how many more shards each can lose before it is unreadable, by `can_lose`
-/// ("0" … m), as of the last repair pass (gauge). Alert on `can_lose="0"` above zero.
+/// ("0" … m), as of the last repair pass (gauge); and those of them below their layout's m,
+/// i.e. that lost redundancy (gauge). Alert on the latter's `can_lose="0"` above zero.
 pub const STRIPES_BY_MARGIN: &str = "cairn_repair_stripes";
+pub const REDUCED_BY_MARGIN: &str = "cairn_repair_reduced_stripes";
 /// Bytes of file data in stripes that can lose fewer shards than their layout's m (gauge).
 pub const REDUCED_BYTES: &str = "cairn_repair_reduced_redundancy_bytes";
 /// The cluster's health as `cairn status` prints it: 0 OK, 1 WARN, 2 ERR (gauge).
@@ -45,6 +47,9 @@ pub const DRAIN_LEFT: &str = "cairn_repair_drain_shards_left";
 /// estimated_keys, pending_compaction_bytes, write_stopped (1 while writes are stopped),
 /// delayed_write_rate (bytes/s while writes are slowed, else 0).
 pub const ROCKSDB: &str = "cairn_meta_rocksdb";
+
+/// How many `can_lose` levels were published so far.
+static PUBLISHED_LEVELS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Publish the gauges every `every` until the task is dropped.
 pub async fn publish(ns: Arc<Namespace>, every: Duration) {
@@ -76,15 +81,16 @@ fn publish_once(ns: &Namespace) {
     metrics::gauge!(CLIENTS).set(ns.sessions().live_count() as f64);
     let repair = ns.repair_state().lock().clone();
     metrics::gauge!(DEGRADED_STRIPES).set(repair.degraded_stripes as f64);
-    // Every level up to the largest m in use, zeros included, so an alert sees 0 and not
-    // "no data" when all is well.
-    let levels = repair
-        .by_margin
-        .len()
-        .max(ns.getattr(cairn_common::ROOT_INO).map_or(0, |r| r.layout().m as usize + 1));
+    // Every level up to the largest m seen since start, zeros included, so an alert sees 0
+    // and not "no data" when all is well, and a level that emptied reads 0, not its last count.
+    let root_levels = ns.getattr(cairn_common::ROOT_INO).map_or(0, |r| r.layout().m as usize + 1);
+    let now = repair.by_margin.len().max(root_levels);
+    let levels = PUBLISHED_LEVELS.fetch_max(now, std::sync::atomic::Ordering::Relaxed).max(now);
     for margin in 0..levels {
-        let count = repair.by_margin.get(margin).copied().unwrap_or(0);
-        metrics::gauge!(STRIPES_BY_MARGIN, "can_lose" => margin.to_string()).set(count as f64);
+        let count = |v: &[u64]| v.get(margin).copied().unwrap_or(0) as f64;
+        metrics::gauge!(STRIPES_BY_MARGIN, "can_lose" => margin.to_string()).set(count(&repair.by_margin));
+        metrics::gauge!(REDUCED_BY_MARGIN, "can_lose" => margin.to_string())
+            .set(count(&repair.reduced_by_margin));
     }
     metrics::gauge!(REDUCED_BYTES).set(repair.reduced_bytes as f64);
     let health = crate::health::assess(&crate::service::nodes_with_progress(ns), &repair);

@@ -321,8 +321,13 @@ impl Repair {
             };
             // Lost shards that only move (their node still serves them) do not degrade the stripe.
             let gone_here = |i: u32| lost & (1 << i) != 0 && !readable(i);
-            let unavailable =
-                (0..layout.width()).filter(|&i| lost & (1 << i) == 0 && !up(node_of(i))).count();
+            // (A data shard past the written length holds nothing: its node being down loses
+            // nothing.)
+            let unavailable = (0..layout.width())
+                .filter(|&i| {
+                    lost & (1 << i) == 0 && !up(node_of(i)) && layout.shard_len(i, info.written_len) > 0
+                })
+                .count();
             if lost == 0 && unavailable == 0 {
                 state.count_margin(m, m, info.written_len);
                 continue;

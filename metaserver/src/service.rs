@@ -140,6 +140,7 @@ fn status_reply(ns: &Namespace) -> Result<ClusterStatusReply> {
         health_checks: health.checks,
         stripes_by_margin: repair.by_margin,
         reduced_redundancy_bytes: repair.reduced_bytes,
+        reduced_stripes_by_margin: repair.reduced_by_margin,
     })
 }
 
