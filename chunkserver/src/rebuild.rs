@@ -6,14 +6,13 @@
 //! named (a shard moving off a draining or full node), it is copied from there instead, and
 //! decoding from the others is the fallback.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use cairn_common::channels::Channels;
 use cairn_common::codec::StripeShards;
-use cairn_common::{CairnError, Layout, Result, ShardId, MAX_MESSAGE_BYTES};
-use cairn_proto::chunk_client::ChunkClient;
+use cairn_common::{CairnError, Layout, Result, ShardId};
 use cairn_proto::{ReadShardRequest, RebuildShardRequest};
-use tonic::transport::Endpoint;
 
 use crate::store::ShardStore;
 
@@ -55,13 +54,14 @@ pub async fn rebuild(store: &Arc<ShardStore>, req: RebuildShardRequest) -> Resul
     Ok(len)
 }
 
+/// Connections to peers, kept across rebuilds (a repair sends one request per shard).
+fn peers() -> &'static Channels {
+    static PEERS: OnceLock<Channels> = OnceLock::new();
+    PEERS.get_or_init(|| Channels::new(Duration::from_secs(2), Duration::from_secs(30)))
+}
+
 async fn fetch(addr: &str, id: ShardId) -> Result<Vec<u8>> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| CairnError::invalid(format!("source address {addr:?}: {e}")))?
-        .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(30));
-    let channel = endpoint.connect().await.map_err(|e| CairnError::unavailable(format!("{addr}: {e}")))?;
-    let mut client = ChunkClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let mut client = peers().chunk(addr)?;
     let reply = client
         .read_shard(ReadShardRequest { id: Some(id.into()), offset: 0, len: 0 })
         .await

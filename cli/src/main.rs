@@ -32,7 +32,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a metaserver. Settings: the TOML file, then CAIRN_META_<KEY> environment variables,
-    /// then --set flags (docs/configuration.md lists every key).
+    /// then --set flags (deploy/config/meta.toml lists every key with its default).
     Meta {
         #[arg(long)]
         config: Option<PathBuf>,
@@ -41,7 +41,7 @@ enum Command {
         set: Vec<String>,
     },
     /// Run a chunkserver. Settings: the TOML file, then CAIRN_CHUNK_<KEY> environment
-    /// variables, then --set flags (docs/configuration.md lists every key).
+    /// variables, then --set flags (deploy/config/chunk.toml lists every key with its default).
     Chunk {
         #[arg(long)]
         config: Option<PathBuf>,

@@ -13,11 +13,12 @@ use std::path::{Path, PathBuf};
 use cairn_client::MetaConn;
 use std::time::Duration;
 
-use cairn_common::{CairnError, ErrorKind, Layout, Result, MAX_MESSAGE_BYTES, ROOT_INO};
+use cairn_common::channels::Channels;
+use cairn_common::{CairnError, ErrorKind, Layout, Result, ROOT_INO};
 use cairn_proto as p;
 use cairn_proto::chunk_client::ChunkClient;
 use futures::stream::{self, StreamExt};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// Directory entries per ReadDir page, and files opened at once.
 const DIR_PAGE: u32 = 1024;
@@ -55,13 +56,8 @@ impl Opened {
 /// A client for the chunkserver at `addr`, for admin work (long deadline: a batch may verify or
 /// move hundreds of MiB).
 pub fn chunk_client(addr: &str) -> Result<ChunkClient<Channel>> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| CairnError::invalid(format!("chunkserver address {addr:?}: {e}")))?;
-    let channel =
-        endpoint.connect_timeout(Duration::from_secs(3)).timeout(Duration::from_secs(600)).connect_lazy();
-    Ok(ChunkClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+    static ADMIN: std::sync::OnceLock<Channels> = std::sync::OnceLock::new();
+    ADMIN.get_or_init(|| Channels::new(Duration::from_secs(3), Duration::from_secs(600))).chunk(addr)
 }
 
 /// How many of `items` (at least one) go into the next request: at most `max_items`, and no more

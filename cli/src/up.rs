@@ -259,10 +259,10 @@ fn spawn(args: &[&str], log: &Path) -> Result<Child> {
     cmd.spawn().map_err(|e| CairnError::from_io(&format!("start cairn {}", args[0]), &e))
 }
 
+/// Something is mounted exactly at `mountpoint` (a path with spaces too: mountinfo escapes them).
 fn is_mounted(mountpoint: &Path) -> bool {
     let Ok(canon) = mountpoint.canonicalize() else { return false };
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
-    info.lines().any(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap_or("")))
+    crate::tree::mounts().iter().any(|m| m.mount_point == canon)
 }
 
 /// A free port on 127.0.0.1 for a child's metrics endpoint (Prometheus scrapes

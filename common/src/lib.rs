@@ -2,6 +2,7 @@
 //! checksums, the error taxonomy (with its one mapping to errno and to gRPC), configuration
 //! telemetry setup, and the wire protocol (the client's framed transport beside gRPC).
 
+pub mod channels;
 pub mod checksum;
 pub mod codec;
 pub mod config;

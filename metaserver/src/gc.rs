@@ -8,11 +8,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use cairn_common::channels::Channels;
 use cairn_common::{CairnError, Result};
-use cairn_proto::chunk_client::ChunkClient;
 use cairn_proto::DeleteShardsRequest;
-use parking_lot::Mutex;
-use tonic::transport::{Channel, Endpoint};
 
 use crate::namespace::Namespace;
 use crate::schema::{self, GcEntry, GcShard};
@@ -37,31 +35,16 @@ pub struct GcRound {
 
 pub struct Gc {
     ns: Arc<Namespace>,
-    channels: Mutex<HashMap<String, Channel>>,
+    channels: Channels,
 }
 
 impl Gc {
     pub fn new(ns: Arc<Namespace>) -> Gc {
-        Gc { ns, channels: Mutex::new(HashMap::new()) }
-    }
-
-    fn channel(&self, addr: &str) -> Result<Channel> {
-        if let Some(c) = self.channels.lock().get(addr) {
-            return Ok(c.clone());
-        }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| CairnError::invalid(format!("chunkserver address {addr:?}: {e}")))?
-            .connect_timeout(RPC_TIMEOUT)
-            .timeout(RPC_TIMEOUT);
-        let channel = endpoint.connect_lazy();
-        self.channels.lock().insert(addr.to_string(), channel.clone());
-        Ok(channel)
+        Gc { ns, channels: Channels::new(RPC_TIMEOUT, RPC_TIMEOUT) }
     }
 
     async fn delete_on(&self, addr: &str, shards: &[GcShard]) -> Result<()> {
-        let mut client = ChunkClient::new(self.channel(addr)?)
-            .max_decoding_message_size(cairn_common::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(cairn_common::MAX_MESSAGE_BYTES);
+        let mut client = self.channels.chunk(addr)?;
         for chunk in shards.chunks(IDS_PER_REQUEST) {
             let ids = chunk
                 .iter()
@@ -72,10 +55,7 @@ impl Gc {
                     version: s.version,
                 })
                 .collect();
-            if let Err(status) = client.delete_shards(DeleteShardsRequest { ids }).await {
-                self.channels.lock().remove(addr);
-                return Err(status.into());
-            }
+            client.delete_shards(DeleteShardsRequest { ids }).await?;
         }
         Ok(())
     }

@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
 use cairn_common::{Layout, ROOT_INO};
 use cairn_proto::chunk_server::{Chunk, ChunkServer};
 use cairn_proto::*;

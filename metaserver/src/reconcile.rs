@@ -74,7 +74,7 @@ impl Repair {
         dry_run: bool,
         report: &mut ReconcileReport,
     ) -> Result<()> {
-        let mut client = self.chunk_client(addr, Duration::from_secs(30))?;
+        let mut client = self.chunk_client(addr)?;
         let mut after = None;
         loop {
             let page = client

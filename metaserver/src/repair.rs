@@ -15,15 +15,15 @@
 //! the reconciliation of unreferenced shards (`reconcile.rs`) run one at a time. What a pass
 //! finds is published as [`RepairState`] for `cairn status`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cairn_common::{CairnError, Layout, Result, ShardId, MAX_MESSAGE_BYTES};
+use cairn_common::channels::Channels;
+use cairn_common::{CairnError, Layout, Result, ShardId};
 use cairn_proto::chunk_client::ChunkClient;
 use cairn_proto::{RebuildShardRequest, RebuildSource, StripeInfo};
-use parking_lot::Mutex;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::namespace::Namespace;
 use crate::schema::{self, Inode};
@@ -89,7 +89,8 @@ pub struct Repair {
     rebuild_after: Duration,
     rate_bytes: u64,
     started: Instant,
-    channels: Mutex<HashMap<String, Channel>>,
+    /// Connections to chunkservers (calls may take a minute: a rebuild copies a whole shard).
+    channels: Channels,
     /// Held by every pass and reconciliation: one at a time.
     pub(crate) running: tokio::sync::Mutex<()>,
     /// Unreferenced shards younger than this are left alone.
@@ -124,7 +125,7 @@ impl Repair {
             rebuild_after,
             rate_bytes: rate_bytes.max(1 << 20),
             started,
-            channels: Mutex::new(HashMap::new()),
+            channels: Channels::new(Duration::from_secs(2), Duration::from_secs(60)),
             running: tokio::sync::Mutex::new(()),
             orphan_grace: Duration::from_secs(3600),
         }
@@ -443,25 +444,8 @@ impl Repair {
     }
 
     /// A client for the chunkserver at `addr` (connections are kept and shared).
-    pub(crate) fn chunk_client(&self, addr: &str, timeout: Duration) -> Result<ChunkClient<Channel>> {
-        let channel = {
-            let mut channels = self.channels.lock();
-            match channels.get(addr) {
-                Some(c) => c.clone(),
-                None => {
-                    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-                        .map_err(|e| CairnError::invalid(format!("chunkserver address {addr:?}: {e}")))?
-                        .connect_timeout(Duration::from_secs(2))
-                        .timeout(timeout);
-                    let c = endpoint.connect_lazy();
-                    channels.insert(addr.to_string(), c.clone());
-                    c
-                }
-            }
-        };
-        Ok(ChunkClient::new(channel)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES))
+    pub(crate) fn chunk_client(&self, addr: &str) -> Result<ChunkClient<Channel>> {
+        self.channels.chunk(addr)
     }
 
     async fn rebuild_on(
@@ -472,7 +456,7 @@ impl Repair {
         written_len: u64,
         sources: &[RebuildSource],
     ) -> Result<u64> {
-        let mut client = self.chunk_client(addr, Duration::from_secs(60))?;
+        let mut client = self.chunk_client(addr)?;
         let req = RebuildShardRequest {
             id: Some(id.into()),
             layout: Some(layout.into()),
