@@ -26,8 +26,7 @@ use cairn_proto::{RebuildShardRequest, RebuildSource, StripeInfo};
 use tonic::transport::Channel;
 
 use crate::namespace::Namespace;
-use crate::schema::{self, Inode};
-use crate::store::Cf;
+use crate::schema::Inode;
 
 /// What the last repair pass saw and did (cumulative counters since start).
 #[derive(Clone, Debug, Default)]
@@ -249,16 +248,14 @@ impl Repair {
         }
         let started = Instant::now();
         let before = state.bytes_rebuilt;
-        let mut from = Vec::new();
+        let mut after = 0;
         loop {
-            let page = self.ns.store().scan(Cf::Inodes, &from, &[], 512)?;
-            let Some((last, _)) = page.last() else { break };
-            from = last.clone();
-            from.push(0);
-            for (_, value) in &page {
-                let inode: Inode = schema::decode("inode", value)?;
+            let page = self.ns.inodes_after(after, 512)?;
+            let Some(last) = page.last() else { break };
+            after = last.ino;
+            for inode in &page {
                 if inode.is_reg() && !inode.placement.is_empty() {
-                    if let Err(e) = self.heal_file(&inode, nodes, &mut state).await {
+                    if let Err(e) = self.heal_file(inode, nodes, &mut state).await {
                         tracing::warn!(ino = inode.ino, "repair: {e}");
                     }
                 }

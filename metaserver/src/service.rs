@@ -147,16 +147,12 @@ fn status_reply(ns: &Namespace) -> Result<ClusterStatusReply> {
 /// Files whose placement names `node`.
 fn files_on(ns: &Namespace, node: u32) -> Result<u64> {
     let mut count = 0;
-    let mut from = Vec::new();
+    let mut after = 0;
     loop {
-        let page = ns.store().scan(crate::store::Cf::Inodes, &from, &[], 4096)?;
-        let Some((last, _)) = page.last() else { return Ok(count) };
-        from = last.clone();
-        from.push(0);
-        for (_, value) in &page {
-            let inode: crate::schema::Inode = crate::schema::decode("inode", value)?;
-            count += inode.placement.contains(&node) as u64;
-        }
+        let page = ns.inodes_after(after, 4096)?;
+        let Some(last) = page.last() else { return Ok(count) };
+        after = last.ino;
+        count += page.iter().filter(|inode| inode.placement.contains(&node)).count() as u64;
     }
 }
 

@@ -207,8 +207,21 @@ impl Namespace {
         &self.registry
     }
 
-    pub fn store(&self) -> &Arc<dyn MetaStore> {
+    /// The store under the namespace, for the metaserver's own housekeeping (sync, the GC
+    /// queue, statistics). Walks over files go through [`Namespace::inodes_after`].
+    pub(crate) fn store(&self) -> &Arc<dyn MetaStore> {
         &self.store
+    }
+
+    /// Up to `limit` inodes numbered above `after` (0: from the first), in inode order: how the
+    /// repair and the admin views walk every file without reading raw records.
+    pub fn inodes_after(&self, after: u64, limit: usize) -> Result<Vec<Inode>> {
+        let Some(first) = after.checked_add(1) else { return Ok(Vec::new()) };
+        self.store
+            .scan(Cf::Inodes, &schema::ino_key(first), &[], limit)?
+            .into_iter()
+            .map(|(_, value)| schema::decode("inode", &value))
+            .collect()
     }
 
     /// A new inode number, never handed out before (also across restarts).

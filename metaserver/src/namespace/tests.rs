@@ -113,6 +113,29 @@ fn create_lookup_and_exclusive() {
 }
 
 #[test]
+fn inodes_after_pages_every_inode_in_order() {
+    let ns = setup();
+    let d = dir(&ns, ROOT_INO, "d");
+    let mut made = vec![ROOT_INO, d.ino];
+    for i in 0..5 {
+        made.push(file(&ns, d.ino, &format!("f{i}")).ino);
+    }
+    ns.unlink(d.ino, b"f2").unwrap();
+    made.retain(|&ino| ns.getattr(ino).is_ok());
+    let mut seen = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = ns.inodes_after(after, 2).unwrap();
+        assert!(page.len() <= 2);
+        let Some(last) = page.last() else { break };
+        after = last.ino;
+        seen.extend(page.iter().map(|i| i.ino));
+    }
+    assert_eq!(seen, made);
+    assert!(ns.inodes_after(u64::MAX, 10).unwrap().is_empty());
+}
+
+#[test]
 fn create_needs_enough_chunkservers() {
     let ns = Namespace::open_memory(layout()).unwrap();
     add_nodes(&ns, 2);
