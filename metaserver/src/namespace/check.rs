@@ -20,11 +20,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use cairn_common::{Result, ROOT_INO};
+use cairn_common::{CairnError, Result, ROOT_INO};
 
-use super::{stats_key, Namespace, NewEntry};
+use super::{stats_key, Namespace, NewEntry, STATS_SHARDS};
 use crate::schema::{self, Dentry, Inode, Stats, S_IFDIR};
-use crate::store::{Batch, Cf};
+use crate::store::{Batch, Cf, StoreView};
 
 /// Name of the directory that receives unreachable inodes.
 pub const LOST_FOUND: &[u8] = b"lost+found";
@@ -127,17 +127,27 @@ impl Namespace {
         Ok(CheckReport { repaired, ..first })
     }
 
+    /// What is wrong, read from one consistent view of the store: a change made during the
+    /// scan (a create, a rename) cannot look like a dangling entry or a wrong link count.
     fn scan_problems(&self) -> Result<CheckReport> {
+        let mut found = None;
+        self.store.with_view(&mut |view| {
+            found = Some(self.scan_problems_in(view)?);
+            Ok(())
+        })?;
+        found.ok_or_else(|| CairnError::internal("namespace check: the view was never read"))
+    }
+
+    fn scan_problems_in(&self, view: &dyn StoreView) -> Result<CheckReport> {
         let mut report = CheckReport::default();
         let mut problems = Vec::new();
         let mut inodes: BTreeMap<u64, Inode> = BTreeMap::new();
-        for (_, value) in self.store.scan(Cf::Inodes, &[], &[], usize::MAX)? {
+        for (_, value) in view.scan(Cf::Inodes, &[], &[], usize::MAX)? {
             let inode: Inode = schema::decode("inode", &value)?;
             inodes.insert(inode.ino, inode);
         }
         report.inodes = inodes.len() as u64;
-        let orphans: BTreeSet<u64> = self
-            .store
+        let orphans: BTreeSet<u64> = view
             .scan(Cf::Orphans, &[], &[], usize::MAX)?
             .into_iter()
             .filter_map(|(k, _)| k.try_into().ok().map(u64::from_be_bytes))
@@ -147,7 +157,7 @@ impl Namespace {
         let mut refs: HashMap<u64, u32> = HashMap::new();
         let mut subdirs: HashMap<u64, u32> = HashMap::new();
         let mut dir_entry_parent: HashMap<u64, u64> = HashMap::new();
-        for (key, value) in self.store.scan(Cf::Dentries, &[], &[], usize::MAX)? {
+        for (key, value) in view.scan(Cf::Dentries, &[], &[], usize::MAX)? {
             report.dentries += 1;
             let parent = u64::from_be_bytes(key[..8].try_into().expect("dentry keys have 8-byte prefixes"));
             let name = schema::name_of(&key).to_vec();
@@ -211,7 +221,7 @@ impl Namespace {
         }
         // Records keyed by an inode that does not exist.
         for cf in [Cf::Stripes, Cf::Xattrs, Cf::Symlinks] {
-            for (key, _) in self.store.scan(cf, &[], &[], usize::MAX)? {
+            for (key, _) in view.scan(cf, &[], &[], usize::MAX)? {
                 if cf == Cf::Stripes {
                     report.stripes += 1;
                 }
@@ -226,7 +236,14 @@ impl Namespace {
                 }
             }
         }
-        let stored = self.stats();
+        // The counts as stored in the same view (every change writes its stats shard in its
+        // own batch), not the live ones, which may already include a later change.
+        let mut stored = Stats::default();
+        for shard in 0..STATS_SHARDS {
+            if let Some(v) = view.get(Cf::Counters, &stats_key(shard))? {
+                stored.add(&schema::decode::<Stats>("stats", &v)?);
+            }
+        }
         if stored != counted {
             problems.push(Problem::Stats { stored: stored.into(), counted: counted.into() });
         }

@@ -50,7 +50,7 @@ const INO_BLOCK: u64 = 1024;
 /// Stripes of the per-inode lock table.
 const LOCK_STRIPES: usize = 1024;
 /// Shards of the statistics counters (concurrent operations update different shards).
-const STATS_SHARDS: usize = 16;
+pub(super) const STATS_SHARDS: usize = 16;
 
 /// Striped per-inode mutexes.
 struct LockTable {

@@ -112,7 +112,20 @@ impl Batch {
 }
 
 /// An ordered key-value store with column families.
+/// Reads of one moment: whatever is written while a view is in use, its `get` and `scan` see
+/// the store as it was when the view was taken (a RocksDB snapshot; a copy in memory). What a
+/// whole-namespace check or a Raft snapshot reads through.
+pub trait StoreView {
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>>;
+
+    /// As [`MetaStore::scan`].
+    fn scan(&self, cf: Cf, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
+}
+
 pub trait MetaStore: Send + Sync + 'static {
+    /// Run `f` over a consistent view of the store (see [`StoreView`]).
+    fn with_view(&self, f: &mut dyn FnMut(&dyn StoreView) -> Result<()>) -> Result<()>;
+
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>>;
 
     /// Pairs with `start <= key < end` in key order, at most `limit` of them. An empty `end`

@@ -17,7 +17,7 @@ use rocksdb::{
     ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions, DB,
 };
 
-use super::{Batch, Cf, MetaStore, Op};
+use super::{Batch, Cf, MetaStore, Op, StoreView};
 
 pub struct RocksStore {
     db: Arc<DB>,
@@ -87,6 +87,47 @@ impl Drop for RocksStore {
             syncer.wake.notify_one();
             let _ = thread.join();
         }
+    }
+}
+
+/// Read options that stop before `end` (nothing: to the end).
+fn bounded(end: &[u8]) -> ReadOptions {
+    let mut read = ReadOptions::default();
+    if !end.is_empty() {
+        read.set_iterate_upper_bound(end.to_vec());
+    }
+    read
+}
+
+fn collect(
+    iter: impl Iterator<Item = std::result::Result<(Box<[u8]>, Box<[u8]>), rocksdb::Error>>,
+    limit: usize,
+) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut out = Vec::new();
+    for item in iter.take(limit) {
+        let (k, v) = item.map_err(|e| db_error("scan", e))?;
+        out.push((k.into_vec(), v.into_vec()));
+    }
+    Ok(out)
+}
+
+/// A RocksDB snapshot: reads see the database as of when it was taken.
+struct RocksView<'a> {
+    store: &'a RocksStore,
+    snapshot: rocksdb::Snapshot<'a>,
+}
+
+impl StoreView for RocksView<'_> {
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.snapshot.get_cf(self.store.cf(cf)?, key).map_err(|e| db_error("get", e))
+    }
+
+    fn scan(&self, cf: Cf, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        if !end.is_empty() && end <= start {
+            return Ok(Vec::new());
+        }
+        let mode = IteratorMode::From(start, Direction::Forward);
+        collect(self.snapshot.iterator_cf_opt(self.store.cf(cf)?, bounded(end), mode), limit)
     }
 }
 
@@ -174,6 +215,11 @@ impl MetaStore for RocksStore {
         self.mode == SyncMode::Always
     }
 
+    fn with_view(&self, f: &mut dyn FnMut(&dyn StoreView) -> Result<()>) -> Result<()> {
+        let view = RocksView { store: self, snapshot: self.db.snapshot() };
+        f(&view)
+    }
+
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.db.get_cf(self.cf(cf)?, key).map_err(|e| db_error("get", e))
     }
@@ -182,17 +228,12 @@ impl MetaStore for RocksStore {
         if !end.is_empty() && end <= start {
             return Ok(Vec::new());
         }
-        let mut read = ReadOptions::default();
-        if !end.is_empty() {
-            read.set_iterate_upper_bound(end.to_vec());
-        }
-        let iter = self.db.iterator_cf_opt(self.cf(cf)?, read, IteratorMode::From(start, Direction::Forward));
-        let mut out = Vec::new();
-        for item in iter.take(limit) {
-            let (k, v) = item.map_err(|e| db_error("scan", e))?;
-            out.push((k.into_vec(), v.into_vec()));
-        }
-        Ok(out)
+        let iter = self.db.iterator_cf_opt(
+            self.cf(cf)?,
+            bounded(end),
+            IteratorMode::From(start, Direction::Forward),
+        );
+        collect(iter, limit)
     }
 
     fn write(&self, batch: Batch) -> Result<()> {

@@ -45,6 +45,27 @@ fn suite(store: &dyn MetaStore) {
     assert_eq!(store.scan(Cf::Stripes, &[], &[], 100).unwrap().len(), 8);
     // An empty batch is fine.
     store.write(Batch::new()).unwrap();
+
+    // A view reads one moment: writes made while it is in use do not show through it.
+    store
+        .with_view(&mut |view| {
+            let before = view.scan(Cf::Stripes, &[7], &[8], 100)?;
+            let mut b = Batch::new();
+            b.delete(Cf::Stripes, vec![7, 1]);
+            b.put(Cf::Stripes, vec![7, 6], vec![6]);
+            b.put(Cf::Inodes, b"new".to_vec(), b"1".to_vec());
+            store.write(b)?;
+            assert_eq!(view.scan(Cf::Stripes, &[7], &[8], 100)?, before);
+            assert_eq!(view.get(Cf::Inodes, b"new")?, None);
+            assert_eq!(view.get(Cf::Stripes, &[7, 1])?, Some(vec![1]));
+            assert_eq!(view.scan(Cf::Stripes, &[7, 3], &[8], 2)?.len(), 2);
+            assert!(view.scan(Cf::Stripes, &[8], &[7], 100)?.is_empty());
+            Ok(())
+        })
+        .unwrap();
+    // ... and the store itself has them.
+    assert_eq!(store.get(Cf::Inodes, b"new").unwrap(), Some(b"1".to_vec()));
+    assert_eq!(store.get(Cf::Stripes, &[7, 1]).unwrap(), None);
 }
 
 #[test]
