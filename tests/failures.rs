@@ -71,9 +71,11 @@ fn health_says_at_once_what_one_more_failure_would_lose() {
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         (out.status.code() == Some(code) && text.starts_with(word), text)
     };
-    eventually(30, "HEALTH_OK with every stripe able to lose 2", || {
+    // (The count of stripes at full redundancy is as of the last repair pass, which runs when
+    // nodes come and go, not after every write: only the health word is checked here.)
+    eventually(30, "HEALTH_OK", || {
         let (_, st) = cli_json(&cluster, &["status"]);
-        st["health"] == "HEALTH_OK" && st["repair"]["stripes_by_margin"]["2"] == stripes
+        st["health"] == "HEALTH_OK" && st["repair"]["reduced_redundancy_bytes"] == 0
     });
     assert!(health(0, "HEALTH_OK\n").0, "{}", health(0, "").1);
 
@@ -86,7 +88,9 @@ fn health_says_at_once_what_one_more_failure_would_lose() {
     eventually(40, "lost redundancy shows", || {
         let (code, now) = cli_json(&cluster, &["status"]);
         st = now;
-        code == 2 && st["repair"]["stripes_by_margin"]["0"] == stripes
+        code == 2
+            && st["repair"]["stripes_by_margin"]["0"] == stripes
+            && st["repair"]["reduced_stripes_by_margin"]["0"] == stripes
     });
     assert_eq!(st["health"], "HEALTH_WARN", "{st}");
     assert_eq!(st["repair"]["reduced_redundancy_bytes"], 4 << 20, "{st}");
