@@ -98,6 +98,10 @@ pub struct PromoteOptions {
     pub session: u64,
 }
 
+/// Rounds of demotion one promotion may take to make room (victims busy with another move are
+/// skipped in a round).
+const EVICT_ROUNDS: usize = 5;
+
 /// How long a warmup session is remembered after its last request.
 const WARMUP_SESSION_IDLE_MS: u64 = 3_600_000;
 
@@ -386,29 +390,39 @@ impl ShardStore {
         spared_since: u64,
         done: &mut PromoteSummary,
     ) -> bool {
-        let (used, capacity) = self.tier_fill(Tier::Ssd);
-        let need = (used + len).saturating_sub(capacity);
-        let candidates: Vec<(ShardId, u64, u64)> = self
-            .demotable_ssd_shards()
-            .into_iter()
-            .filter(|(id, at, _)| *at < spared_since && !named.contains(id))
-            .collect();
-        let sizes: std::collections::HashMap<ShardId, u64> =
-            candidates.iter().map(|&(id, _, len)| (id, len)).collect();
-        let victims = self.policy.pick_demotions(candidates, need);
-        if victims.iter().map(|id| sizes[id]).sum::<u64>() < need {
-            return false;
-        }
-        let mut report = PassReport::default();
-        self.demote(&victims, &mut report).await;
-        done.evicted += report.demoted;
-        done.evicted_bytes += report.bytes;
-        if report.demoted > 0 {
-            tracing::info!(
-                shards = report.demoted,
-                bytes = report.bytes,
-                "demoted shards to make room for a warmup"
-            );
+        // A victim another move holds (the mover demoting the same least recently used
+        // shards) is skipped: look again, a few times, before calling the tier full.
+        for _ in 0..EVICT_ROUNDS {
+            if self.ssd_room_for(len) {
+                return true;
+            }
+            let (used, capacity) = self.tier_fill(Tier::Ssd);
+            let need = (used + len).saturating_sub(capacity);
+            let candidates: Vec<(ShardId, u64, u64)> = self
+                .demotable_ssd_shards()
+                .into_iter()
+                .filter(|(id, at, _)| *at < spared_since && !named.contains(id))
+                .collect();
+            let sizes: std::collections::HashMap<ShardId, u64> =
+                candidates.iter().map(|&(id, _, len)| (id, len)).collect();
+            let victims = self.policy.pick_demotions(candidates, need);
+            if victims.iter().map(|id| sizes[id]).sum::<u64>() < need {
+                return false;
+            }
+            let mut report = PassReport::default();
+            self.demote(&victims, &mut report).await;
+            done.evicted += report.demoted;
+            done.evicted_bytes += report.bytes;
+            if report.demoted > 0 {
+                tracing::info!(
+                    shards = report.demoted,
+                    bytes = report.bytes,
+                    "demoted shards to make room for a warmup"
+                );
+            }
+            if (report.demoted as usize) < victims.len() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
         self.ssd_room_for(len)
     }

@@ -238,14 +238,20 @@ struct Placement {
     error: Option<String>,
 }
 
-/// `cairn warmup --status PATH`: how many of the tree's shards (and bytes) are on the SSD tier.
-pub async fn status(path: &Path, meta: Option<String>, as_json: bool) -> Result<()> {
+/// The tree at `path` walked without a progress bar: its path inside Cairn, its shards per
+/// chunkserver, and the chunkservers' addresses.
+async fn walk_quietly(path: &Path, meta: Option<String>) -> Result<(String, Plan, HashMap<u32, String>)> {
     let (meta_addr, components, shown) = resolve(path, meta)?;
     let conn = cairn_client::connect_meta(&meta_addr).await?;
     let mut plan = Plan::default();
     plan.directories = walk(&conn, &components, |f| add_file(&mut plan, f), || {}).await?;
-    let addrs: HashMap<u32, String> =
-        conn.list_nodes(p::Empty {}).await?.nodes.into_iter().map(|n| (n.id, n.addr)).collect();
+    let addrs = conn.list_nodes(p::Empty {}).await?.nodes.into_iter().map(|n| (n.id, n.addr)).collect();
+    Ok((shown, plan, addrs))
+}
+
+/// `cairn warmup --status PATH`: how many of the tree's shards (and bytes) are on the SSD tier.
+pub async fn status(path: &Path, meta: Option<String>, as_json: bool) -> Result<()> {
+    let (shown, plan, addrs) = walk_quietly(path, meta).await?;
     let tasks = plan.shards.iter().map(|(node, shards)| {
         let addr = addrs.get(node).cloned();
         async move { (*node, placement_on(*node, addr, shards).await) }
@@ -310,12 +316,7 @@ pub async fn status(path: &Path, meta: Option<String>, as_json: bool) -> Result<
 /// `cairn warmup --unpin PATH`: unpin the tree's files on every chunkserver holding their
 /// shards. Moves nothing: the mover demotes them again when they go cold.
 pub async fn unpin(path: &Path, meta: Option<String>, as_json: bool) -> Result<()> {
-    let (meta_addr, components, shown) = resolve(path, meta)?;
-    let conn = cairn_client::connect_meta(&meta_addr).await?;
-    let mut plan = Plan::default();
-    plan.directories = walk(&conn, &components, |f| add_file(&mut plan, f), || {}).await?;
-    let addrs: HashMap<u32, String> =
-        conn.list_nodes(p::Empty {}).await?.nodes.into_iter().map(|n| (n.id, n.addr)).collect();
+    let (shown, plan, addrs) = walk_quietly(path, meta).await?;
     let tasks = plan.shards.iter().map(|(node, shards)| {
         let inos = inodes(shards);
         let addr = addrs.get(node).cloned();
