@@ -11,6 +11,7 @@ pub mod gc;
 pub mod health;
 pub mod metrics;
 pub mod namespace;
+pub mod raft;
 pub mod reconcile;
 pub mod registry;
 pub mod repair;

@@ -290,7 +290,7 @@ impl Namespace {
             ),
             Problem::Unreachable { ino } => self.link_lost(*ino),
             Problem::StrayRecord { cf, key } => {
-                let cf = crate::store::Cf::ALL.into_iter().find(|c| c.name() == *cf).expect("a known family");
+                let cf = crate::store::Cf::named(cf).expect("a known family");
                 let mut batch = Batch::new();
                 batch.delete(cf, key.clone());
                 self.store.write(batch)

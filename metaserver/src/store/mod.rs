@@ -13,9 +13,10 @@ pub use memory::MemoryStore;
 pub use rocks::RocksStore;
 
 use cairn_common::Result;
+use serde::{Deserialize, Serialize};
 
 /// Column families: one key space per kind of record (see `schema.rs` for the encodings).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Cf {
     Inodes,
     Dentries,
@@ -27,10 +28,14 @@ pub enum Cf {
     Gc,
     /// Regular files with no links left that some client still has open.
     Orphans,
+    /// A replicated metaserver's Raft state: the last applied log id and membership, written
+    /// with the effects of the entries applied (`raft/state.rs`). Never written by the
+    /// namespace.
+    Raft,
 }
 
 impl Cf {
-    pub const ALL: [Cf; 9] = [
+    pub const ALL: [Cf; 10] = [
         Cf::Inodes,
         Cf::Dentries,
         Cf::Xattrs,
@@ -40,6 +45,7 @@ impl Cf {
         Cf::Counters,
         Cf::Gc,
         Cf::Orphans,
+        Cf::Raft,
     ];
 
     pub fn name(self) -> &'static str {
@@ -53,16 +59,22 @@ impl Cf {
             Cf::Counters => "counters",
             Cf::Gc => "gc",
             Cf::Orphans => "orphans",
+            Cf::Raft => "raft",
         }
     }
 
     fn index(self) -> usize {
         self as usize
     }
+
+    /// The family called `name`.
+    pub fn named(name: &str) -> Option<Cf> {
+        Cf::ALL.into_iter().find(|cf| cf.name() == name)
+    }
 }
 
 /// One change in a batch.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Op {
     Put { cf: Cf, key: Vec<u8>, value: Vec<u8> },
     Delete { cf: Cf, key: Vec<u8> },
@@ -86,6 +98,11 @@ impl Batch {
 
     pub fn delete(&mut self, cf: Cf, key: impl Into<Vec<u8>>) {
         self.ops.push(Op::Delete { cf, key: key.into() });
+    }
+
+    /// Add `op` at the end.
+    pub fn push(&mut self, op: Op) {
+        self.ops.push(op);
     }
 
     pub fn ops(&self) -> &[Op] {

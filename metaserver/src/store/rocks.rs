@@ -4,7 +4,8 @@
 //! it; with `Commit` durable batches wait for it and the others wake the group-commit thread,
 //! which fsyncs the WAL 1 ms after something became unsynced (one fsync covers every write
 //! before it, so one fsync serves the changes of that millisecond) while their answers go
-//! out. This is the only module of Cairn that imports `rocksdb`.
+//! out. With `raft/log.rs` (the Raft log's own database) the only modules of Cairn that import
+//! `rocksdb`.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -162,6 +163,28 @@ impl RocksStore {
             })
             .transpose()?;
         Ok(RocksStore { db, mode, syncer })
+    }
+
+    /// Open the database in `path` for reading only (a checkpoint being turned into a Raft
+    /// snapshot): no lock taken, nothing written, every `write` an error.
+    pub fn open_read_only(path: &Path) -> Result<RocksStore> {
+        let opts = Options::default();
+        let names = Cf::ALL.iter().map(|cf| cf.name());
+        let db = DB::open_cf_for_read_only(&opts, path, names, false).map_err(|e| {
+            CairnError::io(format!("cannot open metadata database at {} to read: {e}", path.display()))
+        })?;
+        Ok(RocksStore { db: Arc::new(db), mode: SyncMode::Never, syncer: None })
+    }
+
+    /// Write a checkpoint of the database into `dir` (which must not exist): the memtables are
+    /// flushed, then every SST file is hard-linked (copied across filesystems) with a manifest
+    /// of exactly those files, so `dir` opens as the database as of this moment.
+    pub fn checkpoint(&self, dir: &Path) -> Result<()> {
+        let checkpoint =
+            rocksdb::checkpoint::Checkpoint::new(&self.db).map_err(|e| db_error("checkpoint", e))?;
+        checkpoint
+            .create_checkpoint(dir)
+            .map_err(|e| db_error(&format!("checkpoint into {}", dir.display()), e))
     }
 
     /// WAL fsyncs done by the group-commit thread so far.

@@ -1,0 +1,555 @@
+//! The Raft state machine: the namespace's column families in a RocksDB (`{raft dir}/sm`), plus
+//! [`Cf::Raft`] with the last applied log id and membership, written in the same `WriteBatch` as
+//! the effects of the entries applied. Written without sync: the log is the durable record, and
+//! a state machine left behind by a crash is brought forward by re-applying from the log.
+//!
+//! Snapshots (`{raft dir}/snapshots/*.snap`) are RocksDB checkpoints packed into one file:
+//! magic `CAIRNSNP`, format 1, the snapshot's meta (length u32 and JSON), the file count (u32),
+//! then per file its name (length u16, bytes), size (u64) and bytes. The applied log id and
+//! membership in the meta are read from the checkpoint itself, so they describe exactly its
+//! contents while applies go on. Installing one unpacks it into `sm.new`, writes the marker
+//! `sm.install`, moves `sm` aside and `sm.new` into place; a crash before the marker drops
+//! `sm.new` at the next open, a crash after it finishes the swap (see [`SmStore::open`]).
+
+use std::fs::{self, File};
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cairn_common::config::SyncMode;
+use cairn_common::{CairnError, Result};
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{EntryPayload, RaftSnapshotBuilder, StorageIOError};
+use parking_lot::{Mutex, RwLock};
+
+use super::{io_error, Applied, Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
+use crate::store::{Batch, Cf, MetaStore, Op, RocksStore};
+
+const APPLIED: &[u8] = b"applied";
+const MEMBERSHIP: &[u8] = b"membership";
+const MAGIC: &[u8; 8] = b"CAIRNSNP";
+const FORMAT: u8 = 1;
+/// Bounds that reject a damaged or hostile snapshot header before anything is allocated.
+const MAX_META: u32 = 16 << 20;
+const MAX_FILES: u32 = 1_000_000;
+
+/// The state machine's database, swapped whole when a snapshot is installed. Shared by the
+/// state machine, its snapshot builders and (next) the store the namespace reads through.
+pub struct SmStore {
+    dir: PathBuf,
+    db: RwLock<Option<Arc<RocksStore>>>,
+    /// The newest snapshot on disk and its meta.
+    current: Mutex<Option<(SnapshotMeta, PathBuf)>>,
+    /// Makes the names of temporary files unique within this process.
+    seq: AtomicU64,
+}
+
+fn fsync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+fn remove_dir_if_present(dir: &Path) -> io::Result<()> {
+    match fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+fn io_context<'a>(what: &str, path: &'a Path) -> impl FnOnce(io::Error) -> CairnError + 'a {
+    let what = what.to_string();
+    move |e| CairnError::from_io(&format!("{what} {}", path.display()), &e)
+}
+
+impl SmStore {
+    /// Open the state machine in `raft_dir`, finishing or dropping a snapshot install a crash
+    /// interrupted, and find the newest snapshot.
+    pub fn open(raft_dir: &Path) -> Result<SmStore> {
+        fs::create_dir_all(raft_dir.join("snapshots")).map_err(io_context("cannot create", raft_dir))?;
+        let store = SmStore {
+            dir: raft_dir.to_path_buf(),
+            db: RwLock::new(None),
+            current: Mutex::new(None),
+            seq: AtomicU64::new(0),
+        };
+        if store.marker().exists() {
+            tracing::warn!(dir = %raft_dir.display(), "finishing a snapshot install that was interrupted");
+            store.finish_swap().map_err(io_context("cannot finish the snapshot install in", raft_dir))?;
+        } else {
+            for stale in [store.sm_new(), store.sm_old()] {
+                remove_dir_if_present(&stale).map_err(io_context("cannot remove", &stale))?;
+            }
+        }
+        *store.db.write() = Some(Arc::new(RocksStore::open(&store.sm(), SyncMode::Never)?));
+        store.find_snapshots()?;
+        Ok(store)
+    }
+
+    fn sm(&self) -> PathBuf {
+        self.dir.join("sm")
+    }
+
+    fn sm_new(&self) -> PathBuf {
+        self.dir.join("sm.new")
+    }
+
+    fn sm_old(&self) -> PathBuf {
+        self.dir.join("sm.old")
+    }
+
+    fn marker(&self) -> PathBuf {
+        self.dir.join("sm.install")
+    }
+
+    fn snapshots(&self) -> PathBuf {
+        self.dir.join("snapshots")
+    }
+
+    fn unique(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The state machine's database as it is now.
+    pub fn current(&self) -> Arc<RocksStore> {
+        self.db.read().clone().expect("the state machine is open except while a snapshot is swapped in")
+    }
+
+    /// The last applied log id and membership, as `store` holds them.
+    fn applied_in(store: &dyn MetaStore) -> Result<(Option<LogId>, StoredMembership)> {
+        let applied = match store.get(Cf::Raft, APPLIED)? {
+            Some(bytes) => Some(
+                serde_json::from_slice(&bytes)
+                    .map_err(|e| CairnError::io(format!("Raft applied log id: {e}")))?,
+            ),
+            None => None,
+        };
+        let membership = match store.get(Cf::Raft, MEMBERSHIP)? {
+            Some(bytes) => {
+                serde_json::from_slice(&bytes).map_err(|e| CairnError::io(format!("Raft membership: {e}")))?
+            }
+            None => StoredMembership::default(),
+        };
+        Ok((applied, membership))
+    }
+
+    /// Keep the newest snapshot file (by its last log id) and delete the others and any
+    /// leftovers of interrupted builds and transfers.
+    fn find_snapshots(&self) -> Result<()> {
+        let dir = self.snapshots();
+        let mut newest: Option<(SnapshotMeta, PathBuf)> = None;
+        let mut others = Vec::new();
+        for item in fs::read_dir(&dir).map_err(io_context("cannot list", &dir))? {
+            let path = item.map_err(io_context("cannot list", &dir))?.path();
+            if path.extension().is_some_and(|e| e == "snap") {
+                match read_header(&mut BufReader::new(
+                    File::open(&path).map_err(io_context("cannot open", &path))?,
+                )) {
+                    Ok(meta) => {
+                        if newest.as_ref().is_none_or(|(m, _)| meta.last_log_id > m.last_log_id) {
+                            others.extend(newest.replace((meta, path)).map(|(_, p)| p));
+                        } else {
+                            others.push(path);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), "dropping an unreadable snapshot: {e}");
+                        others.push(path);
+                    }
+                }
+            } else {
+                others.push(path);
+            }
+        }
+        for path in others {
+            let _ = if path.is_dir() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
+        }
+        *self.current.lock() = newest;
+        Ok(())
+    }
+
+    /// Steps of the swap after the marker: `sm` → `sm.old`, `sm.new` → `sm`, then the marker
+    /// and `sm.old` go. Each step is skipped when a previous try already did it.
+    fn finish_swap(&self) -> io::Result<()> {
+        let (sm, new, old) = (self.sm(), self.sm_new(), self.sm_old());
+        if new.exists() {
+            if sm.exists() {
+                fs::rename(&sm, &old)?;
+            }
+            fs::rename(&new, &sm)?;
+            fsync_dir(&self.dir)?;
+        }
+        fs::remove_file(self.marker())?;
+        fsync_dir(&self.dir)?;
+        remove_dir_if_present(&old)
+    }
+
+    /// Replace the database with the one unpacked in `sm.new`.
+    fn swap_in(&self, meta: &SnapshotMeta) -> Result<()> {
+        remove_dir_if_present(&self.sm_old()).map_err(io_context("cannot remove", &self.sm_old()))?;
+        let marker = self.marker();
+        let json =
+            serde_json::to_vec(meta).map_err(|e| CairnError::internal(format!("snapshot meta: {e}")))?;
+        (|| -> io::Result<()> {
+            let mut f = File::create(&marker)?;
+            f.write_all(&json)?;
+            f.sync_all()?;
+            fsync_dir(&self.dir)
+        })()
+        .map_err(io_context("cannot write", &marker))?;
+        let mut slot = self.db.write();
+        if let Some(old) = slot.take() {
+            close(old);
+        }
+        self.finish_swap().map_err(io_context("cannot swap the snapshot into", &self.dir))?;
+        *slot = Some(Arc::new(RocksStore::open(&self.sm(), SyncMode::Never)?));
+        Ok(())
+    }
+}
+
+/// Drop the last reference to `store` (closing the database), waiting for the users of other
+/// references (a snapshot build reading it) to finish.
+fn close(mut store: Arc<RocksStore>) {
+    let started = Instant::now();
+    let mut warned = Duration::ZERO;
+    loop {
+        match Arc::try_unwrap(store) {
+            Ok(db) => return drop(db),
+            Err(shared) => store = shared,
+        }
+        if started.elapsed() > warned + Duration::from_secs(10) {
+            warned = started.elapsed();
+            tracing::warn!("snapshot install waits for the state machine's other users ({warned:?})");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn write_u32(w: &mut impl Write, v: u32) -> io::Result<()> {
+    w.write_all(&v.to_be_bytes())
+}
+
+fn read_array<const N: usize>(r: &mut impl Read) -> io::Result<[u8; N]> {
+    let mut buf = [0; N];
+    r.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+fn invalid(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg.into())
+}
+
+/// Pack the checkpoint in `dir` with `meta` into the snapshot file `out`, synced.
+fn pack(dir: &Path, meta: &SnapshotMeta, out: &Path) -> io::Result<()> {
+    let mut files = Vec::new();
+    for item in fs::read_dir(dir)? {
+        let item = item?;
+        if !item.file_type()?.is_file() {
+            return Err(invalid(format!("checkpoint holds {}, which is not a file", item.path().display())));
+        }
+        files.push(item.file_name().into_string().map_err(|n| invalid(format!("file name {n:?}")))?);
+    }
+    files.sort();
+    let mut w = BufWriter::new(File::create(out)?);
+    w.write_all(MAGIC)?;
+    w.write_all(&[FORMAT])?;
+    let json = serde_json::to_vec(meta).map_err(io::Error::other)?;
+    write_u32(&mut w, json.len() as u32)?;
+    w.write_all(&json)?;
+    write_u32(&mut w, files.len() as u32)?;
+    for name in files {
+        let mut f = File::open(dir.join(&name))?;
+        let size = f.metadata()?.len();
+        w.write_all(&(name.len() as u16).to_be_bytes())?;
+        w.write_all(name.as_bytes())?;
+        w.write_all(&size.to_be_bytes())?;
+        if io::copy(&mut (&mut f).take(size), &mut w)? != size {
+            return Err(invalid(format!("{name} shrank while being packed")));
+        }
+    }
+    w.into_inner().map_err(|e| e.into_error())?.sync_all()
+}
+
+fn read_header(r: &mut impl Read) -> io::Result<SnapshotMeta> {
+    if &read_array::<8>(r)? != MAGIC {
+        return Err(invalid("not a Cairn snapshot (wrong magic)"));
+    }
+    let [format] = read_array::<1>(r)?;
+    if format != FORMAT {
+        return Err(invalid(format!("snapshot format {format} (this build reads format {FORMAT})")));
+    }
+    let len = u32::from_be_bytes(read_array(r)?);
+    if len > MAX_META {
+        return Err(invalid(format!("snapshot meta of {len} bytes")));
+    }
+    let mut json = vec![0; len as usize];
+    r.read_exact(&mut json)?;
+    serde_json::from_slice(&json).map_err(|e| invalid(format!("snapshot meta: {e}")))
+}
+
+/// A name a snapshot may carry: one plain file name of a RocksDB checkpoint.
+fn plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+/// Unpack the snapshot read by `r` into the new directory `into` (synced); its meta.
+fn unpack(r: &mut impl Read, into: &Path) -> io::Result<SnapshotMeta> {
+    let meta = read_header(r)?;
+    let count = u32::from_be_bytes(read_array(r)?);
+    if count > MAX_FILES {
+        return Err(invalid(format!("snapshot claims {count} files")));
+    }
+    remove_dir_if_present(into)?;
+    fs::create_dir_all(into)?;
+    for _ in 0..count {
+        let len = u16::from_be_bytes(read_array(r)?) as usize;
+        let mut name = vec![0; len];
+        r.read_exact(&mut name)?;
+        let name = String::from_utf8(name).map_err(|_| invalid("snapshot file name is not UTF-8"))?;
+        if !plain_name(&name) {
+            return Err(invalid(format!("snapshot file name {name:?} is not a plain file name")));
+        }
+        let size = u64::from_be_bytes(read_array(r)?);
+        let mut f = fs::OpenOptions::new().write(true).create_new(true).open(into.join(&name))?;
+        if io::copy(&mut r.take(size), &mut f)? != size {
+            return Err(invalid(format!("snapshot truncated in {name}")));
+        }
+        f.sync_all()?;
+    }
+    if r.read(&mut [0])? != 0 {
+        return Err(invalid("bytes after the snapshot's last file"));
+    }
+    fsync_dir(into)?;
+    Ok(meta)
+}
+
+fn snapshot_error(e: impl std::fmt::Display) -> StorageError {
+    io_error(|e| StorageIOError::write_snapshot(None, e), e)
+}
+
+fn read_error(e: impl std::fmt::Display) -> StorageError {
+    io_error(StorageIOError::read_state_machine, e)
+}
+
+/// The state machine openraft drives.
+pub struct StateMachine {
+    store: Arc<SmStore>,
+}
+
+impl StateMachine {
+    pub fn open(raft_dir: &Path) -> Result<StateMachine> {
+        Ok(StateMachine { store: Arc::new(SmStore::open(raft_dir)?) })
+    }
+
+    /// The database and its snapshots, shared.
+    pub fn store(&self) -> &Arc<SmStore> {
+        &self.store
+    }
+}
+
+/// Builds snapshots of the state machine (also while it applies entries).
+pub struct SnapshotBuilder {
+    store: Arc<SmStore>,
+}
+
+impl SnapshotBuilder {
+    /// Checkpoint, read the applied state from the checkpoint, pack, and make the packed file
+    /// the current snapshot (the older ones are deleted; a transfer that has one open keeps
+    /// reading it).
+    fn build(store: &SmStore) -> Result<(SnapshotMeta, PathBuf)> {
+        let dir = store.snapshots();
+        let checkpoint = dir.join(format!("checkpoint-{}", store.unique()));
+        remove_dir_if_present(&checkpoint).map_err(io_context("cannot remove", &checkpoint))?;
+        store.current().checkpoint(&checkpoint)?;
+        let result = (|| -> Result<(SnapshotMeta, PathBuf)> {
+            let (last_log_id, last_membership) =
+                SmStore::applied_in(&RocksStore::open_read_only(&checkpoint)?)?;
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis())
+                .unwrap_or(0);
+            let (term, node, index) =
+                last_log_id.map_or((0, 0, 0), |id| (id.leader_id.term, id.leader_id.node_id, id.index));
+            let snapshot_id = format!("{term}-{node}-{index}-{stamp}-{}", store.unique());
+            let meta = SnapshotMeta { last_log_id, last_membership, snapshot_id };
+            let path = dir.join(format!("{}.snap", meta.snapshot_id));
+            let part = dir.join(format!("{}.part", meta.snapshot_id));
+            pack(&checkpoint, &meta, &part).map_err(io_context("cannot write the snapshot", &part))?;
+            fs::rename(&part, &path).map_err(io_context("cannot rename", &part))?;
+            fsync_dir(&dir).map_err(io_context("cannot fsync", &dir))?;
+            Ok((meta, path))
+        })();
+        let _ = fs::remove_dir_all(&checkpoint);
+        let (meta, path) = result?;
+        store.make_current(meta.clone(), path.clone());
+        Ok((meta, path))
+    }
+}
+
+impl SmStore {
+    /// Make `path` the current snapshot and delete the previous one.
+    fn make_current(&self, meta: SnapshotMeta, path: PathBuf) {
+        let mut current = self.current.lock();
+        if current.as_ref().is_some_and(|(m, _)| m.last_log_id > meta.last_log_id) {
+            // A newer one was installed meanwhile.
+            let _ = fs::remove_file(&path);
+            return;
+        }
+        if let Some((_, old)) = current.replace((meta, path.clone())) {
+            if old != path {
+                let _ = fs::remove_file(old);
+            }
+        }
+    }
+}
+
+async fn open_snapshot(
+    meta: SnapshotMeta,
+    path: &Path,
+) -> std::result::Result<Snapshot<TypeConfig>, StorageError> {
+    let file =
+        tokio::fs::File::open(path).await.map_err(|e| read_error(format!("{}: {e}", path.display())))?;
+    Ok(Snapshot { meta, snapshot: Box::new(file) })
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> std::result::Result<Snapshot<TypeConfig>, StorageError> {
+        let store = self.store.clone();
+        let (meta, path) = tokio::task::spawn_blocking(move || SnapshotBuilder::build(&store))
+            .await
+            .map_err(snapshot_error)?
+            .map_err(snapshot_error)?;
+        open_snapshot(meta, &path).await
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> std::result::Result<(Option<LogId>, StoredMembership), StorageError> {
+        SmStore::applied_in(&*self.store.current()).map_err(read_error)
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> std::result::Result<Vec<Applied>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + openraft::OptionalSend,
+        I::IntoIter: openraft::OptionalSend,
+    {
+        let mut batch = Batch::new();
+        let mut last = None;
+        let mut membership = None;
+        let mut applied = Vec::new();
+        for entry in entries {
+            match entry.payload {
+                EntryPayload::Blank => {}
+                EntryPayload::Normal(command) => {
+                    for op in command.ops {
+                        let (Op::Put { cf, .. } | Op::Delete { cf, .. }) = &op;
+                        if *cf == Cf::Raft {
+                            let cause = "an entry writes the Raft state's own column family";
+                            return Err(StorageIOError::apply(
+                                entry.log_id,
+                                openraft::AnyError::error(cause),
+                            )
+                            .into());
+                        }
+                        batch.push(op);
+                    }
+                }
+                EntryPayload::Membership(m) => {
+                    membership = Some(StoredMembership::new(Some(entry.log_id), m))
+                }
+            }
+            last = Some(entry.log_id);
+            applied.push(Applied);
+        }
+        let write_error = |e: &dyn std::fmt::Display| io_error(StorageIOError::write_state_machine, e);
+        if let Some(id) = last {
+            batch.put(Cf::Raft, APPLIED, serde_json::to_vec(&id).map_err(|e| write_error(&e))?);
+        }
+        if let Some(m) = membership {
+            batch.put(Cf::Raft, MEMBERSHIP, serde_json::to_vec(&m).map_err(|e| write_error(&e))?);
+        }
+        self.store.current().write(batch).map_err(|e| write_error(&e))?;
+        Ok(applied)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
+        SnapshotBuilder { store: self.store.clone() }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> std::result::Result<Box<tokio::fs::File>, StorageError> {
+        let path = self.store.snapshots().join(format!("incoming-{}.part", self.store.unique()));
+        let file = tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .await
+            .map_err(|e| snapshot_error(format!("{}: {e}", path.display())))?;
+        Ok(Box::new(file))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<tokio::fs::File>,
+    ) -> std::result::Result<(), StorageError> {
+        let mut file = snapshot.into_std().await;
+        let store = self.store.clone();
+        let meta = meta.clone();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let dir = store.snapshots();
+            // Keep the received file as this replica's current snapshot, then unpack it.
+            let path = dir.join(format!("received-{}.snap", store.unique()));
+            (|| -> io::Result<()> {
+                file.seek(SeekFrom::Start(0))?;
+                let mut out = File::create(&path)?;
+                io::copy(&mut file, &mut out)?;
+                out.sync_all()
+            })()
+            .map_err(io_context("cannot store the received snapshot as", &path))?;
+            let mut reader = BufReader::new(File::open(&path).map_err(io_context("cannot open", &path))?);
+            let unpacked = unpack(&mut reader, &store.sm_new());
+            let unpacked = unpacked.map_err(|e| {
+                let _ = fs::remove_file(&path);
+                CairnError::io(format!("received snapshot {}: {e}", meta.snapshot_id))
+            })?;
+            if unpacked != meta {
+                let _ = fs::remove_file(&path);
+                return Err(CairnError::io(format!(
+                    "received snapshot says it is {:?}, Raft says {:?}",
+                    unpacked.snapshot_id, meta.snapshot_id
+                )));
+            }
+            store.swap_in(&meta)?;
+            store.make_current(meta, path);
+            // Drop the parts of transfers that ended.
+            for item in fs::read_dir(&dir).map_err(io_context("cannot list", &dir))?.flatten() {
+                if item.file_name().to_string_lossy().starts_with("incoming-") {
+                    let _ = fs::remove_file(item.path());
+                }
+            }
+            Ok(())
+        })
+        .await
+        .map_err(snapshot_error)?
+        .map_err(snapshot_error)
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> std::result::Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let current = self.store.current.lock().clone();
+        match current {
+            Some((meta, path)) => open_snapshot(meta, &path).await.map(Some),
+            None => Ok(None),
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! The log store and state machine under openraft's own storage suite, and what the suite does
+//! not cover: the effects of applied entries, snapshots between real databases, damaged or
+//! hostile snapshots, and crashes in the middle of an install.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::Path;
+
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
+use openraft::testing::{StoreBuilder, Suite};
+use openraft::{BasicNode, CommittedLeaderId, EntryPayload, RaftLogReader, RaftSnapshotBuilder};
+use tempfile::TempDir;
+
+use super::log::LogStore;
+use super::state::{SmStore, StateMachine};
+use super::{Command, Entry, LogId, Membership, StorageError, TypeConfig};
+use crate::store::{Cf, MetaStore, Op};
+
+struct Builder;
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for Builder {
+    async fn build(&self) -> Result<(TempDir, LogStore, StateMachine), StorageError> {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let log = LogStore::open(&dir.path().join("log")).expect("the log opens");
+        let sm = StateMachine::open(dir.path()).expect("the state machine opens");
+        Ok((dir, log, sm))
+    }
+}
+
+#[test]
+fn openraft_storage_suite() {
+    Suite::test_all(Builder).expect("openraft's storage suite passes");
+}
+
+fn id(term: u64, index: u64) -> LogId {
+    LogId::new(CommittedLeaderId::new(term, 1), index)
+}
+
+fn put(cf: Cf, key: &str, value: &str) -> Op {
+    Op::Put { cf, key: key.as_bytes().to_vec(), value: value.as_bytes().to_vec() }
+}
+
+fn effects(index: u64, ops: Vec<Op>) -> Entry {
+    Entry { log_id: id(1, index), payload: EntryPayload::Normal(Command { ops }) }
+}
+
+fn membership(index: u64) -> Entry {
+    let nodes: BTreeMap<u64, BasicNode> =
+        (1..=3).map(|n| (n, BasicNode::new(format!("127.0.0.{n}:7000")))).collect();
+    let voters: BTreeSet<u64> = nodes.keys().copied().collect();
+    Entry { log_id: id(1, index), payload: EntryPayload::Membership(Membership::new(vec![voters], nodes)) }
+}
+
+fn get(sm: &StateMachine, cf: Cf, key: &str) -> Option<String> {
+    sm.store().current().get(cf, key.as_bytes()).unwrap().map(|v| String::from_utf8(v).unwrap())
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// Three entries applied to a fresh state machine in `dir`.
+async fn applied_three(dir: &Path) -> StateMachine {
+    let mut sm = StateMachine::open(dir).unwrap();
+    sm.apply([
+        membership(1),
+        effects(2, vec![put(Cf::Inodes, "a", "1"), put(Cf::Dentries, "d", "x")]),
+        effects(3, vec![put(Cf::Inodes, "a", "2"), Op::Delete { cf: Cf::Dentries, key: b"d".to_vec() }]),
+    ])
+    .await
+    .unwrap();
+    sm
+}
+
+#[test]
+fn applied_effects_land_in_the_column_families_with_the_applied_id() {
+    runtime().block_on(async {
+        let dir = TempDir::new().unwrap();
+        let mut sm = applied_three(dir.path()).await;
+        assert_eq!(get(&sm, Cf::Inodes, "a").as_deref(), Some("2"), "a later op on a key wins");
+        assert_eq!(get(&sm, Cf::Dentries, "d"), None);
+        let (applied, members) = sm.applied_state().await.unwrap();
+        assert_eq!(applied, Some(id(1, 3)));
+        assert_eq!(members.log_id(), &Some(id(1, 1)));
+
+        // An entry that would overwrite the Raft state is refused, and nothing of it lands.
+        let bad = effects(4, vec![put(Cf::Inodes, "b", "1"), put(Cf::Raft, "applied", "{}")]);
+        assert!(sm.apply([bad]).await.is_err());
+        assert_eq!(get(&sm, Cf::Inodes, "b"), None);
+        assert_eq!(sm.applied_state().await.unwrap().0, Some(id(1, 3)));
+
+        // Reopened, the state machine is where it was.
+        drop(sm);
+        let mut sm = StateMachine::open(dir.path()).unwrap();
+        assert_eq!(sm.applied_state().await.unwrap().0, Some(id(1, 3)));
+        assert_eq!(get(&sm, Cf::Inodes, "a").as_deref(), Some("2"));
+    });
+}
+
+#[test]
+fn appended_entries_survive_a_reopen() {
+    runtime().block_on(async {
+        let dir = TempDir::new().unwrap();
+        let entries = vec![membership(1), effects(2, vec![put(Cf::Inodes, "a", "1")])];
+        {
+            let mut log = LogStore::open(dir.path()).unwrap();
+            log.blocking_append(entries.clone()).await.unwrap();
+        }
+        let mut log = LogStore::open(dir.path()).unwrap();
+        assert_eq!(log.try_get_log_entries(0..10).await.unwrap(), entries);
+        assert_eq!(log.get_log_state().await.unwrap().last_log_id, Some(id(1, 2)));
+    });
+}
+
+#[test]
+fn a_snapshot_carries_the_whole_state_to_another_replica() {
+    runtime().block_on(async {
+        let (leader_dir, follower_dir) = (TempDir::new().unwrap(), TempDir::new().unwrap());
+        let mut leader = applied_three(leader_dir.path()).await;
+        // Enough keys that the checkpoint holds real SST files.
+        let many: Vec<Op> =
+            (0..5000).map(|i| put(Cf::Stripes, &format!("k{i:05}"), &"v".repeat(100))).collect();
+        leader.apply([effects(4, many)]).await.unwrap();
+        let snapshot = leader.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        assert_eq!(snapshot.meta.last_log_id, Some(id(1, 4)));
+        // Applying goes on after the snapshot; the snapshot does not see it.
+        leader.apply([effects(5, vec![put(Cf::Inodes, "late", "1")])]).await.unwrap();
+
+        let mut follower = StateMachine::open(follower_dir.path()).unwrap();
+        follower.apply([effects(1, vec![put(Cf::Inodes, "stale", "1")])]).await.unwrap();
+        let current = leader.get_current_snapshot().await.unwrap().unwrap();
+        follower.install_snapshot(&current.meta, current.snapshot).await.unwrap();
+        assert_eq!(follower.applied_state().await.unwrap().0, Some(id(1, 4)));
+        assert_eq!(get(&follower, Cf::Inodes, "a").as_deref(), Some("2"));
+        assert_eq!(get(&follower, Cf::Stripes, "k04999").map(|v| v.len()), Some(100));
+        assert_eq!(get(&follower, Cf::Inodes, "stale"), None, "the old state is gone");
+        assert_eq!(get(&follower, Cf::Inodes, "late"), None);
+        assert_eq!(follower.get_current_snapshot().await.unwrap().unwrap().meta, current.meta);
+
+        // After a restart the follower has the installed state and the snapshot.
+        drop(follower);
+        let mut follower = StateMachine::open(follower_dir.path()).unwrap();
+        assert_eq!(follower.applied_state().await.unwrap().0, Some(id(1, 4)));
+        assert_eq!(follower.get_current_snapshot().await.unwrap().unwrap().meta, current.meta);
+        let leftovers: Vec<_> =
+            fs::read_dir(follower_dir.path().join("snapshots")).unwrap().flatten().collect();
+        assert_eq!(leftovers.len(), 1, "one snapshot file and nothing else: {leftovers:?}");
+    });
+}
+
+/// A snapshot file of `leader`, changed by `damage`, installed on a follower: refused, and the
+/// follower's state is untouched.
+async fn refused(damage: impl Fn(&mut Vec<u8>)) -> String {
+    let (leader_dir, follower_dir) = (TempDir::new().unwrap(), TempDir::new().unwrap());
+    let mut leader = applied_three(leader_dir.path()).await;
+    let snapshot = leader.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let path = fs::read_dir(leader_dir.path().join("snapshots")).unwrap().flatten().next().unwrap().path();
+    let mut bytes = fs::read(&path).unwrap();
+    damage(&mut bytes);
+    let mut follower = StateMachine::open(follower_dir.path()).unwrap();
+    follower.apply([effects(1, vec![put(Cf::Inodes, "mine", "1")])]).await.unwrap();
+    let mut incoming = follower.begin_receiving_snapshot().await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut *incoming, &bytes).await.unwrap();
+    let error = follower.install_snapshot(&snapshot.meta, incoming).await.unwrap_err().to_string();
+    assert_eq!(get(&follower, Cf::Inodes, "mine").as_deref(), Some("1"), "{error}");
+    assert_eq!(follower.applied_state().await.unwrap().0, Some(id(1, 1)));
+    assert!(!follower_dir.path().join("sm.install").exists());
+    error
+}
+
+#[test]
+fn damaged_or_hostile_snapshots_are_refused_and_change_nothing() {
+    runtime().block_on(async {
+        let error = refused(|b| b[0] = b'X').await;
+        assert!(error.contains("magic"), "{error}");
+        let error = refused(|b| b.truncate(b.len() - 10)).await;
+        assert!(error.contains("truncated") || error.contains("fill whole buffer"), "{error}");
+        let error = refused(|b| b.push(0)).await;
+        assert!(error.contains("after the snapshot"), "{error}");
+        // The first file's name made to climb out of the directory.
+        let error = refused(|b| {
+            let meta_len = u32::from_be_bytes(b[9..13].try_into().unwrap()) as usize;
+            let name_at = 13 + meta_len + 4 + 2;
+            b[name_at..name_at + 3].copy_from_slice(b"../");
+        })
+        .await;
+        assert!(error.contains("not a plain file name"), "{error}");
+    });
+}
+
+#[test]
+fn an_install_interrupted_by_a_crash_is_finished_or_dropped_at_the_next_open() {
+    runtime().block_on(async {
+        // Crash before the marker: sm.new is dropped, the old state stays.
+        let dir = TempDir::new().unwrap();
+        drop(applied_three(dir.path()).await);
+        fs::create_dir(dir.path().join("sm.new")).unwrap();
+        fs::write(dir.path().join("sm.new/junk"), b"half a snapshot").unwrap();
+        let mut sm = StateMachine::open(dir.path()).unwrap();
+        assert!(!dir.path().join("sm.new").exists());
+        assert_eq!(sm.applied_state().await.unwrap().0, Some(id(1, 3)));
+        drop(sm);
+
+        // Crash after the marker, at each step of the swap: the new state wins every time.
+        for step in 0..3 {
+            let (dir, other) = (TempDir::new().unwrap(), TempDir::new().unwrap());
+            drop(applied_three(dir.path()).await);
+            let mut newer = StateMachine::open(other.path()).unwrap();
+            newer.apply([effects(9, vec![put(Cf::Inodes, "new", "1")])]).await.unwrap();
+            let sm_path = other.path().join("sm");
+            drop(newer);
+            copy_dir(&sm_path, &dir.path().join("sm.new"));
+            fs::write(dir.path().join("sm.install"), b"{}").unwrap();
+            if step >= 1 {
+                fs::rename(dir.path().join("sm"), dir.path().join("sm.old")).unwrap();
+            }
+            if step >= 2 {
+                fs::rename(dir.path().join("sm.new"), dir.path().join("sm")).unwrap();
+            }
+            let mut sm = StateMachine::open(dir.path()).unwrap();
+            assert_eq!(sm.applied_state().await.unwrap().0, Some(id(1, 9)), "step {step}");
+            assert_eq!(get(&sm, Cf::Inodes, "new").as_deref(), Some("1"), "step {step}");
+            for gone in ["sm.new", "sm.old", "sm.install"] {
+                assert!(!dir.path().join(gone).exists(), "step {step}: {gone} left");
+            }
+        }
+    });
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for item in fs::read_dir(from).unwrap().flatten() {
+        fs::copy(item.path(), to.join(item.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn the_state_machine_store_is_usable_while_open() {
+    let dir = TempDir::new().unwrap();
+    let store = SmStore::open(dir.path()).unwrap();
+    assert_eq!(store.current().get(Cf::Inodes, b"x").unwrap(), None);
+}
