@@ -93,6 +93,10 @@ fake_meta! {
     get_layout(InoRequest) -> LayoutReply;
     set_layout(SetLayoutRequest) -> LayoutReply;
     sync(Empty) -> Empty;
+    raft_vote(RaftMessage) -> RaftMessage;
+    raft_append(RaftMessage) -> RaftMessage;
+    raft_snapshot(RaftMessage) -> RaftMessage;
+    raft_status(Empty) -> RaftStatusReply;
 }
 
 /// Serve the fake metaserver on `listener` in the background.

@@ -69,6 +69,20 @@ pub struct MetaConfig {
     pub reconcile_interval_ms: u64,
     /// Serve Prometheus metrics at `http://ADDR/metrics` (unset: no metrics endpoint).
     pub metrics_listen: Option<String>,
+    /// The metaservers of a replicated namespace, each as `ID=HOST:PORT`, this one included
+    /// (3 or 5 of them; see `raft_id`). Empty: this metaserver runs alone.
+    pub replicas: Vec<String>,
+    /// This metaserver's id among `replicas`.
+    pub raft_id: u64,
+    /// The cluster's name: replicas and data directories of another cluster are refused.
+    pub cluster: String,
+    /// How often the leader sends heartbeats to the other replicas.
+    pub raft_heartbeat_ms: u64,
+    /// A replica that hears no leader for this long (randomized up to twice it) starts an
+    /// election.
+    pub raft_election_ms: u64,
+    /// A change not committed by a majority within this long fails (`EIO` at the client).
+    pub raft_write_timeout_ms: u64,
 }
 
 impl Default for MetaConfig {
@@ -87,6 +101,12 @@ impl Default for MetaConfig {
             orphan_grace_ms: 3_600_000,
             reconcile_interval_ms: 3_600_000,
             metrics_listen: None,
+            replicas: Vec::new(),
+            raft_id: 0,
+            cluster: "cairn".into(),
+            raft_heartbeat_ms: 100,
+            raft_election_ms: 500,
+            raft_write_timeout_ms: 10_000,
         }
     }
 }
@@ -103,7 +123,48 @@ impl MetaConfig {
         if let Some(m) = &self.metrics_listen {
             check_addr("metrics_listen", m)?;
         }
+        let replicas = self.replica_addrs()?;
+        if !replicas.is_empty() && !replicas.contains_key(&self.raft_id) {
+            return Err(CairnError::invalid(format!(
+                "raft_id {} is not one of the replicas' ids {:?}",
+                self.raft_id,
+                replicas.keys().collect::<Vec<_>>()
+            )));
+        }
+        if self.cluster.is_empty()
+            || !self.cluster.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(CairnError::invalid(format!(
+                "cluster {:?}: letters, digits, '-' and '_' only",
+                self.cluster
+            )));
+        }
+        if self.raft_heartbeat_ms == 0 || self.raft_election_ms < 3 * self.raft_heartbeat_ms {
+            return Err(CairnError::invalid(format!(
+                "raft_election_ms ({}) must be at least 3 × raft_heartbeat_ms ({}), which must not be 0",
+                self.raft_election_ms, self.raft_heartbeat_ms
+            )));
+        }
         Ok(())
+    }
+
+    /// `replicas` by id (empty when this metaserver runs alone).
+    pub fn replica_addrs(&self) -> Result<std::collections::BTreeMap<u64, String>> {
+        let mut out = std::collections::BTreeMap::new();
+        for r in &self.replicas {
+            let bad =
+                || CairnError::invalid(format!("replica {r:?}: expected ID=HOST:PORT with an id above 0"));
+            let (id, addr) = r.split_once('=').ok_or_else(bad)?;
+            let id: u64 = id.trim().parse().map_err(|_| bad())?;
+            if id == 0 {
+                return Err(bad());
+            }
+            check_addr("replicas", addr.trim())?;
+            if out.insert(id, addr.trim().to_string()).is_some() {
+                return Err(CairnError::invalid(format!("replica id {id} appears twice in replicas")));
+            }
+        }
+        Ok(out)
     }
 }
 

@@ -40,10 +40,13 @@ pub enum ErrorKind {
     /// Fewer chunkservers answer than a stripe needs (`k+1` to place or write one, `k` to
     /// read one): worth waiting for (EIO once the wait is over).
     TooFewNodes,
+    /// This metaserver is not its group's leader (or has none yet): the client asks another
+    /// one. Nothing of the request was done.
+    NotLeader,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 22] = [
+    pub const ALL: [ErrorKind; 23] = [
         ErrorKind::NotFound,
         ErrorKind::Exists,
         ErrorKind::NotDir,
@@ -67,6 +70,7 @@ impl ErrorKind {
         ErrorKind::Internal,
         // Later additions go last: a kind's wire number is its place here.
         ErrorKind::TooFewNodes,
+        ErrorKind::NotLeader,
     ];
 
     /// The errno a FUSE reply carries for this kind.
@@ -93,7 +97,8 @@ impl ErrorKind {
             | ErrorKind::Corrupt
             | ErrorKind::Io
             | ErrorKind::Internal
-            | ErrorKind::TooFewNodes => libc::EIO,
+            | ErrorKind::TooFewNodes
+            | ErrorKind::NotLeader => libc::EIO,
         }
     }
 
@@ -114,7 +119,7 @@ impl ErrorKind {
             ErrorKind::NotSupported => Code::Unimplemented,
             ErrorKind::WouldBlock => Code::Aborted,
             ErrorKind::Interrupted => Code::Cancelled,
-            ErrorKind::Unavailable | ErrorKind::TooFewNodes => Code::Unavailable,
+            ErrorKind::Unavailable | ErrorKind::TooFewNodes | ErrorKind::NotLeader => Code::Unavailable,
             ErrorKind::Corrupt => Code::DataLoss,
             ErrorKind::Io | ErrorKind::Internal => Code::Internal,
         }
@@ -144,6 +149,7 @@ impl ErrorKind {
             ErrorKind::Io => "io",
             ErrorKind::Internal => "internal",
             ErrorKind::TooFewNodes => "too_few_nodes",
+            ErrorKind::NotLeader => "not_leader",
         }
     }
 

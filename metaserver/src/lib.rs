@@ -36,6 +36,14 @@ pub use service::MetaService;
 /// Open the namespace in `config.data_dir`.
 pub fn open_namespace(config: &MetaConfig) -> Result<Namespace> {
     config.validate()?;
+    let raft_dir = config.data_dir.join("raft");
+    if raft_dir.exists() {
+        return Err(CairnError::invalid(format!(
+            "{} holds a replicated namespace ({}): start this metaserver with its replicas and raft_id",
+            config.data_dir.display(),
+            raft_dir.display()
+        )));
+    }
     Ok(Namespace::open_rocks(
         &config.data_dir,
         config.sync_mode,
@@ -77,16 +85,12 @@ async fn reap_sessions(ns: Arc<Namespace>) {
 }
 
 /// Serve the `Meta` service on `listener` until `shutdown` completes, with the garbage
-/// collector running alongside.
+/// collector running alongside (and, with `replicas`, as one replica of a Raft group).
 pub async fn serve(
     config: MetaConfig,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let cfg = config.clone();
-    let ns = tokio::task::spawn_blocking(move || open_namespace(&cfg))
-        .await
-        .map_err(|e| CairnError::internal(format!("opening the namespace: {e}")))??;
     let background = Background {
         gc_interval: Duration::from_millis(config.gc_interval_ms),
         rebuild_after: Duration::from_millis(config.rebuild_after_ms),
@@ -94,7 +98,175 @@ pub async fn serve(
         orphan_grace: Duration::from_millis(config.orphan_grace_ms),
         reconcile_interval: Duration::from_millis(config.reconcile_interval_ms),
     };
+    if !config.replicas.is_empty() {
+        return serve_replicated(config, background, listener, shutdown).await;
+    }
+    let cfg = config.clone();
+    let ns = tokio::task::spawn_blocking(move || open_namespace(&cfg))
+        .await
+        .map_err(|e| CairnError::internal(format!("opening the namespace: {e}")))??;
     serve_with(Arc::new(ns), background, listener, shutdown).await
+}
+
+/// Serve as one replica of the namespace's Raft group: answer the other replicas at once, and
+/// clients while this replica leads (`lead`); the others are told `NotLeader`.
+async fn serve_replicated(
+    config: MetaConfig,
+    background: Background,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    config.validate()?;
+    if config.data_dir.join("CURRENT").exists() {
+        return Err(CairnError::invalid(format!(
+            "{} holds the namespace of a metaserver that ran alone: a replicated metaserver keeps \
+             its data in {}/raft; start it without replicas, or give the replica an empty data_dir",
+            config.data_dir.display(),
+            config.data_dir.display()
+        )));
+    }
+    let settings = raft::node::RaftSettings {
+        id: config.raft_id,
+        members: config.replica_addrs()?,
+        cluster: config.cluster.clone(),
+        dir: config.data_dir.join("raft"),
+        heartbeat: Duration::from_millis(config.raft_heartbeat_ms),
+        election: Duration::from_millis(config.raft_election_ms),
+        write_timeout: Duration::from_millis(config.raft_write_timeout_ms),
+    };
+    let service = Arc::new(MetaService::replicated_pending());
+    // The listener answers from the start: the other replicas need this one to elect a leader.
+    let (stopped, shutdown) = wire::split_shutdown(shutdown);
+    let (incoming, accepting) =
+        wire::serve(listener, Arc::new(wire::meta::Service(service.clone())), stopped);
+    let grpc = MetaServer::from_arc(service.clone())
+        .max_decoding_message_size(cairn_common::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(cairn_common::MAX_MESSAGE_BYTES);
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .layer(cairn_common::metrics::RpcMetricsLayer::new("meta"))
+            .add_service(grpc)
+            .serve_with_incoming_shutdown(incoming, shutdown),
+    );
+    let node = match raft::node::RaftNode::start(settings).await {
+        Ok(node) => node,
+        Err(e) => {
+            server.abort();
+            return Err(e);
+        }
+    };
+    service.set_raft(node.clone());
+    tracing::info!(id = node.id(), cluster = node.cluster(), "metaserver replica started");
+    let open = {
+        let store = node.store();
+        let layout = config.layout()?;
+        let node_timeout = Duration::from_millis(config.node_timeout_ms);
+        let lease = Duration::from_millis(config.client_lease_ms);
+        move || Namespace::open(store.clone(), layout, node_timeout).map(|ns| ns.with_client_lease(lease))
+    };
+    let leading = tokio::spawn(lead(node.clone(), service.clone(), open, background));
+    let result = match server.await {
+        Ok(r) => r.map_err(|e| CairnError::io(format!("metaserver: {e}"))),
+        Err(e) => Err(CairnError::internal(format!("metaserver: {e}"))),
+    };
+    leading.abort();
+    let _ = leading.await;
+    service.serve(None);
+    node.shutdown().await;
+    let _ = accepting.await;
+    result
+}
+
+/// The background work of a serving namespace, stopped when dropped.
+struct Tasks(Vec<tokio::task::JoinHandle<()>>);
+
+impl Tasks {
+    async fn stop(mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+        for task in self.0.drain(..) {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// Start the garbage collector, the session reaper, the repair and the metrics beside `ns`.
+fn start_background(ns: Arc<Namespace>, background: Background) -> (service::Serving, Tasks) {
+    let gc = tokio::spawn(Gc::new(ns.clone()).run(background.gc_interval));
+    let reaper = tokio::spawn(reap_sessions(ns.clone()));
+    let repair = Arc::new(
+        repair::Repair::new(ns.clone(), background.rebuild_after, background.repair_rate_bytes)
+            .with_orphan_grace(background.orphan_grace),
+    );
+    let repairing = tokio::spawn(repair.clone().run(Duration::from_secs(2), background.reconcile_interval));
+    let published = tokio::spawn(metrics::publish(ns.clone(), Duration::from_secs(5)));
+    (service::Serving { ns, repair: Some(repair) }, Tasks(vec![gc, reaper, repairing, published]))
+}
+
+/// Serve clients while this replica leads: once it leads and has applied everything committed,
+/// open the namespace over the replicated store (which reads the leader's in-memory state
+/// from what was applied) and start the background work; stop both when it stops leading, its
+/// term changes, or a write failed (the namespace's memory may then disagree with the store).
+async fn lead(
+    node: Arc<raft::node::RaftNode>,
+    service: Arc<MetaService>,
+    open: impl Fn() -> Result<Namespace> + Clone + Send + 'static,
+    background: Background,
+) {
+    let mut metrics = node.raft.metrics();
+    let mut current: Option<(u64, Tasks)> = None;
+    loop {
+        let leads = node.is_leader();
+        let term = node.term();
+        let poisoned = node.take_poisoned();
+        if let Some((served, _)) = &current {
+            if !leads || *served != term || poisoned {
+                service.serve(None);
+                let (served, tasks) = current.take().expect("checked above");
+                tasks.stop().await;
+                tracing::info!(term = served, leads, poisoned, "stopped serving the namespace");
+            }
+        }
+        if leads && current.is_none() {
+            match node.caught_up().await {
+                Ok(()) => {
+                    let open = open.clone();
+                    match tokio::task::spawn_blocking(open).await {
+                        Ok(Ok(ns)) => {
+                            let (serving, tasks) = start_background(Arc::new(ns), background);
+                            service.serve(Some(serving));
+                            current = Some((term, tasks));
+                            tracing::info!(term, id = node.id(), "leading: serving the namespace");
+                        }
+                        Ok(Err(e)) => tracing::warn!("opening the namespace as leader: {e}"),
+                        Err(e) => tracing::warn!("opening the namespace as leader: {e}"),
+                    }
+                }
+                Err(e) => tracing::info!("not serving yet: {e}"),
+            }
+            if current.is_none() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        }
+        tokio::select! {
+            changed = metrics.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
 }
 
 /// Timing of the background tasks that run beside the service.
@@ -137,38 +309,26 @@ pub async fn serve_with(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let gc = tokio::spawn(Gc::new(ns.clone()).run(background.gc_interval));
-    let reaper = tokio::spawn(reap_sessions(ns.clone()));
-    let repair = Arc::new(
-        repair::Repair::new(ns.clone(), background.rebuild_after, background.repair_rate_bytes)
-            .with_orphan_grace(background.orphan_grace),
-    );
-    let ns_for_metrics = ns.clone();
-    let service = Arc::new(MetaService::new(ns).with_repair(repair.clone()));
+    let (serving, tasks) = start_background(ns.clone(), background);
+    let service =
+        Arc::new(MetaService::new(ns).with_repair(serving.repair.clone().expect("started with a repair")));
+    drop(serving);
     let (stopped, shutdown) = wire::split_shutdown(shutdown);
     let (incoming, accepting) =
         wire::serve(listener, Arc::new(wire::meta::Service(service.clone())), stopped);
-    let service = MetaServer::from_arc(service)
+    let grpc = MetaServer::from_arc(service.clone())
         .max_decoding_message_size(cairn_common::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(cairn_common::MAX_MESSAGE_BYTES);
-    let repair = tokio::spawn(repair.run(Duration::from_secs(2), background.reconcile_interval));
-    let published = tokio::spawn(metrics::publish(ns_for_metrics, Duration::from_secs(5)));
     let result = tonic::transport::Server::builder()
         .layer(cairn_common::metrics::RpcMetricsLayer::new("meta"))
-        .add_service(service)
+        .add_service(grpc)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(|e| CairnError::io(format!("metaserver: {e}")));
     // Wait for every task that holds the namespace to go, so the namespace (and the database
     // lock) is released when this returns and a restart in the same process can open it.
-    gc.abort();
-    reaper.abort();
-    repair.abort();
-    published.abort();
-    let _ = gc.await;
-    let _ = reaper.await;
-    let _ = repair.await;
-    let _ = published.await;
+    tasks.stop().await;
+    service.serve(None);
     let _ = accepting.await;
     result
 }

@@ -7,12 +7,15 @@
 
 use std::sync::Arc;
 
+use parking_lot::RwLock;
+
 use cairn_common::{CairnError, Result};
 use cairn_proto::meta_server::Meta;
 use cairn_proto::*;
 use tonic::{Request, Response, Status};
 
 use crate::namespace::{file_info, Namespace, NewEntry};
+use crate::raft::node::RaftNode;
 use crate::repair::Repair;
 use crate::schema::{NODE_ACTIVE, NODE_DRAINING};
 use crate::sessions::{Lock, F_UNLCK};
@@ -21,19 +24,78 @@ use crate::sessions::{Lock, F_UNLCK};
 pub const MAX_RELEASES: usize = 10_000;
 
 pub struct MetaService {
-    ns: Arc<Namespace>,
-    repair: Option<Arc<Repair>>,
+    /// What answers requests: always on a lone metaserver; on a replica, only while it leads
+    /// (set and cleared by the leadership task, `lib.rs` `lead`).
+    serving: RwLock<Option<Arc<Serving>>>,
+    /// This metaserver's Raft replica, when the namespace is replicated.
+    raft: std::sync::OnceLock<Arc<RaftNode>>,
+}
+
+/// The namespace and the repair that run while this metaserver serves.
+pub struct Serving {
+    pub ns: Arc<Namespace>,
+    pub repair: Option<Arc<Repair>>,
 }
 
 impl MetaService {
     pub fn new(ns: Arc<Namespace>) -> MetaService {
-        MetaService { ns, repair: None }
+        MetaService {
+            serving: RwLock::new(Some(Arc::new(Serving { ns, repair: None }))),
+            raft: std::sync::OnceLock::new(),
+        }
     }
 
     /// Serve `RepairNow` and `Reconcile` with this repair (the one running in the background).
-    pub fn with_repair(mut self, repair: Arc<Repair>) -> MetaService {
-        self.repair = Some(repair);
+    pub fn with_repair(self, repair: Arc<Repair>) -> MetaService {
+        let ns = self.serving.read().as_ref().map(|s| s.ns.clone());
+        if let Some(ns) = ns {
+            *self.serving.write() = Some(Arc::new(Serving { ns, repair: Some(repair) }));
+        }
         self
+    }
+
+    /// A replica's service: it answers the other replicas at once and clients once [`serve`]
+    /// gave it a namespace (when it became leader).
+    ///
+    /// [`serve`]: MetaService::serve
+    pub fn replicated(raft: Arc<RaftNode>) -> MetaService {
+        MetaService { serving: RwLock::new(None), raft: std::sync::OnceLock::from(raft) }
+    }
+
+    /// A replica's service before its Raft node has started (the listener must answer the
+    /// other replicas while they elect a leader): [`set_raft`](MetaService::set_raft) follows.
+    pub fn replicated_pending() -> MetaService {
+        MetaService { serving: RwLock::new(None), raft: std::sync::OnceLock::new() }
+    }
+
+    pub fn set_raft(&self, raft: Arc<RaftNode>) {
+        let _ = self.raft.set(raft);
+    }
+
+    /// Start (`Some`) or stop (`None`) answering clients.
+    pub fn serve(&self, serving: Option<Serving>) {
+        *self.serving.write() = serving.map(Arc::new);
+    }
+
+    fn serving(&self) -> Result<Arc<Serving>, Status> {
+        if let Some(s) = self.serving.read().as_ref() {
+            return Ok(s.clone());
+        }
+        Err(match self.raft.get() {
+            Some(raft) => raft.not_leader(),
+            None => CairnError::new(cairn_common::ErrorKind::NotLeader, "this metaserver is starting"),
+        }
+        .into())
+    }
+
+    fn ns(&self) -> Result<Arc<Namespace>, Status> {
+        Ok(self.serving()?.ns.clone())
+    }
+
+    fn raft(&self) -> Result<&Arc<RaftNode>, Status> {
+        self.raft.get().ok_or_else(|| {
+            CairnError::new(cairn_common::ErrorKind::NotSupported, "this metaserver is not replicated").into()
+        })
     }
 
     /// Unlink (or, with `dir`, rmdir) and answer with the parent as the removal left it.
@@ -52,15 +114,18 @@ impl MetaService {
         Ok(Response::new(RemoveReply { parent }))
     }
 
-    fn repair(&self) -> Result<&Arc<Repair>, Status> {
-        self.repair.as_ref().ok_or_else(|| CairnError::unavailable("this metaserver runs no repair").into())
+    fn repair(&self) -> Result<Arc<Repair>, Status> {
+        self.serving()?
+            .repair
+            .clone()
+            .ok_or_else(|| CairnError::unavailable("this metaserver runs no repair").into())
     }
 
     /// A point read (lookup, getattr, xattr, open, release): inline on the request's task. These touch a key
     /// or two that RocksDB nearly always has in its memtable or block cache, and the hand-off
     /// to the blocking pool costs more than the read (measured: `bench/mdbench.py` stat rate).
     fn read<T>(&self, f: impl FnOnce(&Namespace) -> Result<T>) -> Result<T, Status> {
-        f(&self.ns).map_err(Status::from)
+        f(&*self.ns()?).map_err(Status::from)
     }
 
     /// A namespace change that does not wait for the disk (the store's sync mode is not
@@ -73,10 +138,11 @@ impl MetaService {
         T: Send + 'static,
         F: FnOnce(&Namespace) -> Result<T> + Send + 'static,
     {
-        if self.ns.store().syncs_every_write() {
+        let ns = self.ns()?;
+        if ns.store().syncs_every_write() {
             self.run(f).await
         } else {
-            f(&self.ns).map_err(Status::from)
+            f(&ns).map_err(Status::from)
         }
     }
 
@@ -85,7 +151,7 @@ impl MetaService {
         T: Send + 'static,
         F: FnOnce(&Namespace) -> Result<T> + Send + 'static,
     {
-        let ns = self.ns.clone();
+        let ns = self.ns()?;
         match tokio::task::spawn_blocking(move || f(&ns)).await {
             Ok(result) => result.map_err(Status::from),
             Err(e) => Err(CairnError::internal(format!("request failed: {e}")).into()),
@@ -339,7 +405,7 @@ impl Meta for MetaService {
         let mut orphans = Vec::new();
         for (ino, generation) in files {
             // Nearly every file closed is linked: one inline read says so.
-            if self.ns.sessions().released(r.client_id, ino, generation)
+            if self.ns()?.sessions().released(r.client_id, ino, generation)
                 && self.read(|ns| ns.is_orphan(ino))?
             {
                 orphans.push(ino);
@@ -358,7 +424,8 @@ impl Meta for MetaService {
         req: Request<ClientHeartbeatRequest>,
     ) -> Result<Response<ClientHeartbeatReply>, Status> {
         let r = req.into_inner();
-        let sessions = self.ns.sessions();
+        let ns = self.ns()?;
+        let sessions = ns.sessions();
         sessions.heartbeat(r.client_id, Some(r.open));
         Ok(Response::new(ClientHeartbeatReply { lease_ms: sessions.lease().as_millis() as u64 }))
     }
@@ -373,7 +440,8 @@ impl Meta for MetaService {
         }
         let want =
             Lock { client: r.client_id, owner: r.owner, pid: r.pid, start: r.start, end: r.end, typ: r.typ };
-        let sessions = self.ns.sessions();
+        let ns = self.ns()?;
+        let sessions = ns.sessions();
         sessions.heartbeat(r.client_id, None);
         let outcome = if r.test {
             sessions.conflict(r.ino, &want).map_or(Ok(()), Err)
@@ -429,7 +497,7 @@ impl Meta for MetaService {
     }
 
     async fn list_nodes(&self, _req: Request<Empty>) -> Result<Response<ListNodesReply>, Status> {
-        Ok(Response::new(ListNodesReply { nodes: nodes_with_progress(&self.ns) }))
+        Ok(Response::new(ListNodesReply { nodes: nodes_with_progress(&*self.ns()?) }))
     }
 
     async fn report_damaged(&self, req: Request<ReportDamagedRequest>) -> Result<Response<Empty>, Status> {
@@ -540,6 +608,25 @@ impl Meta for MetaService {
         })
         .await?;
         Ok(Response::new(Empty {}))
+    }
+
+    async fn raft_vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        Ok(Response::new(self.raft()?.handle_vote(req.into_inner()).await?))
+    }
+
+    async fn raft_append(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        Ok(Response::new(self.raft()?.handle_append(req.into_inner()).await?))
+    }
+
+    async fn raft_snapshot(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        Ok(Response::new(self.raft()?.handle_snapshot(req.into_inner()).await?))
+    }
+
+    async fn raft_status(&self, _req: Request<Empty>) -> Result<Response<RaftStatusReply>, Status> {
+        Ok(Response::new(match self.raft.get() {
+            Some(raft) => raft.status(),
+            None => RaftStatusReply { state: "single".into(), ..Default::default() },
+        }))
     }
 }
 

@@ -20,6 +20,8 @@
 
 pub mod codec;
 pub mod log;
+pub mod network;
+pub mod node;
 pub mod state;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,260 @@
+//! Raft messages between metaservers, over the `Meta` gRPC service (`RaftVote`, `RaftAppend`,
+//! `RaftSnapshot`). A [`RaftMessage`](cairn_proto::RaftMessage) carries openraft's request
+//! or reply as JSON in `header`, log entries in the log's own format ([`super::codec`]), a
+//! snapshot chunk in `data`, and the sender's cluster id, which the receiver checks: a replica
+//! of another cluster is refused, never joined.
+
+use std::sync::Arc;
+
+use cairn_common::channels::Channels;
+use cairn_common::{CairnError, Result};
+use cairn_proto::RaftMessage;
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::{codec, LogId, NodeId, SnapshotMeta, TypeConfig, Vote};
+
+/// An append-entries request without its entries.
+#[derive(Serialize, Deserialize)]
+struct AppendHeader {
+    vote: Vote,
+    prev_log_id: Option<LogId>,
+    leader_commit: Option<LogId>,
+}
+
+/// A snapshot chunk's request without its bytes.
+#[derive(Serialize, Deserialize)]
+struct SnapshotHeader {
+    vote: Vote,
+    meta: SnapshotMeta,
+    offset: u64,
+    done: bool,
+}
+
+fn json<T: Serialize>(value: &T) -> Result<Vec<u8>> {
+    serde_json::to_vec(value).map_err(|e| CairnError::internal(format!("Raft message: {e}")))
+}
+
+fn from_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| CairnError::invalid(format!("malformed Raft message: {e}")))
+}
+
+/// Encode an append-entries request.
+pub fn encode_append(req: &AppendEntriesRequest<TypeConfig>, cluster: &str) -> Result<RaftMessage> {
+    let header =
+        AppendHeader { vote: req.vote, prev_log_id: req.prev_log_id, leader_commit: req.leader_commit };
+    Ok(RaftMessage {
+        header: json(&header)?,
+        entries: req.entries.iter().map(codec::encode).collect(),
+        data: Vec::new(),
+        cluster: cluster.to_string(),
+    })
+}
+
+/// Decode an append-entries request.
+pub fn decode_append(msg: &RaftMessage) -> Result<AppendEntriesRequest<TypeConfig>> {
+    let header: AppendHeader = from_json(&msg.header)?;
+    let entries = msg
+        .entries
+        .iter()
+        .map(|e| codec::decode(e).map_err(|e| CairnError::invalid(format!("malformed Raft entry: {e}"))))
+        .collect::<Result<_>>()?;
+    Ok(AppendEntriesRequest {
+        vote: header.vote,
+        prev_log_id: header.prev_log_id,
+        leader_commit: header.leader_commit,
+        entries,
+    })
+}
+
+pub fn encode_snapshot(req: &InstallSnapshotRequest<TypeConfig>, cluster: &str) -> Result<RaftMessage> {
+    let header =
+        SnapshotHeader { vote: req.vote, meta: req.meta.clone(), offset: req.offset, done: req.done };
+    Ok(RaftMessage {
+        header: json(&header)?,
+        entries: Vec::new(),
+        data: req.data.clone(),
+        cluster: cluster.to_string(),
+    })
+}
+
+pub fn decode_snapshot(msg: RaftMessage) -> Result<InstallSnapshotRequest<TypeConfig>> {
+    let header: SnapshotHeader = from_json(&msg.header)?;
+    Ok(InstallSnapshotRequest {
+        vote: header.vote,
+        meta: header.meta,
+        offset: header.offset,
+        data: msg.data,
+        done: header.done,
+    })
+}
+
+/// A message whose header is `value` as JSON (votes and every reply).
+pub fn encode_plain<T: Serialize>(value: &T, cluster: &str) -> Result<RaftMessage> {
+    Ok(RaftMessage {
+        header: json(value)?,
+        entries: Vec::new(),
+        data: Vec::new(),
+        cluster: cluster.to_string(),
+    })
+}
+
+pub fn decode_plain<T: DeserializeOwned>(msg: &RaftMessage) -> Result<T> {
+    from_json(&msg.header)
+}
+
+/// Refuse a message from another cluster.
+pub fn check_cluster(msg: &RaftMessage, cluster: &str) -> Result<()> {
+    if msg.cluster != cluster {
+        return Err(CairnError::new(
+            cairn_common::ErrorKind::PermissionDenied,
+            format!(
+                "Raft message from cluster {:?}; this metaserver belongs to cluster {cluster:?}",
+                msg.cluster
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Makes the connections to the other replicas (one gRPC channel per address, shared).
+#[derive(Clone)]
+pub struct Network {
+    channels: Arc<Channels>,
+    cluster: Arc<str>,
+}
+
+impl Network {
+    pub fn new(channels: Arc<Channels>, cluster: &str) -> Network {
+        Network { channels, cluster: cluster.into() }
+    }
+}
+
+/// The connection to one replica.
+pub struct Peer {
+    target: NodeId,
+    addr: String,
+    channels: Arc<Channels>,
+    cluster: Arc<str>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+        Peer {
+            target,
+            addr: node.addr.clone(),
+            channels: self.channels.clone(),
+            cluster: self.cluster.clone(),
+        }
+    }
+}
+
+type RpcError<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
+
+impl Peer {
+    /// Send `msg` with `call` and decode the reply, a `Result` of openraft's as JSON.
+    async fn send<T, E, F, Fut>(
+        &self,
+        msg: Result<RaftMessage>,
+        option: &RPCOption,
+        call: F,
+    ) -> Result<T, RpcError<E>>
+    where
+        T: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+        F: FnOnce(cairn_proto::meta_client::MetaClient<tonic::transport::Channel>, RaftMessage) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<tonic::Response<RaftMessage>, tonic::Status>>,
+    {
+        let msg = msg.map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let client =
+            self.channels.meta(&self.addr).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+        let reply = match tokio::time::timeout(option.hard_ttl(), call(client, msg)).await {
+            Err(elapsed) => return Err(RPCError::Unreachable(Unreachable::new(&elapsed))),
+            Ok(Err(status)) => {
+                let e = CairnError::from(status);
+                return Err(match e.kind() {
+                    cairn_common::ErrorKind::Unavailable => RPCError::Unreachable(Unreachable::new(&e)),
+                    _ => RPCError::Network(NetworkError::new(&e)),
+                });
+            }
+            Ok(Ok(reply)) => reply.into_inner(),
+        };
+        let result: std::result::Result<T, RaftError<NodeId, E>> =
+            decode_plain(&reply).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> std::result::Result<AppendEntriesResponse<NodeId>, RpcError> {
+        let msg = encode_append(&rpc, &self.cluster);
+        self.send(msg, &option, |mut c, m| async move { c.raft_append(m).await }).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> std::result::Result<InstallSnapshotResponse<NodeId>, RpcError<InstallSnapshotError>> {
+        let msg = encode_snapshot(&rpc, &self.cluster);
+        self.send(msg, &option, |mut c, m| async move { c.raft_snapshot(m).await }).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> std::result::Result<VoteResponse<NodeId>, RpcError> {
+        let msg = encode_plain(&rpc, &self.cluster);
+        self.send(msg, &option, |mut c, m| async move { c.raft_vote(m).await }).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    use super::*;
+    use crate::raft::{Command, Entry};
+    use crate::store::{Cf, Op};
+
+    #[test]
+    fn an_append_request_round_trips_and_checks_its_cluster() {
+        let id = |i| LogId::new(CommittedLeaderId::new(3, 1), i);
+        let ops = vec![Op::Put { cf: Cf::Inodes, key: vec![1], value: vec![2; 300] }];
+        let req = AppendEntriesRequest::<TypeConfig> {
+            vote: Vote::new_committed(3, 1),
+            prev_log_id: Some(id(4)),
+            leader_commit: Some(id(4)),
+            entries: vec![Entry { log_id: id(5), payload: EntryPayload::Normal(Command { ops }) }],
+        };
+        let msg = encode_append(&req, "c1").unwrap();
+        assert!(check_cluster(&msg, "c1").is_ok());
+        assert!(check_cluster(&msg, "c2").unwrap_err().message().contains("\"c1\""));
+        let back = decode_append(&msg).unwrap();
+        assert_eq!(back.entries, req.entries);
+        assert_eq!(
+            (back.vote, back.prev_log_id, back.leader_commit),
+            (req.vote, req.prev_log_id, req.leader_commit)
+        );
+
+        let mut bad = msg.clone();
+        bad.entries[0].truncate(10);
+        assert!(decode_append(&bad).unwrap_err().message().contains("malformed Raft entry"));
+        bad.header = b"{".to_vec();
+        assert!(decode_append(&bad).unwrap_err().message().contains("malformed Raft message"));
+    }
+}

@@ -1,0 +1,360 @@
+//! One metaserver's replica of the Raft group: starting it, answering the other replicas, and
+//! [`RaftStore`], the [`MetaStore`] the leader's namespace writes through.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_common::channels::Channels;
+use cairn_common::{CairnError, ErrorKind, Result};
+use cairn_proto::{RaftMember, RaftMessage, RaftStatusReply};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy};
+
+use super::log::LogStore;
+use super::network::{self, Network};
+use super::state::{SmStore, StateMachine};
+use super::{Command, NodeId, TypeConfig};
+use crate::store::{Batch, Cf, MetaStore, StoreView};
+
+/// How one replica runs.
+#[derive(Clone, Debug)]
+pub struct RaftSettings {
+    /// This replica's id in the group.
+    pub id: NodeId,
+    /// Every member's id and address, this one's included.
+    pub members: BTreeMap<NodeId, String>,
+    /// The cluster's id: messages and data directories of another cluster are refused.
+    pub cluster: String,
+    /// `{data_dir}/raft`.
+    pub dir: PathBuf,
+    pub heartbeat: Duration,
+    /// Elections start after this much silence from the leader (randomized up to twice it).
+    pub election: Duration,
+    /// How long a write waits to be committed before it fails (no quorum).
+    pub write_timeout: Duration,
+}
+
+/// The file naming the cluster a data directory belongs to.
+const CLUSTER_FILE: &str = "cluster";
+
+/// Refuse a data directory of another cluster; stamp a new one with `cluster`.
+fn check_cluster_dir(dir: &Path, cluster: &str) -> Result<()> {
+    let path = dir.join(CLUSTER_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(found) if found.trim() == cluster => Ok(()),
+        Ok(found) => Err(CairnError::invalid(format!(
+            "{} belongs to cluster {:?}, not {cluster:?}: refusing to start on another cluster's data \
+             (point data_dir elsewhere, or set cluster to {:?})",
+            dir.display(),
+            found.trim(),
+            found.trim()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| CairnError::from_io(&format!("cannot create {}", dir.display()), &e))?;
+            std::fs::write(&path, format!("{cluster}\n"))
+                .map_err(|e| CairnError::from_io(&format!("cannot write {}", path.display()), &e))
+        }
+        Err(e) => Err(CairnError::from_io(&format!("cannot read {}", path.display()), &e)),
+    }
+}
+
+pub struct RaftNode {
+    pub raft: Raft<TypeConfig>,
+    settings: RaftSettings,
+    sm: Arc<SmStore>,
+    runtime: tokio::runtime::Handle,
+    /// Set when a write failed: what the leader's namespace holds in memory may be ahead of or
+    /// behind the store, so it is opened again before serving more.
+    poisoned: AtomicBool,
+}
+
+fn not_leader(leader: Option<&BasicNode>) -> CairnError {
+    CairnError::new(
+        ErrorKind::NotLeader,
+        match leader {
+            Some(node) => format!("this metaserver is not the leader; the leader is {}", node.addr),
+            None => "this metaserver is not the leader and no leader is known yet".to_string(),
+        },
+    )
+}
+
+impl RaftNode {
+    /// Open this replica's log and state machine and join the group. The member with the
+    /// lowest id makes a pristine group (every member's data directory new) by proposing the
+    /// first membership; the others wait to hear from a leader.
+    pub async fn start(settings: RaftSettings) -> Result<Arc<RaftNode>> {
+        if !settings.members.contains_key(&settings.id) {
+            return Err(CairnError::invalid(format!(
+                "raft id {} is not among the members {:?}",
+                settings.id,
+                settings.members.keys().collect::<Vec<_>>()
+            )));
+        }
+        let dir = settings.dir.clone();
+        let cluster = settings.cluster.clone();
+        let (log, sm) = tokio::task::spawn_blocking(move || -> Result<_> {
+            check_cluster_dir(&dir, &cluster)?;
+            Ok((LogStore::open(&dir.join("log"))?, StateMachine::open(&dir)?))
+        })
+        .await
+        .map_err(|e| CairnError::internal(format!("opening the Raft storage: {e}")))??;
+        let store = sm.store().clone();
+        let heartbeat = settings.heartbeat.as_millis().max(10) as u64;
+        let election = settings.election.as_millis() as u64;
+        let config = openraft::Config {
+            cluster_name: settings.cluster.clone(),
+            heartbeat_interval: heartbeat,
+            election_timeout_min: election.max(heartbeat * 3),
+            election_timeout_max: election.max(heartbeat * 3) * 2,
+            install_snapshot_timeout: 10_000,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(5000),
+            max_in_snapshot_log_to_keep: 1000,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| CairnError::invalid(format!("Raft settings: {e}")))?;
+        let channels = Arc::new(Channels::new(Duration::from_secs(1), Duration::from_secs(30)));
+        let network = Network::new(channels.clone(), &settings.cluster);
+        let raft = Raft::new(settings.id, Arc::new(config), network, log, sm)
+            .await
+            .map_err(|e| CairnError::internal(format!("starting Raft: {e}")))?;
+        let node = Arc::new(RaftNode {
+            raft,
+            settings,
+            sm: store,
+            runtime: tokio::runtime::Handle::current(),
+            poisoned: AtomicBool::new(false),
+        });
+        node.bootstrap(&channels).await?;
+        Ok(node)
+    }
+
+    /// Propose the first membership when this is the lowest member, nothing was ever stored
+    /// here, and no other member reports a group already running (a member whose data
+    /// directory was lost must not found a second group).
+    async fn bootstrap(&self, channels: &Channels) -> Result<()> {
+        let lowest = *self.settings.members.keys().next().expect("members include this one");
+        let pristine = !self.raft.is_initialized().await.map_err(|e| CairnError::internal(e.to_string()))?;
+        if lowest != self.settings.id || !pristine {
+            return Ok(());
+        }
+        for (id, addr) in &self.settings.members {
+            if *id == self.settings.id {
+                continue;
+            }
+            let Ok(mut client) = channels.meta(addr) else { continue };
+            let asked =
+                tokio::time::timeout(Duration::from_secs(1), client.raft_status(cairn_proto::Empty {})).await;
+            if let Ok(Ok(reply)) = asked {
+                let status = reply.into_inner();
+                if status.cluster == self.settings.cluster && (status.term > 0 || !status.members.is_empty())
+                {
+                    tracing::warn!(
+                        member = id,
+                        "this replica's Raft data is new but the group already runs: waiting to be caught up"
+                    );
+                    return Ok(());
+                }
+            }
+        }
+        let members: BTreeMap<NodeId, BasicNode> =
+            self.settings.members.iter().map(|(id, addr)| (*id, BasicNode::new(addr))).collect();
+        match self.raft.initialize(members).await {
+            Ok(()) => {
+                tracing::info!(members = ?self.settings.members, "founded the metadata Raft group");
+                Ok(())
+            }
+            Err(RaftError::APIError(e)) => {
+                tracing::info!("Raft group already initialized: {e}");
+                Ok(())
+            }
+            Err(e) => Err(CairnError::internal(format!("initializing Raft: {e}"))),
+        }
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.settings.id
+    }
+
+    pub fn cluster(&self) -> &str {
+        &self.settings.cluster
+    }
+
+    /// Whether this replica leads right now (by its own knowledge).
+    pub fn is_leader(&self) -> bool {
+        let m = self.raft.metrics().borrow().clone();
+        m.state == ServerState::Leader && m.current_leader == Some(self.settings.id)
+    }
+
+    /// The error a request to a replica that does not lead gets.
+    pub fn not_leader(&self) -> CairnError {
+        let m = self.raft.metrics().borrow().clone();
+        let leader = m.current_leader.and_then(|id| m.membership_config.membership().get_node(&id).cloned());
+        not_leader(leader.as_ref())
+    }
+
+    /// The current term.
+    pub fn term(&self) -> u64 {
+        self.raft.metrics().borrow().current_term
+    }
+
+    /// Take (and clear) the mark a failed write left.
+    pub fn take_poisoned(&self) -> bool {
+        self.poisoned.swap(false, Ordering::AcqRel)
+    }
+
+    /// The store the namespace of this replica reads and, while it leads, writes through.
+    pub fn store(self: &Arc<Self>) -> Arc<RaftStore> {
+        Arc::new(RaftStore { node: self.clone() })
+    }
+
+    pub fn status(&self) -> RaftStatusReply {
+        let m = self.raft.metrics().borrow().clone();
+        let state = match m.state {
+            ServerState::Leader => "leader",
+            ServerState::Follower => "follower",
+            ServerState::Candidate => "candidate",
+            ServerState::Learner => "learner",
+            ServerState::Shutdown => "shutdown",
+        };
+        let membership = m.membership_config.membership();
+        let voters: Vec<NodeId> = membership.voter_ids().collect();
+        let matched = |id: &NodeId| {
+            m.replication.as_ref().and_then(|r| r.get(id).cloned().flatten()).map_or(0, |log_id| log_id.index)
+        };
+        let members = membership
+            .nodes()
+            .map(|(id, node)| RaftMember {
+                id: *id,
+                addr: node.addr.clone(),
+                voter: voters.contains(id),
+                matched: matched(id),
+            })
+            .collect();
+        let leader = m.current_leader.unwrap_or(0);
+        RaftStatusReply {
+            id: self.settings.id,
+            state: state.into(),
+            term: m.current_term,
+            leader,
+            leader_addr: membership.get_node(&leader).map(|n| n.addr.clone()).unwrap_or_default(),
+            last_log_index: m.last_log_index.unwrap_or(0),
+            applied_index: m.last_applied.map_or(0, |id| id.index),
+            snapshot_index: m.snapshot.map_or(0, |id| id.index),
+            members,
+            cluster: self.settings.cluster.clone(),
+        }
+    }
+
+    /// Answer another replica's vote request.
+    pub async fn handle_vote(&self, msg: RaftMessage) -> Result<RaftMessage> {
+        network::check_cluster(&msg, self.cluster())?;
+        let reply = self.raft.vote(network::decode_plain(&msg)?).await;
+        network::encode_plain(&reply, self.cluster())
+    }
+
+    /// Answer the leader's append-entries (or heartbeat).
+    pub async fn handle_append(&self, msg: RaftMessage) -> Result<RaftMessage> {
+        network::check_cluster(&msg, self.cluster())?;
+        let reply = self.raft.append_entries(network::decode_append(&msg)?).await;
+        network::encode_plain(&reply, self.cluster())
+    }
+
+    /// Take a chunk of a snapshot the leader sends.
+    pub async fn handle_snapshot(&self, msg: RaftMessage) -> Result<RaftMessage> {
+        network::check_cluster(&msg, self.cluster())?;
+        let reply = self.raft.install_snapshot(network::decode_snapshot(msg)?).await;
+        network::encode_plain(&reply, self.cluster())
+    }
+
+    /// Wait until this replica, as leader, has applied everything committed before now (the
+    /// blank entry of its term included), so a namespace opened over it sees every
+    /// acknowledged change.
+    pub async fn caught_up(&self) -> Result<()> {
+        self.raft.ensure_linearizable().await.map(|_| ()).map_err(|e| match e.forward_to_leader() {
+            Some(f) => not_leader(f.leader_node.as_ref()),
+            None => CairnError::unavailable(format!("confirming leadership: {e}")),
+        })
+    }
+
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!("stopping Raft: {e}");
+        }
+    }
+
+    /// Propose `batch` and wait until it is applied here.
+    fn propose(&self, batch: Batch) -> Result<()> {
+        let write = async {
+            match tokio::time::timeout(self.settings.write_timeout, self.raft.client_write(Command::from(batch))).await {
+                Err(_) => Err(CairnError::unavailable(format!(
+                    "a metadata change was not committed within {:?}: fewer than a majority of metaservers answer",
+                    self.settings.write_timeout
+                ))),
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                    Err(not_leader(f.leader_node.as_ref()))
+                }
+                Ok(Err(e)) => Err(CairnError::unavailable(format!("replicating a metadata change: {e}"))),
+            }
+        };
+        let result = tokio::task::block_in_place(|| self.runtime.block_on(write));
+        if result.is_err() {
+            self.poisoned.store(true, Ordering::Release);
+        }
+        result
+    }
+}
+
+/// The replicated [`MetaStore`]: reads from this replica's state machine, writes proposed
+/// through Raft and returned once applied here. Every write waits for a majority's disks, so
+/// `syncs_every_write` is true and the service runs changes on the blocking pool.
+pub struct RaftStore {
+    node: Arc<RaftNode>,
+}
+
+impl MetaStore for RaftStore {
+    fn with_view(&self, f: &mut dyn FnMut(&dyn StoreView) -> Result<()>) -> Result<()> {
+        self.node.sm.current().with_view(f)
+    }
+
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.node.sm.current().get(cf, key)
+    }
+
+    fn scan(&self, cf: Cf, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.node.sm.current().scan(cf, start, end, limit)
+    }
+
+    fn write(&self, batch: Batch) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        if batch.ops().iter().any(|op| {
+            matches!(
+                op,
+                crate::store::Op::Put { cf: Cf::Raft, .. } | crate::store::Op::Delete { cf: Cf::Raft, .. }
+            )
+        }) {
+            return Err(CairnError::internal("a namespace write names the Raft state's column family"));
+        }
+        self.node.propose(batch)
+    }
+
+    fn sync(&self) -> Result<()> {
+        // Everything written is in a majority's synced logs already.
+        Ok(())
+    }
+
+    fn syncs_every_write(&self) -> bool {
+        true
+    }
+
+    fn properties(&self) -> Vec<(&'static str, u64)> {
+        self.node.sm.current().properties()
+    }
+}

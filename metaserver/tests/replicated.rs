@@ -1,0 +1,188 @@
+//! Three metaserver replicas in one process on loopback: one leads and serves, the others
+//! answer `NotLeader`; when the leader stops, another takes over with every acknowledged
+//! change; a stopped replica catches up when it comes back; a replica of another cluster is
+//! refused.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use cairn_common::config::MetaConfig;
+use cairn_common::{CairnError, ErrorKind};
+use cairn_proto::meta_client::MetaClient;
+use cairn_proto::{Empty, LookupRequest, MkdirRequest, RaftStatusReply};
+use tempfile::TempDir;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+struct Replica {
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<cairn_common::Result<()>>>,
+}
+
+fn config(dir: &Path, id: u64, addrs: &[String]) -> MetaConfig {
+    MetaConfig {
+        listen: addrs[id as usize - 1].clone(),
+        data_dir: dir.join(format!("meta{id}")),
+        replicas: addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect(),
+        raft_id: id,
+        ..MetaConfig::default()
+    }
+}
+
+async fn start(config: MetaConfig) -> Replica {
+    let listener = tokio::net::TcpListener::bind(&config.listen).await.unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(cairn_meta::serve(config, listener, async move {
+        let _ = stopped.await;
+    }));
+    Replica { stop: Some(stop), task: Some(task) }
+}
+
+impl Replica {
+    async fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(20), task).await.expect("the replica stops");
+        }
+    }
+}
+
+async fn client(addr: &str) -> MetaClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .timeout(Duration::from_secs(15))
+        .connect_lazy();
+    MetaClient::new(channel)
+}
+
+async fn status(addr: &str) -> Option<RaftStatusReply> {
+    client(addr).await.raft_status(Empty {}).await.ok().map(|r| r.into_inner())
+}
+
+/// The address of the replica that leads and serves, waiting up to `secs`.
+async fn serving_leader(addrs: &[String], secs: u64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        for addr in addrs {
+            if let Some(s) = status(addr).await {
+                if s.state == "leader" {
+                    // Serving once the namespace is open: a lookup of the root's "." fails
+                    // with NotFound, not NotLeader.
+                    let probe =
+                        client(addr).await.lookup(LookupRequest { parent: 1, name: b"probe".to_vec() }).await;
+                    if let Err(status) = probe {
+                        if CairnError::from(status).kind() == ErrorKind::NotFound {
+                            return addr.clone();
+                        }
+                    }
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "no serving leader within {secs} s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn free_addrs(n: usize) -> Vec<String> {
+    let listeners: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    listeners.iter().map(|l| l.local_addr().unwrap().to_string()).collect()
+}
+
+async fn mkdir(addr: &str, name: &str) -> Result<u64, CairnError> {
+    let req = MkdirRequest { parent: 1, name: name.as_bytes().to_vec(), mode: 0o755, uid: 0, gid: 0 };
+    client(addr).await.mkdir(req).await.map(|r| r.into_inner().attr.unwrap().ino).map_err(CairnError::from)
+}
+
+async fn lookup(addr: &str, name: &str) -> Result<u64, CairnError> {
+    let req = LookupRequest { parent: 1, name: name.as_bytes().to_vec() };
+    client(addr).await.lookup(req).await.map(|r| r.into_inner().attr.unwrap().ino).map_err(CairnError::from)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_serves_followers_redirect_and_a_new_leader_keeps_every_acknowledged_change() {
+    let dir = TempDir::new().unwrap();
+    let addrs = free_addrs(3);
+    let mut replicas = Vec::new();
+    for id in 1..=3 {
+        replicas.push(start(config(dir.path(), id, &addrs)).await);
+    }
+    let leader = serving_leader(&addrs, 30).await;
+    let mut made = Vec::new();
+    for i in 0..20 {
+        let name = format!("d{i}");
+        made.push((name.clone(), mkdir(&leader, &name).await.unwrap()));
+    }
+    for addr in addrs.iter().filter(|a| **a != leader) {
+        let e = mkdir(addr, "elsewhere").await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotLeader, "{e:?}");
+        assert!(e.message().contains(&leader), "the follower names the leader: {}", e.message());
+    }
+
+    // Stop the leader: another takes over and has every acknowledged directory.
+    let index = addrs.iter().position(|a| *a == leader).unwrap();
+    replicas[index].stop().await;
+    let survivors: Vec<String> = addrs.iter().filter(|a| **a != leader).cloned().collect();
+    let started = Instant::now();
+    let second = serving_leader(&survivors, 30).await;
+    eprintln!("failover took {:?}", started.elapsed());
+    for (name, ino) in &made {
+        assert_eq!(lookup(&second, name).await.unwrap(), *ino, "{name} after the failover");
+    }
+    // Inode numbers are never handed out twice across leaders.
+    let next = mkdir(&second, "after").await.unwrap();
+    assert!(made.iter().all(|(_, ino)| *ino != next));
+
+    // The old leader comes back as a follower and catches up.
+    replicas[index] = start(config(dir.path(), index as u64 + 1, &addrs)).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = status(&leader).await;
+        let leading = status(&second).await.unwrap();
+        if let Some(s) = s {
+            if s.state == "follower" && s.applied_index >= leading.applied_index && s.leader != 0 {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "the old leader did not catch up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for r in &mut replicas {
+        r.stop().await;
+    }
+
+    // All three restarted: nothing acknowledged is lost.
+    let mut replicas = Vec::new();
+    for id in 1..=3 {
+        replicas.push(start(config(dir.path(), id, &addrs)).await);
+    }
+    let third = serving_leader(&addrs, 30).await;
+    for (name, ino) in made.iter().chain([("after".to_string(), next)].iter()) {
+        assert_eq!(lookup(&third, name).await.unwrap(), *ino, "{name} after restarting all three");
+    }
+    for r in &mut replicas {
+        r.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_directory_of_another_cluster_or_a_lone_metaserver_is_refused() {
+    let dir = TempDir::new().unwrap();
+    let addrs = free_addrs(1);
+    let mut one = config(dir.path(), 1, &addrs);
+    let mut replica = start(one.clone()).await;
+    serving_leader(&addrs, 30).await;
+    replica.stop().await;
+
+    one.cluster = "other".into();
+    let listener = tokio::net::TcpListener::bind(&one.listen).await.unwrap();
+    let e = cairn_meta::serve(one.clone(), listener, async {}).await.unwrap_err();
+    assert!(e.message().contains("belongs to cluster \"cairn\""), "{}", e.message());
+
+    // The same directory opened by a metaserver without replicas.
+    let mut alone = one.clone();
+    alone.replicas.clear();
+    let e = cairn_meta::open_namespace(&alone).err().expect("refused");
+    assert!(e.message().contains("replicated namespace"), "{}", e.message());
+}
