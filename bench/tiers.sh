@@ -114,7 +114,7 @@ start_cluster() { # ssd_capacity engine
         [ $SECONDS -lt $deadline ] || die "cairn up not ready; see $WORK/up.log"
         sleep 0.2
     done
-    META=$(sed -n 's/^ready: .* metaserver \([^,]*\),.*/\1/p' "$WORK/up.log")
+    META=$(sed -n 's/^ready: .* metaserver \([^; ]*\)[; ].*/\1/p' "$WORK/up.log")
 }
 
 df_json() { "$CAIRN" df --meta "$META" --json; }

@@ -503,9 +503,15 @@ fn random_operations_match_a_local_filesystem() {
     let seed = seed();
     let steps = env_or("CAIRN_MODEL_STEPS", DEFAULT_STEPS);
     println!("model test: CAIRN_MODEL_SEED={seed} CAIRN_MODEL_STEPS={steps}");
-    // A short write-back interval: files held open commit in the background between steps.
-    let cluster =
-        Cluster::start_with(std::path::Path::new("/tmp"), 6, "4+2", 64, &["--commit-interval-ms", "20"]);
+    // A short write-back interval: files held open commit in the background between steps;
+    // the namespace replicated over three metaservers, as `cairn up` runs it.
+    let cluster = Cluster::start_with(
+        std::path::Path::new("/tmp"),
+        6,
+        "4+2",
+        64,
+        &["--commit-interval-ms", "20", "--meta-replicas", "3"],
+    );
     let scratch = tempfile::Builder::new().prefix("cairn-model-").tempdir_in("/tmp").expect("tempdir");
     let mut local = World::new(scratch.path().join("model"));
     let mut cairn = World::new(cluster.mnt.join("model"));

@@ -80,8 +80,12 @@ impl Cluster {
                 }
             };
             if line.starts_with("ready:") {
-                self.meta_addr =
-                    line.split("metaserver ").nth(1).and_then(|s| s.split(',').next()).unwrap().to_string();
+                self.meta_addr = line
+                    .split("metaserver ")
+                    .nth(1)
+                    .and_then(|s| s.split([';', ' ']).next())
+                    .unwrap()
+                    .to_string();
                 break;
             }
             let cols: Vec<&str> = line.split_whitespace().collect();
@@ -374,6 +378,12 @@ impl Cluster {
             "--meta-port".into(),
             "0".into(),
         ];
+        // Tests of other features run one metaserver (faster, and some kill and restart "the"
+        // metaserver); the replicated path is `cairn up`'s default and tested where a test asks
+        // for it (`tests/replicas.rs`, the model test, pjdfstest).
+        if !extra.contains(&"--meta-replicas") {
+            args.extend(["--meta-replicas".to_string(), "1".to_string()]);
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut cluster =
             Cluster { root, data, mnt, nodes: Vec::new(), meta_addr: String::new(), up: None, args };

@@ -30,7 +30,7 @@ results=$work/results.txt
 "$python" bench/ml/gen.py "$work/dataset" --images "$images" --formats imagenet,wds
 
 cairn_start "$work/mnt"
-meta=$(sed -n 's/.*mounted from metaserver \([^,]*\),.*/\1/p' "$work/up.log")
+meta=$(sed -n 's/.*mounted from metaserver \([^; ]*\)[; ].*/\1/p' "$work/up.log")
 
 epochs() { # label dir format [loader flags...]
   local label=$1 dir=$2 fmt=$3

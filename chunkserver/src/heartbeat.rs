@@ -15,10 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_common::{CairnError, ErrorKind, Result};
-use cairn_proto::meta_client::MetaClient;
 use cairn_proto::{HeartbeatRequest, RegisterChunkRequest};
-use tonic::transport::{Channel, Endpoint};
 
+use crate::meta::MetaClients;
 use crate::store::ShardStore;
 
 const UUID_FILE: &str = "node.uuid";
@@ -59,7 +58,7 @@ pub fn load_or_create_uuid(state_dir: &Path) -> Result<String> {
 
 /// Everything the heartbeat loop needs.
 pub struct Heartbeat {
-    client: MetaClient<Channel>,
+    meta: MetaClients,
     uuid: String,
     advertise: String,
     store: Arc<ShardStore>,
@@ -77,12 +76,8 @@ impl Heartbeat {
         node_id: Arc<AtomicU32>,
         interval: Duration,
     ) -> Result<Heartbeat> {
-        let endpoint = Endpoint::from_shared(format!("http://{meta}"))
-            .map_err(|e| CairnError::invalid(format!("metaserver address {meta:?}: {e}")))?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(REQUEST_TIMEOUT);
-        let client = MetaClient::new(endpoint.connect_lazy());
-        Ok(Heartbeat { client, uuid, advertise, store, node_id, interval })
+        let meta = MetaClients::new(meta, CONNECT_TIMEOUT, REQUEST_TIMEOUT)?;
+        Ok(Heartbeat { meta, uuid, advertise, store, node_id, interval })
     }
 
     /// Register, then heartbeat forever (the caller aborts the task at shutdown).
@@ -123,7 +118,13 @@ impl Heartbeat {
             tiers: self.store.usage(),
             pid: std::process::id(),
         };
-        let reply = self.client.register_chunk(request).await?.into_inner();
+        let reply = self
+            .meta
+            .call(|mut c| {
+                let request = request.clone();
+                async move { c.register_chunk(request).await }
+            })
+            .await?;
         if reply.node_id == 0 {
             return Err(CairnError::internal("the metaserver answered node id 0"));
         }
@@ -139,7 +140,12 @@ impl Heartbeat {
             tiers,
             pid: std::process::id(),
         };
-        self.client.heartbeat(request).await?;
+        self.meta
+            .call(|mut c| {
+                let request = request.clone();
+                async move { c.heartbeat(request).await }
+            })
+            .await?;
         Ok(())
     }
 }

@@ -19,6 +19,7 @@ use cairn_proto::chunk_server::ChunkServer;
 
 pub mod engine;
 pub mod heartbeat;
+pub mod meta;
 pub mod metrics;
 pub mod mover;
 pub mod pins;

@@ -8,16 +8,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_common::{CairnError, ErrorKind, Result, ShardId};
-use cairn_proto::meta_client::MetaClient;
 use cairn_proto::ReportDamagedRequest;
-use tonic::transport::{Channel, Endpoint};
 
+use crate::meta::MetaClients;
 use crate::mover::verify_file;
 use crate::store::ShardStore;
 
 pub struct Scrub {
     store: Arc<ShardStore>,
-    meta: MetaClient<Channel>,
+    meta: MetaClients,
     rate_bytes: u64,
     interval: Duration,
 }
@@ -32,13 +31,9 @@ pub struct ScrubPass {
 
 impl Scrub {
     pub fn new(store: Arc<ShardStore>, meta: &str, rate_bytes: u64, interval: Duration) -> Result<Scrub> {
-        let endpoint = Endpoint::from_shared(format!("http://{meta}"))
-            .map_err(|e| CairnError::invalid(format!("metaserver address {meta:?}: {e}")))?
-            .connect_timeout(Duration::from_secs(2))
-            .timeout(Duration::from_secs(10));
         Ok(Scrub {
             store,
-            meta: MetaClient::new(endpoint.connect_lazy()),
+            meta: MetaClients::new(meta, Duration::from_secs(2), Duration::from_secs(10))?,
             rate_bytes: rate_bytes.max(1 << 20),
             interval,
         })
@@ -92,7 +87,12 @@ impl Scrub {
         }
         if !out.damaged.is_empty() {
             let req = ReportDamagedRequest { ids: out.damaged.iter().map(|id| (*id).into()).collect() };
-            self.meta.report_damaged(req).await.map_err(CairnError::from)?;
+            self.meta
+                .call(|mut c| {
+                    let req = req.clone();
+                    async move { c.report_damaged(req).await }
+                })
+                .await?;
             self.store.delete(&out.damaged).await?;
         }
         Ok(out)

@@ -32,9 +32,14 @@ pub struct UpArgs {
     /// Stripe unit in KiB (fixed when the cluster is first created).
     #[arg(long, default_value_t = 1024)]
     unit_kib: u32,
-    /// Metaserver port; 0 picks a free one (fixed when the cluster is first created).
+    /// Metaserver port (of the first replica); 0 picks a free one (fixed when the cluster is
+    /// first created).
     #[arg(long, default_value_t = 9400)]
     meta_port: u16,
+    /// Metaservers holding the namespace: 3 or 5 replicate it with Raft (a minority may fail),
+    /// 1 runs a lone metaserver (fixed when the cluster is first created).
+    #[arg(long, default_value_t = 3, value_parser = parse_replicas)]
+    meta_replicas: u32,
     /// How long a silent client keeps its locks and open files, in milliseconds.
     #[arg(long, default_value_t = 30_000)]
     client_lease_ms: u64,
@@ -118,6 +123,15 @@ pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
     Ok(bytes)
 }
 
+fn parse_replicas(text: &str) -> std::result::Result<u32, String> {
+    match text.trim().parse::<u32>() {
+        Ok(n @ (1 | 3 | 5)) => Ok(n),
+        _ => Err(format!(
+            "{text:?}: 1, 3 or 5 metaservers (an even number tolerates no more failures than one less)"
+        )),
+    }
+}
+
 /// What must stay the same across runs on one data dir.
 #[derive(Serialize, Deserialize)]
 struct ClusterFile {
@@ -125,6 +139,26 @@ struct ClusterFile {
     unit: u32,
     meta_port: u16,
     chunk_ports: Vec<u16>,
+    /// Metaservers: 1 (a lone one, and every cluster made before replication) or 3 or 5.
+    #[serde(default = "one")]
+    meta_replicas: u32,
+    /// Ports of the replicas after the first (`meta_port`).
+    #[serde(default)]
+    meta_ports: Vec<u16>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl ClusterFile {
+    /// Every metaserver's address, the first replica first.
+    fn meta_addrs(&self) -> Vec<String> {
+        std::iter::once(self.meta_port)
+            .chain(self.meta_ports.iter().copied())
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect()
+    }
 }
 
 struct Proc {
@@ -229,13 +263,27 @@ fn cluster_file(args: &UpArgs) -> Result<ClusterFile> {
             file.chunk_ports.push(free_port()?);
         }
         file.chunk_ports.truncate(args.chunkservers as usize);
+        if file.meta_replicas != args.meta_replicas {
+            eprintln!(
+                "cairn up: keeping the {} metaserver(s) of the existing cluster (--meta-replicas {} ignored)",
+                file.meta_replicas, args.meta_replicas
+            );
+        }
         return Ok(file);
     }
     let layout = Layout::parse_ec(&args.ec)?;
     Layout::new(layout.k, layout.m, args.unit_kib.saturating_mul(1024))?;
     let meta_port = if args.meta_port == 0 { free_port()? } else { args.meta_port };
     let chunk_ports = (0..args.chunkservers).map(|_| free_port()).collect::<Result<_>>()?;
-    Ok(ClusterFile { ec: args.ec.clone(), unit: args.unit_kib * 1024, meta_port, chunk_ports })
+    let meta_ports = (1..args.meta_replicas).map(|_| free_port()).collect::<Result<_>>()?;
+    Ok(ClusterFile {
+        ec: args.ec.clone(),
+        unit: args.unit_kib * 1024,
+        meta_port,
+        chunk_ports,
+        meta_replicas: args.meta_replicas,
+        meta_ports,
+    })
 }
 
 fn write_toml<T: Serialize>(path: &Path, value: &T) -> Result<()> {
@@ -298,33 +346,47 @@ async fn up(args: UpArgs) -> Result<()> {
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs).map_err(io_err("create", &logs))?;
 
-    let meta_addr = format!("127.0.0.1:{}", cluster.meta_port);
-    let meta_dir = dir.join("meta");
-    std::fs::create_dir_all(&meta_dir).map_err(io_err("create", &meta_dir))?;
-    let meta_cfg = MetaConfig {
-        listen: meta_addr.clone(),
-        data_dir: meta_dir.join("db"),
-        ec: cluster.ec.clone(),
-        unit: cluster.unit,
-        client_lease_ms: args.client_lease_ms,
-        rebuild_after_ms: args.rebuild_after_ms,
-        orphan_grace_ms: args.orphan_grace_ms,
-        reconcile_interval_ms: args.reconcile_interval_ms,
-        metrics_listen: Some(free_local_addr()?),
-        ..MetaConfig::default()
+    let meta_addrs = cluster.meta_addrs();
+    let meta_addr = meta_addrs.join(",");
+    let replicas: Vec<String> = if cluster.meta_replicas > 1 {
+        meta_addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect()
+    } else {
+        Vec::new()
     };
-    let meta_toml = meta_dir.join("meta.toml");
-    write_toml(&meta_toml, &meta_cfg)?;
     let mut procs = Vec::new();
-    let child = spawn(&["meta", "--config", meta_toml.to_str().unwrap_or_default()], &logs.join("meta.log"))?;
-    procs.push(Proc {
-        role: "meta".into(),
-        id: "-".into(),
-        addr: meta_addr.clone(),
-        metrics: meta_cfg.metrics_listen.clone(),
-        data: meta_cfg.data_dir.display().to_string(),
-        child,
-    });
+    for (i, listen) in meta_addrs.iter().enumerate() {
+        // A lone metaserver keeps the directory every earlier cluster has.
+        let name = if replicas.is_empty() { "meta".to_string() } else { format!("meta-{}", i + 1) };
+        let meta_dir = dir.join(&name);
+        std::fs::create_dir_all(&meta_dir).map_err(io_err("create", &meta_dir))?;
+        let meta_cfg = MetaConfig {
+            listen: listen.clone(),
+            data_dir: meta_dir.join("db"),
+            ec: cluster.ec.clone(),
+            unit: cluster.unit,
+            client_lease_ms: args.client_lease_ms,
+            rebuild_after_ms: args.rebuild_after_ms,
+            orphan_grace_ms: args.orphan_grace_ms,
+            reconcile_interval_ms: args.reconcile_interval_ms,
+            metrics_listen: Some(free_local_addr()?),
+            replicas: replicas.clone(),
+            raft_id: if replicas.is_empty() { 0 } else { i as u64 + 1 },
+            ..MetaConfig::default()
+        };
+        meta_cfg.validate()?;
+        let meta_toml = meta_dir.join("meta.toml");
+        write_toml(&meta_toml, &meta_cfg)?;
+        let log = logs.join(format!("{name}.log"));
+        let child = spawn(&["meta", "--config", meta_toml.to_str().unwrap_or_default()], &log)?;
+        procs.push(Proc {
+            role: "meta".into(),
+            id: if replicas.is_empty() { "-".into() } else { (i + 1).to_string() },
+            addr: listen.clone(),
+            metrics: meta_cfg.metrics_listen.clone(),
+            data: meta_cfg.data_dir.display().to_string(),
+            child,
+        });
+    }
 
     for (i, port) in cluster.chunk_ports.iter().enumerate() {
         let state = dir.join(format!("chunk-{}", i + 1));
@@ -426,8 +488,9 @@ async fn up(args: UpArgs) -> Result<()> {
         );
     }
     let ssd = args.ssd_capacity.map(|b| format!(", SSD tier capped at {b} bytes each")).unwrap_or_default();
+    let replicated = if cluster.meta_replicas > 1 { " (replicated with Raft)" } else { "" };
     println!(
-        "ready: {} mounted from metaserver {meta_addr}, EC {} over {} chunkservers{ssd} (logs in {}; Ctrl-C stops)",
+        "ready: {} mounted from metaserver {meta_addr}{replicated}; EC {} over {} chunkservers{ssd} (logs in {}; Ctrl-C stops)",
         mountpoint.display(),
         cluster.ec,
         args.chunkservers,

@@ -1,10 +1,12 @@
 //! The client's connection to the metaserver: the wire protocol (`cairn_common::wire`, a pool of
 //! framed TCP connections) by default, or a tonic channel when `CAIRN_TRANSPORT=grpc`, both
-//! with timeouts, and one method per RPC that returns the `CairnError` the server raised.
+//! with timeouts, and one method per RPC that returns the `CairnError` the server raised. A
+//! replicated metaserver is a list of addresses; requests follow its leader.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use cairn_common::failover::Failover;
 use cairn_common::wire::{self, WireClient};
 use cairn_common::{CairnError, Result, MAX_MESSAGE_BYTES};
 use cairn_proto::meta_client::MetaClient;
@@ -36,15 +38,73 @@ enum Conn {
     Grpc(MetaClient<Channel>),
 }
 
-/// A cheap-to-clone handle on the metaserver.
+/// A cheap-to-clone handle on the metaserver, or on the replicas of a replicated one: each
+/// request goes to the one that answered last and follows the leader (`cairn_common::failover`).
 #[derive(Clone)]
 pub struct MetaConn {
-    conn: Conn,
-    addr: String,
+    inner: Arc<Inner>,
 }
 
-/// Connect to the metaserver at `addr` (`host:port`), failing within a few seconds with a clear
-/// error if it does not answer.
+struct Inner {
+    failover: Failover,
+    /// One connection (pool) per address, made on first use.
+    conns: Vec<std::sync::OnceLock<Conn>>,
+    transport: Transport,
+    timeout: Duration,
+}
+
+impl Inner {
+    fn conn(&self, index: usize) -> Result<Conn> {
+        if let Some(conn) = self.conns[index].get() {
+            return Ok(conn.clone());
+        }
+        let addr = &self.failover.addrs()[index];
+        let conn = match self.transport {
+            Transport::Wire => {
+                Conn::Wire(Arc::new(WireClient::new(addr, Duration::from_secs(3), self.timeout)))
+            }
+            Transport::Grpc => {
+                let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+                    .map_err(|e| CairnError::invalid(format!("metaserver address {addr:?}: {e}")))?
+                    .connect_timeout(Duration::from_secs(3))
+                    .timeout(self.timeout)
+                    .tcp_nodelay(true);
+                Conn::Grpc(
+                    MetaClient::new(endpoint.connect_lazy())
+                        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                        .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                )
+            }
+        };
+        Ok(self.conns[index].get_or_init(|| conn).clone())
+    }
+
+    /// Connect to the metaserver at `index` now, so one that is not there is reported at once.
+    async fn check(&self, index: usize) -> Result<()> {
+        let addr = &self.failover.addrs()[index];
+        let unreachable =
+            |e: String| CairnError::unavailable(format!("cannot reach metaserver at {addr}: {e}"));
+        match self.conn(index)? {
+            Conn::Wire(client) => client.check().await.map_err(|e| unreachable(e.message().to_string())),
+            Conn::Grpc(client) => {
+                let mut client = client.clone();
+                match client.raft_status(cairn_proto::Empty {}).await {
+                    Ok(_) => Ok(()),
+                    Err(status) => match CairnError::from(status) {
+                        e if e.kind() == cairn_common::ErrorKind::Unavailable => {
+                            Err(unreachable(e.to_string()))
+                        }
+                        // An older metaserver without RaftStatus answered: it is there.
+                        _ => Ok(()),
+                    },
+                }
+            }
+        }
+    }
+}
+
+/// Connect to the metaserver at `addr` (`host:port`, or a comma-separated list of the replicas
+/// of a replicated one), failing within a few seconds with a clear error if it does not answer.
 pub async fn connect_meta(addr: &str) -> Result<MetaConn> {
     connect_meta_with_timeout(addr, Duration::from_secs(30)).await
 }
@@ -52,41 +112,31 @@ pub async fn connect_meta(addr: &str) -> Result<MetaConn> {
 /// [`connect_meta`] with another per-request deadline (admin commands that wait for a repair
 /// pass or a reconciliation need hours, not seconds).
 pub async fn connect_meta_with_timeout(addr: &str, timeout: Duration) -> Result<MetaConn> {
-    let unreachable = |e: String| CairnError::unavailable(format!("cannot reach metaserver at {addr}: {e}"));
-    let conn = match Transport::from_env()? {
-        Transport::Wire => {
-            let host_port = addr.strip_prefix("http://").unwrap_or(addr);
-            let client = WireClient::new(host_port, Duration::from_secs(3), timeout);
-            client.check().await.map_err(|e| unreachable(e.message().to_string()))?;
-            Conn::Wire(Arc::new(client))
-        }
-        Transport::Grpc => {
-            let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-            let endpoint = Endpoint::from_shared(url)
-                .map_err(|e| CairnError::invalid(format!("metaserver address {addr:?}: {e}")))?
-                .connect_timeout(Duration::from_secs(3))
-                .timeout(timeout)
-                .tcp_nodelay(true);
-            let channel = endpoint.connect().await.map_err(|e| unreachable(e.to_string()))?;
-            Conn::Grpc(
-                MetaClient::new(channel)
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
-            )
-        }
-    };
-    Ok(MetaConn { conn, addr: addr.to_string() })
+    let failover = Failover::parse(addr)?;
+    let conns = failover.addrs().iter().map(|_| std::sync::OnceLock::new()).collect();
+    let inner = Arc::new(Inner { failover, conns, transport: Transport::from_env()?, timeout });
+    // Reachable is enough here: which replica leads is found by the first request.
+    inner.failover.call(|i| inner.check(i)).await?;
+    Ok(MetaConn { inner })
 }
 
 macro_rules! rpc {
     ($name:ident, $req:ty, $reply:ty) => {
         pub async fn $name(&self, req: $req) -> Result<$reply> {
-            match &self.conn {
-                Conn::Wire(client) => wire::meta::$name(client, req).await,
-                Conn::Grpc(client) => {
-                    client.clone().$name(req).await.map(|r| r.into_inner()).map_err(CairnError::from)
-                }
-            }
+            self.inner
+                .failover
+                .call(|index| {
+                    let req = req.clone();
+                    async move {
+                        match self.inner.conn(index)? {
+                            Conn::Wire(client) => wire::meta::$name(&client, req).await,
+                            Conn::Grpc(mut client) => {
+                                client.$name(req).await.map(|r| r.into_inner()).map_err(CairnError::from)
+                            }
+                        }
+                    }
+                })
+                .await
         }
     };
 }
@@ -94,8 +144,14 @@ macro_rules! rpc {
 use cairn_proto as p;
 
 impl MetaConn {
+    /// The address requests go to first (the leader, once one answered).
     pub fn addr(&self) -> &str {
-        &self.addr
+        &self.inner.failover.addrs()[self.inner.failover.current()]
+    }
+
+    /// Every metaserver address this handle knows.
+    pub fn addrs(&self) -> &[String] {
+        self.inner.failover.addrs()
     }
 
     rpc!(lookup, p::LookupRequest, p::AttrReply);

@@ -186,7 +186,8 @@ pub struct ChunkConfig {
     pub listen: String,
     /// Address clients use to reach this chunkserver; defaults to the bound listen address.
     pub advertise: Option<String>,
-    /// The metaserver's address.
+    /// The metaserver's address, or the addresses of a replicated metaserver's replicas
+    /// separated by commas.
     pub meta: String,
     /// Directory for identity and state files (node id).
     pub state_dir: PathBuf,
@@ -272,7 +273,9 @@ impl Default for ChunkConfig {
 impl ChunkConfig {
     pub fn validate(&self) -> Result<()> {
         check_addr("listen", &self.listen)?;
-        check_addr("meta", &self.meta)?;
+        for addr in crate::failover::Failover::parse(&self.meta)?.addrs() {
+            check_addr("meta", addr)?;
+        }
         if let Some(m) = &self.metrics_listen {
             check_addr("metrics_listen", m)?;
         }

@@ -7,6 +7,7 @@ pub mod checksum;
 pub mod codec;
 pub mod config;
 pub mod error;
+pub mod failover;
 pub mod ids;
 pub mod layout;
 pub mod metrics;

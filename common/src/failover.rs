@@ -1,0 +1,170 @@
+//! Talking to a replicated metaserver: a list of addresses (`a:9400,b:9400,c:9400`), the one
+//! that answered last tried first. A replica that does not lead answers `NotLeader` before
+//! doing anything, so the request goes to the next one; one that cannot be reached is skipped
+//! when there are others. After a round over all of them the caller pauses (jittered, growing
+//! from 50 ms to 1 s) and goes round again, until [`FAILOVER_WAIT`] has passed: long enough for
+//! an election, short enough that a cluster with no majority fails (`EIO`) instead of hanging.
+//! A lone metaserver (one address) that cannot be reached fails at once, as it always did.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::{CairnError, ErrorKind, Result};
+
+/// How long a request keeps looking for a leader.
+pub const FAILOVER_WAIT: Duration = Duration::from_secs(30);
+
+/// The metaservers of one cluster.
+#[derive(Debug)]
+pub struct Failover {
+    addrs: Vec<String>,
+    current: AtomicUsize,
+    wait: Duration,
+}
+
+impl Failover {
+    /// Parse a comma-separated list of `host:port` (an `http://` prefix is dropped).
+    pub fn parse(list: &str) -> Result<Failover> {
+        let addrs: Vec<String> = list
+            .split(',')
+            .map(|a| a.trim())
+            .filter(|a| !a.is_empty())
+            .map(|a| a.strip_prefix("http://").unwrap_or(a).to_string())
+            .collect();
+        if addrs.is_empty() {
+            return Err(CairnError::invalid(format!("metaserver addresses {list:?}: none given")));
+        }
+        Ok(Failover { addrs, current: AtomicUsize::new(0), wait: FAILOVER_WAIT })
+    }
+
+    /// The same list with another bound on the wait for a leader.
+    pub fn with_wait(mut self, wait: Duration) -> Failover {
+        self.wait = wait;
+        self
+    }
+
+    pub fn addrs(&self) -> &[String] {
+        &self.addrs
+    }
+
+    /// The index of the address tried first.
+    pub fn current(&self) -> usize {
+        self.current.load(Ordering::Relaxed) % self.addrs.len()
+    }
+
+    /// Whether `e` means "ask another metaserver".
+    fn move_on(&self, e: &CairnError) -> bool {
+        match e.kind() {
+            ErrorKind::NotLeader => true,
+            ErrorKind::Unavailable => self.addrs.len() > 1,
+            _ => false,
+        }
+    }
+
+    /// Run `call` with the index of a metaserver until one answers with something other than
+    /// "not me" (see the module comment).
+    pub async fn call<T, F, Fut>(&self, mut call: F) -> Result<T>
+    where
+        F: FnMut(usize) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(50);
+        let mut tried = 0;
+        loop {
+            let index = self.current();
+            let error = match call(index).await {
+                Ok(reply) => return Ok(reply),
+                Err(e) if !self.move_on(&e) => return Err(e),
+                Err(e) => e,
+            };
+            // Move on from `index`, unless another request already did.
+            let _ = self.current.compare_exchange(
+                index,
+                (index + 1) % self.addrs.len(),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            tried += 1;
+            if tried % self.addrs.len() != 0 {
+                continue;
+            }
+            if started.elapsed() >= self.wait {
+                return Err(CairnError::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "no metaserver of {} served the request within {:?}: {}",
+                        self.addrs.join(","),
+                        self.wait,
+                        error.message()
+                    ),
+                ));
+            }
+            if tried == self.addrs.len() {
+                tracing::debug!("looking for the metaserver leader: {}", error.message());
+            }
+            let jitter = pause.mul_f64(rand::random::<f64>() * 0.5 + 0.75);
+            tokio::time::sleep(jitter.min(self.wait.saturating_sub(started.elapsed()))).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    #[test]
+    fn lists_parse_and_bad_ones_are_refused() {
+        let f = Failover::parse(" a:1, http://b:2 ,,c:3").unwrap();
+        assert_eq!(f.addrs(), ["a:1", "b:2", "c:3"]);
+        assert!(Failover::parse(" , ").is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_follow_the_leader_and_stay_with_it() {
+        let f = Failover::parse("a,b,c").unwrap();
+        let asked = Mutex::new(Vec::new());
+        let answer = |i: usize| {
+            asked.lock().unwrap().push(i);
+            async move {
+                match i {
+                    2 => Ok(i),
+                    0 => Err(CairnError::unavailable("down")),
+                    _ => Err(CairnError::new(ErrorKind::NotLeader, "not me")),
+                }
+            }
+        };
+        assert_eq!(f.call(answer).await.unwrap(), 2);
+        assert_eq!(f.call(answer).await.unwrap(), 2);
+        assert_eq!(*asked.lock().unwrap(), [0, 1, 2, 2], "the second request goes to the leader at once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn other_errors_return_at_once_and_no_leader_fails_after_the_wait() {
+        let f = Failover::parse("a,b").unwrap();
+        let e = f.call(|_| async { Err::<(), _>(CairnError::not_found("x")) }).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+
+        let f = Failover::parse("a,b").unwrap().with_wait(Duration::from_secs(5));
+        let started = tokio::time::Instant::now();
+        let e = f
+            .call(|_| async { Err::<(), _>(CairnError::new(ErrorKind::NotLeader, "none")) })
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unavailable);
+        assert!(e.message().contains("within 5s"), "{}", e.message());
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_secs(5) && waited < Duration::from_secs(7), "{waited:?}");
+
+        // A lone metaserver that cannot be reached fails at once.
+        let f = Failover::parse("a").unwrap();
+        let e = f.call(|_| async { Err::<(), _>(CairnError::unavailable("down")) }).await.unwrap_err();
+        assert_eq!(e.message(), "down");
+    }
+}
