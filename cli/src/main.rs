@@ -7,6 +7,7 @@ mod fsck;
 mod info;
 mod mount;
 mod node;
+mod replicas;
 mod stats;
 mod tree;
 mod up;
@@ -30,10 +31,25 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+enum MetaAction {
+    /// Each metaserver replica's view of the Raft group: state, term, leader, log and applied
+    /// indexes, lag, last snapshot. Exit 0 healthy, 2 a replica missing or lagging, 3 no leader.
+    Status {
+        /// The metaservers, comma-separated.
+        #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
+        meta: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
 enum Command {
     /// Run a metaserver. Settings: the TOML file, then CAIRN_META_<KEY> environment variables,
     /// then --set flags (deploy/config/meta.toml lists every key with its default).
     Meta {
+        #[command(subcommand)]
+        action: Option<MetaAction>,
         #[arg(long)]
         config: Option<PathBuf>,
         /// Override one setting, e.g. --set listen=0.0.0.0:9400 (repeatable).
@@ -301,12 +317,23 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     cairn_common::telemetry::init_logging();
     let result = match cli.command {
-        Command::Meta { config, set } => load(config, cairn_common::config::META_ENV_PREFIX, &set).and_then(
-            |c: cairn_common::config::MetaConfig| {
-                c.validate()?;
-                runtime()?.block_on(cairn_meta::run(c))
-            },
-        ),
+        Command::Meta { action: Some(MetaAction::Status { meta, json }), .. } => {
+            return match runtime().and_then(|rt| rt.block_on(replicas::status(&meta, json))) {
+                Ok(code) => ExitCode::from(code),
+                Err(e) => {
+                    eprintln!("cairn: {}", e.message());
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Command::Meta { action: None, config, set } => {
+            load(config, cairn_common::config::META_ENV_PREFIX, &set).and_then(
+                |c: cairn_common::config::MetaConfig| {
+                    c.validate()?;
+                    runtime()?.block_on(cairn_meta::run(c))
+                },
+            )
+        }
         Command::Chunk { config, set } => load(config, cairn_common::config::CHUNK_ENV_PREFIX, &set)
             .and_then(|c: cairn_common::config::ChunkConfig| {
                 c.validate()?;

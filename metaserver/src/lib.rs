@@ -158,11 +158,12 @@ async fn serve_replicated(
     service.set_raft(node.clone());
     tracing::info!(id = node.id(), cluster = node.cluster(), "metaserver replica started");
     let open = {
-        let store = node.store();
         let layout = config.layout()?;
         let node_timeout = Duration::from_millis(config.node_timeout_ms);
         let lease = Duration::from_millis(config.client_lease_ms);
-        move || Namespace::open(store.clone(), layout, node_timeout).map(|ns| ns.with_client_lease(lease))
+        move |store: Arc<raft::node::RaftStore>| {
+            Namespace::open(store, layout, node_timeout).map(|ns| ns.with_client_lease(lease))
+        }
     };
     let leading = tokio::spawn(lead(node.clone(), service.clone(), open, background));
     let result = match server.await {
@@ -219,7 +220,7 @@ fn start_background(ns: Arc<Namespace>, background: Background) -> (service::Ser
 async fn lead(
     node: Arc<raft::node::RaftNode>,
     service: Arc<MetaService>,
-    open: impl Fn() -> Result<Namespace> + Clone + Send + 'static,
+    open: impl Fn(Arc<raft::node::RaftStore>) -> Result<Namespace> + Clone + Send + 'static,
     background: Background,
 ) {
     let mut metrics = node.raft.metrics();
@@ -233,14 +234,18 @@ async fn lead(
                 service.serve(None);
                 let (served, tasks) = current.take().expect("checked above");
                 tasks.stop().await;
+                // Requests already inside the old namespace finish (or fail) before a new one
+                // may open: see `RaftNode::retire_stores`.
+                let retiring = node.clone();
+                let _ = tokio::task::spawn_blocking(move || retiring.retire_stores()).await;
                 tracing::info!(term = served, leads, poisoned, "stopped serving the namespace");
             }
         }
         if leads && current.is_none() {
             match node.caught_up().await {
                 Ok(()) => {
-                    let open = open.clone();
-                    match tokio::task::spawn_blocking(open).await {
+                    let (open, store) = (open.clone(), node.store());
+                    match tokio::task::spawn_blocking(move || open(store)).await {
                         Ok(Ok(ns)) => {
                             let (serving, tasks) = start_background(Arc::new(ns), background);
                             service.serve(Some(serving));

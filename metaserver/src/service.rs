@@ -29,6 +29,8 @@ pub struct MetaService {
     serving: RwLock<Option<Arc<Serving>>>,
     /// This metaserver's Raft replica, when the namespace is replicated.
     raft: std::sync::OnceLock<Arc<RaftNode>>,
+    /// A replica (its Raft node may still be starting).
+    replicated: bool,
 }
 
 /// The namespace and the repair that run while this metaserver serves.
@@ -42,6 +44,7 @@ impl MetaService {
         MetaService {
             serving: RwLock::new(Some(Arc::new(Serving { ns, repair: None }))),
             raft: std::sync::OnceLock::new(),
+            replicated: false,
         }
     }
 
@@ -59,13 +62,13 @@ impl MetaService {
     ///
     /// [`serve`]: MetaService::serve
     pub fn replicated(raft: Arc<RaftNode>) -> MetaService {
-        MetaService { serving: RwLock::new(None), raft: std::sync::OnceLock::from(raft) }
+        MetaService { serving: RwLock::new(None), raft: std::sync::OnceLock::from(raft), replicated: true }
     }
 
     /// A replica's service before its Raft node has started (the listener must answer the
     /// other replicas while they elect a leader): [`set_raft`](MetaService::set_raft) follows.
     pub fn replicated_pending() -> MetaService {
-        MetaService { serving: RwLock::new(None), raft: std::sync::OnceLock::new() }
+        MetaService { serving: RwLock::new(None), raft: std::sync::OnceLock::new(), replicated: true }
     }
 
     pub fn set_raft(&self, raft: Arc<RaftNode>) {
@@ -94,7 +97,12 @@ impl MetaService {
 
     fn raft(&self) -> Result<&Arc<RaftNode>, Status> {
         self.raft.get().ok_or_else(|| {
-            CairnError::new(cairn_common::ErrorKind::NotSupported, "this metaserver is not replicated").into()
+            if self.replicated {
+                CairnError::unavailable("this metaserver replica is starting").into()
+            } else {
+                CairnError::new(cairn_common::ErrorKind::NotSupported, "this metaserver is not replicated")
+                    .into()
+            }
         })
     }
 

@@ -70,6 +70,11 @@ pub struct RaftNode {
     /// Set when a write failed: what the leader's namespace holds in memory may be ahead of or
     /// behind the store, so it is opened again before serving more.
     poisoned: AtomicBool,
+    /// The generation of the stores that may still write: each namespace opened as leader
+    /// writes through a store of one generation; retiring it ([`RaftNode::retire_stores`])
+    /// waits for that store's writes in flight and refuses any later one, so two namespaces
+    /// (each with its own locks and counters in memory) never write side by side.
+    fence: parking_lot::RwLock<u64>,
 }
 
 fn not_leader(leader: Option<&BasicNode>) -> CairnError {
@@ -128,6 +133,7 @@ impl RaftNode {
             sm: store,
             runtime: tokio::runtime::Handle::current(),
             poisoned: AtomicBool::new(false),
+            fence: parking_lot::RwLock::new(0),
         });
         node.bootstrap(&channels).await?;
         Ok(node)
@@ -207,9 +213,17 @@ impl RaftNode {
         self.poisoned.swap(false, Ordering::AcqRel)
     }
 
-    /// The store the namespace of this replica reads and, while it leads, writes through.
+    /// A store of the current generation for a namespace opened now: it reads this replica's
+    /// state machine and writes through Raft until retired.
     pub fn store(self: &Arc<Self>) -> Arc<RaftStore> {
-        Arc::new(RaftStore { node: self.clone() })
+        let generation = *self.fence.read();
+        Arc::new(RaftStore { node: self.clone(), generation })
+    }
+
+    /// Let no store handed out so far write again, once the writes they have in flight are
+    /// done (blocks: call off the async threads).
+    pub fn retire_stores(&self) {
+        *self.fence.write() += 1;
     }
 
     pub fn status(&self) -> RaftStatusReply {
@@ -271,14 +285,23 @@ impl RaftNode {
         network::encode_plain(&reply, self.cluster())
     }
 
-    /// Wait until this replica, as leader, has applied everything committed before now (the
-    /// blank entry of its term included), so a namespace opened over it sees every
-    /// acknowledged change.
+    /// Wait until this replica, as leader, has applied every entry in its log: everything
+    /// committed before (the blank entry of its term included) and anything an earlier
+    /// namespace proposed that is still to commit (a leader restarted in its own term finds
+    /// such entries in its log, computed by the process that died). A namespace opened after
+    /// this reads what every earlier write left; only its own writes come after.
     pub async fn caught_up(&self) -> Result<()> {
-        self.raft.ensure_linearizable().await.map(|_| ()).map_err(|e| match e.forward_to_leader() {
+        self.raft.ensure_linearizable().await.map_err(|e| match e.forward_to_leader() {
             Some(f) => not_leader(f.leader_node.as_ref()),
             None => CairnError::unavailable(format!("confirming leadership: {e}")),
-        })
+        })?;
+        let last = self.raft.metrics().borrow().last_log_index;
+        self.raft
+            .wait(Some(self.settings.write_timeout))
+            .applied_index_at_least(last, "the leader applies its whole log")
+            .await
+            .map(|_| ())
+            .map_err(|e| CairnError::unavailable(format!("applying the log before serving: {e}")))
     }
 
     pub async fn shutdown(&self) {
@@ -287,8 +310,15 @@ impl RaftNode {
         }
     }
 
-    /// Propose `batch` and wait until it is applied here.
-    fn propose(&self, batch: Batch) -> Result<()> {
+    /// Propose `batch` for a store of `generation` and wait until it is applied here.
+    fn propose(&self, generation: u64, batch: Batch) -> Result<()> {
+        let fence = self.fence.read();
+        if *fence != generation {
+            return Err(CairnError::new(
+                ErrorKind::NotLeader,
+                "this namespace was closed (leadership changed or a write failed); ask again",
+            ));
+        }
         let write = async {
             match tokio::time::timeout(self.settings.write_timeout, self.raft.client_write(Command::from(batch))).await {
                 Err(_) => Err(CairnError::unavailable(format!(
@@ -303,6 +333,7 @@ impl RaftNode {
             }
         };
         let result = tokio::task::block_in_place(|| self.runtime.block_on(write));
+        drop(fence);
         if result.is_err() {
             self.poisoned.store(true, Ordering::Release);
         }
@@ -315,6 +346,7 @@ impl RaftNode {
 /// `syncs_every_write` is true and the service runs changes on the blocking pool.
 pub struct RaftStore {
     node: Arc<RaftNode>,
+    generation: u64,
 }
 
 impl MetaStore for RaftStore {
@@ -342,7 +374,7 @@ impl MetaStore for RaftStore {
         }) {
             return Err(CairnError::internal("a namespace write names the Raft state's column family"));
         }
-        self.node.propose(batch)
+        self.node.propose(self.generation, batch)
     }
 
     fn sync(&self) -> Result<()> {
