@@ -213,6 +213,7 @@ impl Client {
     /// and start the write-back task (it ends once the client is dropped).
     pub async fn new(meta: MetaConn, options: ClientOptions) -> Result<Arc<Client>> {
         let client_id = meta.register_client(p::Empty {}).await?.client_id;
+        meta.set_client(client_id.into());
         let nodes =
             Arc::new(Nodes::new(meta.clone(), options.block_cache_bytes)?.with_wait(options.write_wait));
         nodes.refresh().await?;
@@ -439,13 +440,13 @@ impl Client {
     }
 
     pub async fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
-        let reply = self.meta.unlink(p::RemoveRequest { parent, name: name.to_vec() }).await;
+        let reply = self.meta.unlink(p::RemoveRequest { parent, name: name.to_vec(), once: None }).await;
         self.dir_changed(parent, reply.as_ref().ok().and_then(|r| r.parent));
         reply.map(|_| ())
     }
 
     pub async fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
-        let reply = self.meta.rmdir(p::RemoveRequest { parent, name: name.to_vec() }).await;
+        let reply = self.meta.rmdir(p::RemoveRequest { parent, name: name.to_vec(), once: None }).await;
         // The removed directory's noted attributes (if any) must go too; its inode is not known
         // here.
         self.dirs_changed_but(&[]);
@@ -466,7 +467,8 @@ impl Client {
     }
 
     pub async fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<p::Attr> {
-        let reply = self.meta.link(p::LinkRequest { ino, new_parent, new_name: new_name.to_vec() }).await;
+        let reply =
+            self.meta.link(p::LinkRequest { ino, new_parent, new_name: new_name.to_vec(), once: None }).await;
         self.dir_changed(new_parent, reply.as_ref().ok().and_then(|r| r.parent));
         Ok(self.local_view(need(reply?.attr)?).await)
     }

@@ -356,6 +356,7 @@ impl Filesystem for CairnFs {
             mode: mode & !umask & 0o7777,
             uid: req.uid(),
             gid: req.gid(),
+            once: None,
         };
         let ttl = self.ttl;
         self.spawn("mkdir", |c| async move { reply_entry(ttl, reply, c.mkdir(req).await) });
@@ -378,6 +379,7 @@ impl Filesystem for CairnFs {
             target: target.as_os_str().as_bytes().to_vec(),
             uid: req.uid(),
             gid: req.gid(),
+            once: None,
         };
         let ttl = self.ttl;
         self.spawn("symlink", |c| async move { reply_entry(ttl, reply, c.symlink(req).await) });
@@ -399,6 +401,7 @@ impl Filesystem for CairnFs {
             new_parent: newparent.0,
             new_name: newname.as_bytes().to_vec(),
             flags: flags.bits(),
+            once: None,
         };
         self.spawn("rename", |c| async move { reply_empty(reply, c.rename(req).await) });
     }

@@ -51,6 +51,10 @@ struct Inner {
     conns: Vec<std::sync::OnceLock<Conn>>,
     transport: Transport,
     timeout: Duration,
+    /// This client's id once registered (0: changes are not marked to be done once).
+    client: std::sync::atomic::AtomicU64,
+    /// The sequence of the last change marked to be done once.
+    seq: std::sync::atomic::AtomicU64,
 }
 
 impl Inner {
@@ -114,7 +118,14 @@ pub async fn connect_meta(addr: &str) -> Result<MetaConn> {
 pub async fn connect_meta_with_timeout(addr: &str, timeout: Duration) -> Result<MetaConn> {
     let failover = Failover::parse(addr)?;
     let conns = failover.addrs().iter().map(|_| std::sync::OnceLock::new()).collect();
-    let inner = Arc::new(Inner { failover, conns, transport: Transport::from_env()?, timeout });
+    let inner = Arc::new(Inner {
+        failover,
+        conns,
+        transport: Transport::from_env()?,
+        timeout,
+        client: Default::default(),
+        seq: Default::default(),
+    });
     // Reachable is enough here: which replica leads is found by the first request.
     inner.failover.call(|i| inner.check(i)).await?;
     Ok(MetaConn { inner })
@@ -141,12 +152,47 @@ macro_rules! rpc {
     };
 }
 
+/// A change the metaserver does once however often it is sent (`Once` in `cairn.proto`): a
+/// sequence number of this client, the same on every try.
+macro_rules! rpc_once {
+    ($name:ident, $req:ty, $reply:ty) => {
+        pub async fn $name(&self, mut req: $req) -> Result<$reply> {
+            use std::sync::atomic::Ordering;
+            let client = self.inner.client.load(Ordering::Relaxed);
+            if client != 0 && req.once.is_none() {
+                let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed) + 1;
+                req.once = Some(p::Once { client, seq });
+            }
+            self.inner
+                .failover
+                .call(|index| {
+                    let req = req.clone();
+                    async move {
+                        match self.inner.conn(index)? {
+                            Conn::Wire(client) => wire::meta::$name(&client, req).await,
+                            Conn::Grpc(mut client) => {
+                                client.$name(req).await.map(|r| r.into_inner()).map_err(CairnError::from)
+                            }
+                        }
+                    }
+                })
+                .await
+        }
+    };
+}
+
 use cairn_proto as p;
 
 impl MetaConn {
     /// The address requests go to first (the leader, once one answered).
     pub fn addr(&self) -> &str {
         &self.inner.failover.addrs()[self.inner.failover.current()]
+    }
+
+    /// Mark changes sent from now on with this client's id and a sequence, so a metaserver
+    /// that gets one again (after a failover) does it once.
+    pub fn set_client(&self, client: u64) {
+        self.inner.client.store(client, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Every metaserver address this handle knows.
@@ -157,13 +203,13 @@ impl MetaConn {
     rpc!(lookup, p::LookupRequest, p::AttrReply);
     rpc!(get_attr, p::InoRequest, p::AttrReply);
     rpc!(set_attr, p::SetAttrRequest, p::AttrReply);
-    rpc!(create, p::CreateRequest, p::CreateReply);
-    rpc!(mkdir, p::MkdirRequest, p::AttrReply);
-    rpc!(unlink, p::RemoveRequest, p::RemoveReply);
-    rpc!(rmdir, p::RemoveRequest, p::RemoveReply);
-    rpc!(rename, p::RenameRequest, p::RenameReply);
-    rpc!(link, p::LinkRequest, p::AttrReply);
-    rpc!(symlink, p::SymlinkRequest, p::AttrReply);
+    rpc_once!(create, p::CreateRequest, p::CreateReply);
+    rpc_once!(mkdir, p::MkdirRequest, p::AttrReply);
+    rpc_once!(unlink, p::RemoveRequest, p::RemoveReply);
+    rpc_once!(rmdir, p::RemoveRequest, p::RemoveReply);
+    rpc_once!(rename, p::RenameRequest, p::RenameReply);
+    rpc_once!(link, p::LinkRequest, p::AttrReply);
+    rpc_once!(symlink, p::SymlinkRequest, p::AttrReply);
     rpc!(readlink, p::InoRequest, p::ReadlinkReply);
     rpc!(read_dir, p::ReadDirRequest, p::ReadDirReply);
     rpc!(stat_fs, p::Empty, p::StatFsReply);

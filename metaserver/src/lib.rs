@@ -53,17 +53,24 @@ pub fn open_namespace(config: &MetaConfig) -> Result<Namespace> {
     .with_client_lease(Duration::from_millis(config.client_lease_ms)))
 }
 
-/// Expire silent client sessions and free the unlinked files nobody holds open any more.
+/// Expire silent client sessions, free the unlinked files nobody holds open any more, and
+/// forget old records of changes done once.
 /// Orphans left from before a restart are freed once clients had a full lease to re-announce
 /// their open files.
 async fn reap_sessions(ns: Arc<Namespace>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut swept_after_grace = false;
+    let mut ticks = 0u64;
     loop {
         tick.tick().await;
+        ticks += 1;
         let ns = ns.clone();
         let sweep = !swept_after_grace && ns.sessions().past_grace();
         let result = tokio::task::spawn_blocking(move || -> Result<()> {
+            // Once a minute: the records of changes done once that no client can still resend.
+            if ticks % 60 == 0 {
+                ns.forget_old_once(namespace::once::KEEP)?;
+            }
             for ino in ns.sessions().expire() {
                 ns.free_if_orphan(ino)?;
             }

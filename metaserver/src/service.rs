@@ -14,7 +14,7 @@ use cairn_proto::meta_server::Meta;
 use cairn_proto::*;
 use tonic::{Request, Response, Status};
 
-use crate::namespace::{file_info, Namespace, NewEntry};
+use crate::namespace::{file_info, once, Namespace, NewEntry};
 use crate::raft::node::RaftNode;
 use crate::repair::Repair;
 use crate::schema::{NODE_ACTIVE, NODE_DRAINING};
@@ -95,6 +95,24 @@ impl MetaService {
         Ok(self.serving()?.ns.clone())
     }
 
+    /// The answer to a mkdir, link or symlink done by an earlier try: the entry it made.
+    fn replay_entry(&self, parent: u64, name: &[u8]) -> Result<Response<AttrReply>, Status> {
+        let (inode, parent) = self.read(|ns| {
+            let parent = check_ino(parent)?;
+            Ok((ns.lookup(parent, name)?, dir_after(ns, parent)))
+        })?;
+        Ok(Response::new(AttrReply { parent, ..attr_reply(inode) }))
+    }
+
+    /// Whether the change a client sends again (`once`) was done by an earlier try: then the
+    /// caller answers from what that try left (`namespace/once.rs`).
+    fn done_before(&self, once: Option<(u64, u64)>) -> Result<bool, Status> {
+        match once {
+            Some((client, seq)) => self.read(|ns| ns.once_done(client, seq)),
+            None => Ok(false),
+        }
+    }
+
     fn raft(&self) -> Result<&Arc<RaftNode>, Status> {
         self.raft.get().ok_or_else(|| {
             if self.replicated {
@@ -108,14 +126,24 @@ impl MetaService {
 
     /// Unlink (or, with `dir`, rmdir) and answer with the parent as the removal left it.
     async fn remove(&self, r: RemoveRequest, dir: bool) -> Result<Response<RemoveReply>, Status> {
+        let once = once_of(&r.once);
+        if self.done_before(once)? {
+            let parent = self.read(|ns| Ok(dir_after(ns, check_ino(r.parent)?)))?;
+            return Ok(Response::new(RemoveReply { parent }));
+        }
         let parent = self
             .change(move |ns| {
                 let parent = check_ino(r.parent)?;
-                if dir {
-                    ns.rmdir(parent, &r.name)?;
-                } else {
-                    ns.unlink(parent, &r.name)?;
-                }
+                once::scope(
+                    once,
+                    || {
+                        if dir {
+                            ns.rmdir(parent, &r.name)
+                        } else {
+                            ns.unlink(parent, &r.name)
+                        }
+                    },
+                )?;
                 Ok(dir_after(ns, parent))
             })
             .await?;
@@ -165,6 +193,10 @@ impl MetaService {
             Err(e) => Err(CairnError::internal(format!("request failed: {e}")).into()),
         }
     }
+}
+
+fn once_of(once: &Option<Once>) -> Option<(u64, u64)> {
+    once.as_ref().map(|o| (o.client, o.seq))
 }
 
 fn check_ino(ino: u64) -> Result<u64> {
@@ -263,6 +295,17 @@ impl Meta for MetaService {
 
     async fn create(&self, req: Request<CreateRequest>) -> Result<Response<CreateReply>, Status> {
         let r = req.into_inner();
+        let once = once_of(&r.once);
+        if self.done_before(once)? {
+            let (inode, parent) = self.read(|ns| {
+                let inode = ns.lookup(check_ino(r.parent)?, &r.name)?;
+                if r.open {
+                    ns.sessions().opened(r.client_id, inode.ino, r.generation);
+                }
+                Ok((inode, dir_after(ns, r.parent)))
+            })?;
+            return Ok(Response::new(CreateReply { file: Some(file_info(&inode)), created: true, parent }));
+        }
         let (inode, created, parent) = self
             .change(move |ns| {
                 let new = NewEntry {
@@ -272,7 +315,8 @@ impl Meta for MetaService {
                     uid: r.uid,
                     gid: r.gid,
                 };
-                let (inode, created) = ns.create_avoiding(&new, r.rdev, r.exclusive, &r.avoid_nodes)?;
+                let (inode, created) =
+                    once::scope(once, || ns.create_avoiding(&new, r.rdev, r.exclusive, &r.avoid_nodes))?;
                 if r.open {
                     ns.sessions().opened(r.client_id, inode.ino, r.generation);
                 }
@@ -285,11 +329,15 @@ impl Meta for MetaService {
 
     async fn mkdir(&self, req: Request<MkdirRequest>) -> Result<Response<AttrReply>, Status> {
         let r = req.into_inner();
+        let once = once_of(&r.once);
+        if self.done_before(once)? {
+            return self.replay_entry(r.parent, &r.name);
+        }
         let (inode, parent) = self
             .change(move |ns| {
                 let parent = check_ino(r.parent)?;
-                let inode =
-                    ns.mkdir(&NewEntry { parent, name: &r.name, mode: r.mode, uid: r.uid, gid: r.gid })?;
+                let new = NewEntry { parent, name: &r.name, mode: r.mode, uid: r.uid, gid: r.gid };
+                let inode = once::scope(once, || ns.mkdir(&new))?;
                 Ok((inode, dir_after(ns, parent)))
             })
             .await?;
@@ -306,10 +354,17 @@ impl Meta for MetaService {
 
     async fn rename(&self, req: Request<RenameRequest>) -> Result<Response<RenameReply>, Status> {
         let r = req.into_inner();
+        let once = once_of(&r.once);
+        if self.done_before(once)? {
+            let (parent, new_parent) = self.read(|ns| {
+                Ok((dir_after(ns, check_ino(r.parent)?), dir_after(ns, check_ino(r.new_parent)?)))
+            })?;
+            return Ok(Response::new(RenameReply { parent, new_parent }));
+        }
         let (parent, new_parent) = self
             .change(move |ns| {
                 let (parent, new_parent) = (check_ino(r.parent)?, check_ino(r.new_parent)?);
-                ns.rename(parent, &r.name, new_parent, &r.new_name, r.flags)?;
+                once::scope(once, || ns.rename(parent, &r.name, new_parent, &r.new_name, r.flags))?;
                 Ok((dir_after(ns, parent), dir_after(ns, new_parent)))
             })
             .await?;
@@ -318,10 +373,14 @@ impl Meta for MetaService {
 
     async fn link(&self, req: Request<LinkRequest>) -> Result<Response<AttrReply>, Status> {
         let r = req.into_inner();
+        let once = once_of(&r.once);
+        if self.done_before(once)? {
+            return self.replay_entry(r.new_parent, &r.new_name);
+        }
         let (inode, parent) = self
             .change(move |ns| {
                 let new_parent = check_ino(r.new_parent)?;
-                let inode = ns.link(check_ino(r.ino)?, new_parent, &r.new_name)?;
+                let inode = once::scope(once, || ns.link(check_ino(r.ino)?, new_parent, &r.new_name))?;
                 Ok((inode, dir_after(ns, new_parent)))
             })
             .await?;
@@ -330,11 +389,15 @@ impl Meta for MetaService {
 
     async fn symlink(&self, req: Request<SymlinkRequest>) -> Result<Response<AttrReply>, Status> {
         let r = req.into_inner();
+        let once = once_of(&r.once);
+        if self.done_before(once)? {
+            return self.replay_entry(r.parent, &r.name);
+        }
         let (inode, parent) = self
             .change(move |ns| {
                 let new =
                     NewEntry { parent: check_ino(r.parent)?, name: &r.name, mode: 0, uid: r.uid, gid: r.gid };
-                let inode = ns.symlink(&new, &r.target)?;
+                let inode = once::scope(once, || ns.symlink(&new, &r.target))?;
                 Ok((inode, dir_after(ns, new.parent)))
             })
             .await?;

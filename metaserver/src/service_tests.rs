@@ -73,7 +73,14 @@ async fn serves_the_namespace_over_grpc() {
     assert_eq!(kind(err), ErrorKind::NotFound);
 
     let d = c
-        .mkdir(MkdirRequest { parent: ROOT_INO, name: b"d".to_vec(), mode: 0o755, uid: 1, gid: 1 })
+        .mkdir(MkdirRequest {
+            parent: ROOT_INO,
+            name: b"d".to_vec(),
+            mode: 0o755,
+            uid: 1,
+            gid: 1,
+            once: None,
+        })
         .await
         .unwrap()
         .into_inner()
@@ -120,7 +127,7 @@ async fn serves_the_namespace_over_grpc() {
     assert_eq!(kind(err), ErrorKind::NameTooLong);
     let err = c.lookup(LookupRequest { parent: ROOT_INO, name: b"nope".to_vec() }).await.unwrap_err();
     assert_eq!(kind(err), ErrorKind::NotFound);
-    let err = c.rmdir(RemoveRequest { parent: ROOT_INO, name: b"d".to_vec() }).await.unwrap_err();
+    let err = c.rmdir(RemoveRequest { parent: ROOT_INO, name: b"d".to_vec(), once: None }).await.unwrap_err();
     assert_eq!(kind(err), ErrorKind::NotEmpty);
     let err = c.get_xattr(XattrRequest { ino, name: b"user.x".to_vec() }).await.unwrap_err();
     assert_eq!(kind(err), ErrorKind::NoData);
@@ -200,8 +207,10 @@ async fn batched_releases_free_unlinked_files_and_late_ones_change_nothing() {
         inos.push(reply.file.unwrap().attr.unwrap().ino);
     }
     for i in 0..3 {
-        let reply =
-            c.unlink(RemoveRequest { parent: ROOT_INO, name: format!("f{i}").into_bytes() }).await.unwrap();
+        let reply = c
+            .unlink(RemoveRequest { parent: ROOT_INO, name: format!("f{i}").into_bytes(), once: None })
+            .await
+            .unwrap();
         assert_eq!(reply.into_inner().parent.unwrap().ino, ROOT_INO);
     }
     // Open and unlinked: kept. The third is opened again (generation 10) before the batch of
@@ -231,5 +240,63 @@ async fn batched_releases_free_unlinked_files_and_late_ones_change_nothing() {
     assert_eq!(kind(err), ErrorKind::InvalidArgument);
 
     let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}
+
+/// A change sent again with the same (client, sequence) — as a client does after a failover
+/// when it cannot know whether its first try was applied — is done once: the repeat answers as
+/// the first try did, never EEXIST or ENOENT; a new sequence is a new change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_sent_again_is_done_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, stop, server) = start(config(dir.path())).await;
+    register_chunks(&mut c, 3, 7100).await;
+    let once = |seq| Some(Once { client: 7, seq });
+
+    let create = CreateRequest {
+        parent: ROOT_INO,
+        name: b"f".to_vec(),
+        mode: 0o100644,
+        exclusive: true,
+        once: once(1),
+        ..Default::default()
+    };
+    let first = c.create(create.clone()).await.unwrap().into_inner();
+    let again = c.create(create.clone()).await.unwrap().into_inner();
+    assert!(again.created);
+    assert_eq!(again.file.unwrap().attr.unwrap().ino, first.file.unwrap().attr.unwrap().ino);
+    // Without the mark (or with a new sequence) it is another change: EEXIST.
+    let fresh = CreateRequest { once: once(2), ..create.clone() };
+    assert_eq!(kind(c.create(fresh).await.unwrap_err()), ErrorKind::Exists);
+    assert_eq!(kind(c.create(CreateRequest { once: None, ..create }).await.unwrap_err()), ErrorKind::Exists);
+
+    let mkdir =
+        MkdirRequest { parent: ROOT_INO, name: b"d".to_vec(), mode: 0o755, uid: 0, gid: 0, once: once(3) };
+    let d = c.mkdir(mkdir.clone()).await.unwrap().into_inner().attr.unwrap().ino;
+    assert_eq!(c.mkdir(mkdir).await.unwrap().into_inner().attr.unwrap().ino, d);
+
+    let rename = RenameRequest {
+        parent: ROOT_INO,
+        name: b"f".to_vec(),
+        new_parent: d,
+        new_name: b"g".to_vec(),
+        flags: 0,
+        once: once(4),
+    };
+    c.rename(rename.clone()).await.unwrap();
+    c.rename(rename).await.unwrap();
+
+    let unlink = RemoveRequest { parent: d, name: b"g".to_vec(), once: once(5) };
+    c.unlink(unlink.clone()).await.unwrap();
+    c.unlink(unlink.clone()).await.unwrap();
+    let unlink_new = RemoveRequest { once: once(6), ..unlink };
+    assert_eq!(kind(c.unlink(unlink_new).await.unwrap_err()), ErrorKind::NotFound);
+
+    // A failed try records nothing: sent again, it fails again the same way.
+    let rmdir = RemoveRequest { parent: ROOT_INO, name: b"missing".to_vec(), once: once(7) };
+    assert_eq!(kind(c.rmdir(rmdir.clone()).await.unwrap_err()), ErrorKind::NotFound);
+    assert_eq!(kind(c.rmdir(rmdir).await.unwrap_err()), ErrorKind::NotFound);
+
+    stop.send(()).unwrap();
     server.await.unwrap().unwrap();
 }

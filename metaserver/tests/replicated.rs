@@ -91,7 +91,8 @@ fn free_addrs(n: usize) -> Vec<String> {
 }
 
 async fn mkdir(addr: &str, name: &str) -> Result<u64, CairnError> {
-    let req = MkdirRequest { parent: 1, name: name.as_bytes().to_vec(), mode: 0o755, uid: 0, gid: 0 };
+    let req =
+        MkdirRequest { parent: 1, name: name.as_bytes().to_vec(), mode: 0o755, uid: 0, gid: 0, once: None };
     client(addr).await.mkdir(req).await.map(|r| r.into_inner().attr.unwrap().ino).map_err(CairnError::from)
 }
 

@@ -18,6 +18,7 @@ mod check;
 mod entries;
 mod files;
 mod heal;
+pub mod once;
 mod rename;
 #[cfg(test)]
 mod tests;
@@ -477,6 +478,7 @@ impl Tx<'_> {
 
     /// Write everything atomically.
     fn commit(mut self) -> Result<()> {
+        once::record(&mut self.batch);
         for (ino, inode) in std::mem::take(&mut self.inodes) {
             match inode {
                 Some(i) => self.batch.put(Cf::Inodes, schema::ino_key(ino), schema::encode(&i)),

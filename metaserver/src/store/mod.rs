@@ -32,10 +32,13 @@ pub enum Cf {
     /// with the effects of the entries applied (`raft/state.rs`). Never written by the
     /// namespace.
     Raft,
+    /// Changes clients may send again after a failover, by (client, sequence): when each was
+    /// done (`namespace/once.rs`).
+    Once,
 }
 
 impl Cf {
-    pub const ALL: [Cf; 10] = [
+    pub const ALL: [Cf; 11] = [
         Cf::Inodes,
         Cf::Dentries,
         Cf::Xattrs,
@@ -46,6 +49,7 @@ impl Cf {
         Cf::Gc,
         Cf::Orphans,
         Cf::Raft,
+        Cf::Once,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,6 +64,7 @@ impl Cf {
             Cf::Gc => "gc",
             Cf::Orphans => "orphans",
             Cf::Raft => "raft",
+            Cf::Once => "once",
         }
     }
 
