@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::{eventually, kill9, random_bytes, sha256, Cluster, KillOnDrop, Mount, Rng};
+use support::{eventually, kill9, random_bytes, restart_server, sha256, Cluster, KillOnDrop, Mount, Rng};
 
 fn status(cluster: &Cluster) -> serde_json::Value {
     let out = cluster.cli(&["status", "--json"]);
@@ -342,25 +342,6 @@ fn compare(exp: &Expected, found: &BTreeMap<String, Found>) -> Vec<String> {
         }
     }
     problems
-}
-
-/// Start a server of the cluster again with the config `cairn up` wrote for it (`meta` or
-/// `chunk-N`: same port, same identity and data), as an operator would after a crash; `cairn
-/// up` does not restart a child that died. Logs go next to the others.
-fn restart_server(cluster: &Cluster, role: &str, dir: &str) -> std::process::Child {
-    let config = cluster.data.join(format!("{dir}/{role}.toml"));
-    let log = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(cluster.data.join(format!("logs/{dir}-restarted.log")))
-        .expect("server log");
-    Command::new(support::CAIRN)
-        .args([role, "--config", config.to_str().expect("utf8")])
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("spawn a cairn server")
 }
 
 /// A seeded burst of creates (write + fsync + close), renames, unlinks and mkdirs runs on the

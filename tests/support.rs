@@ -30,6 +30,8 @@ pub struct Cluster {
     pub meta_addr: String,
     up: Option<Child>,
     args: Vec<String>,
+    /// Environment of `cairn up` (and so of every server it starts).
+    env: Vec<(String, String)>,
 }
 
 impl Cluster {
@@ -54,6 +56,7 @@ impl Cluster {
         assert!(self.up.is_none(), "cluster already running");
         let mut child = Command::new(CAIRN)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -361,6 +364,19 @@ impl Cluster {
         unit_kib: u32,
         extra: &[&str],
     ) -> Cluster {
+        let mut cluster = Cluster::start_prepared_stopped(root, chunkservers, ec, unit_kib, extra);
+        cluster.restart();
+        cluster
+    }
+
+    /// The cluster [`Cluster::start_prepared`] starts, not started yet.
+    fn start_prepared_stopped(
+        root: tempfile::TempDir,
+        chunkservers: u32,
+        ec: &str,
+        unit_kib: u32,
+        extra: &[&str],
+    ) -> Cluster {
         let data = root.path().join("data");
         let mnt = root.path().join("mnt");
         let mut args: Vec<String> = vec![
@@ -385,8 +401,30 @@ impl Cluster {
             args.extend(["--meta-replicas".to_string(), "1".to_string()]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut cluster =
-            Cluster { root, data, mnt, nodes: Vec::new(), meta_addr: String::new(), up: None, args };
+        Cluster {
+            root,
+            data,
+            mnt,
+            nodes: Vec::new(),
+            meta_addr: String::new(),
+            up: None,
+            args,
+            env: Vec::new(),
+        }
+    }
+
+    /// Like [`Cluster::start_with`], with environment variables for `cairn up` and the servers
+    /// it starts (`CAIRN_META_<KEY>` sets a metaserver setting).
+    pub fn start_env(
+        chunkservers: u32,
+        ec: &str,
+        unit_kib: u32,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Cluster {
+        let root = tempfile::Builder::new().prefix("cairn-test-").tempdir_in("/tmp").expect("tempdir");
+        let mut cluster = Cluster::start_prepared_stopped(root, chunkservers, ec, unit_kib, extra);
+        cluster.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         cluster.restart();
         cluster
     }
@@ -455,4 +493,23 @@ pub fn cli_json(cluster: &Cluster, args: &[&str]) -> (i32, serde_json::Value) {
         )
     });
     (code, json)
+}
+
+/// Start a server of the cluster again with the config `cairn up` wrote for it (`meta`, `meta-N` or
+/// `chunk-N`: same port, same identity and data), as an operator would after a crash; `cairn
+/// up` does not restart a child that died. Logs go next to the others.
+pub fn restart_server(cluster: &Cluster, role: &str, dir: &str) -> std::process::Child {
+    let config = cluster.data.join(format!("{dir}/{role}.toml"));
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(cluster.data.join(format!("logs/{dir}-restarted.log")))
+        .expect("server log");
+    Command::new(CAIRN)
+        .args([role, "--config", config.to_str().expect("utf8")])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("spawn a cairn server")
 }

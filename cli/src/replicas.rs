@@ -38,6 +38,9 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
     let leader = leaders.iter().max_by_key(|s| s.term).map(|s| (**s).clone());
     let single = answered.iter().any(|s| s.state == "single");
     let lead_index = leader.as_ref().map_or(0, |l| l.last_log_index);
+    // A replica that does not answer is named by the others' member lists.
+    let id_of =
+        |addr: &str| answered.iter().flat_map(|s| s.members.iter()).find(|m| m.addr == addr).map(|m| m.id);
     let lagging = answered.iter().filter(|s| lead_index.saturating_sub(s.applied_index) > LAG).count();
     let code = if single {
         0
@@ -59,7 +62,7 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
                     "lag": lead_index.saturating_sub(s.applied_index), "cluster": s.cluster,
                     "members": s.members.iter().map(|m| json!({"id": m.id, "addr": m.addr, "voter": m.voter, "matched": m.matched})).collect::<Vec<_>>(),
                 }),
-                Err(e) => json!({"addr": addr, "error": e}),
+                Err(e) => json!({"addr": addr, "id": id_of(addr), "error": e}),
             })
             .collect();
         let out = json!({
@@ -96,7 +99,10 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
                 lead_index.saturating_sub(s.applied_index),
                 s.snapshot_index
             ),
-            Err(e) => println!("{:>3}  {:<22} {:<10} {e}", "?", addr, "no answer"),
+            Err(e) => {
+                let id = id_of(addr).map_or("?".to_string(), |id| id.to_string());
+                println!("{id:>3}  {addr:<22} {:<10} {e}", "no answer")
+            }
         }
     }
     Ok(code)

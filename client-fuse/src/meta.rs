@@ -110,13 +110,20 @@ impl Inner {
 /// Connect to the metaserver at `addr` (`host:port`, or a comma-separated list of the replicas
 /// of a replicated one), failing within a few seconds with a clear error if it does not answer.
 pub async fn connect_meta(addr: &str) -> Result<MetaConn> {
-    connect_meta_with_timeout(addr, Duration::from_secs(30)).await
+    connect(addr, Duration::from_secs(30), Some(cairn_common::failover::TRY_TIMEOUT)).await
 }
 
 /// [`connect_meta`] with another per-request deadline (admin commands that wait for a repair
 /// pass or a reconciliation need hours, not seconds).
 pub async fn connect_meta_with_timeout(addr: &str, timeout: Duration) -> Result<MetaConn> {
-    let failover = Failover::parse(addr)?;
+    connect(addr, timeout, None).await
+}
+
+async fn connect(addr: &str, timeout: Duration, try_timeout: Option<Duration>) -> Result<MetaConn> {
+    let mut failover = Failover::parse(addr)?;
+    if let Some(limit) = try_timeout {
+        failover = failover.with_try_timeout(limit);
+    }
     let conns = failover.addrs().iter().map(|_| std::sync::OnceLock::new()).collect();
     let inner = Arc::new(Inner {
         failover,

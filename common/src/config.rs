@@ -83,6 +83,10 @@ pub struct MetaConfig {
     pub raft_election_ms: u64,
     /// A change not committed by a majority within this long fails (`EIO` at the client).
     pub raft_write_timeout_ms: u64,
+    /// A replica snapshots its state machine after this many log entries and then drops the
+    /// older part of its log (keeping a fifth of this); a replica too far behind, or one whose
+    /// data was lost, is sent the snapshot.
+    pub raft_snapshot_every: u64,
 }
 
 impl Default for MetaConfig {
@@ -107,6 +111,7 @@ impl Default for MetaConfig {
             raft_heartbeat_ms: 100,
             raft_election_ms: 500,
             raft_write_timeout_ms: 10_000,
+            raft_snapshot_every: 5000,
         }
     }
 }
@@ -137,6 +142,12 @@ impl MetaConfig {
             return Err(CairnError::invalid(format!(
                 "cluster {:?}: letters, digits, '-' and '_' only",
                 self.cluster
+            )));
+        }
+        if self.raft_snapshot_every < 10 {
+            return Err(CairnError::invalid(format!(
+                "raft_snapshot_every {} is below 10",
+                self.raft_snapshot_every
             )));
         }
         if self.raft_heartbeat_ms == 0 || self.raft_election_ms < 3 * self.raft_heartbeat_ms {

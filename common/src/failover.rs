@@ -17,12 +17,19 @@ use crate::{CairnError, ErrorKind, Result};
 /// How long a request keeps looking for a leader.
 pub const FAILOVER_WAIT: Duration = Duration::from_secs(30);
 
+/// How long one try waits for a replica that accepted the connection (a frozen or cut-off
+/// leader keeps its connections open and answers nothing) before trying the next one, for
+/// requests that answer in milliseconds when all is well.
+pub const TRY_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The metaservers of one cluster.
 #[derive(Debug)]
 pub struct Failover {
     addrs: Vec<String>,
     current: AtomicUsize,
     wait: Duration,
+    /// With several replicas: give up on one try after this long (see [`TRY_TIMEOUT`]).
+    try_timeout: Option<Duration>,
 }
 
 impl Failover {
@@ -37,12 +44,20 @@ impl Failover {
         if addrs.is_empty() {
             return Err(CairnError::invalid(format!("metaserver addresses {list:?}: none given")));
         }
-        Ok(Failover { addrs, current: AtomicUsize::new(0), wait: FAILOVER_WAIT })
+        Ok(Failover { addrs, current: AtomicUsize::new(0), wait: FAILOVER_WAIT, try_timeout: None })
     }
 
     /// The same list with another bound on the wait for a leader.
     pub fn with_wait(mut self, wait: Duration) -> Failover {
         self.wait = wait;
+        self
+    }
+
+    /// With several replicas, move on from one that has not answered a try within `timeout`.
+    /// Only for requests that are safe to send again (see `Once` in `cairn.proto`) and that
+    /// answer quickly when all is well.
+    pub fn with_try_timeout(mut self, timeout: Duration) -> Failover {
+        self.try_timeout = Some(timeout);
         self
     }
 
@@ -76,7 +91,17 @@ impl Failover {
         let mut tried = 0;
         loop {
             let index = self.current();
-            let error = match call(index).await {
+            let attempt = call(index);
+            let answer = match self.try_timeout.filter(|_| self.addrs.len() > 1) {
+                Some(limit) => tokio::time::timeout(limit, attempt).await.unwrap_or_else(|_| {
+                    Err(CairnError::unavailable(format!(
+                        "no answer from {} within {limit:?}",
+                        self.addrs[index]
+                    )))
+                }),
+                None => attempt.await,
+            };
+            let error = match answer {
                 Ok(reply) => return Ok(reply),
                 Err(e) if !self.move_on(&e) => return Err(e),
                 Err(e) => e,
@@ -143,6 +168,22 @@ mod tests {
         assert_eq!(f.call(answer).await.unwrap(), 2);
         assert_eq!(f.call(answer).await.unwrap(), 2);
         assert_eq!(*asked.lock().unwrap(), [0, 1, 2, 2], "the second request goes to the leader at once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_that_hangs_is_left_after_the_try_timeout() {
+        let f = Failover::parse("a,b").unwrap().with_try_timeout(Duration::from_secs(5));
+        let started = tokio::time::Instant::now();
+        let answer = f
+            .call(|i| async move {
+                if i == 0 {
+                    std::future::pending::<()>().await;
+                }
+                Ok(i)
+            })
+            .await;
+        assert_eq!(answer.unwrap(), 1);
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
     }
 
     #[tokio::test(start_paused = true)]

@@ -68,7 +68,7 @@ async fn reap_sessions(ns: Arc<Namespace>) {
         let sweep = !swept_after_grace && ns.sessions().past_grace();
         let result = tokio::task::spawn_blocking(move || -> Result<()> {
             // Once a minute: the records of changes done once that no client can still resend.
-            if ticks % 60 == 0 {
+            if ticks.is_multiple_of(60) {
                 ns.forget_old_once(namespace::once::KEEP)?;
             }
             for ino in ns.sessions().expire() {
@@ -140,6 +140,7 @@ async fn serve_replicated(
         heartbeat: Duration::from_millis(config.raft_heartbeat_ms),
         election: Duration::from_millis(config.raft_election_ms),
         write_timeout: Duration::from_millis(config.raft_write_timeout_ms),
+        snapshot_every: config.raft_snapshot_every,
     };
     let service = Arc::new(MetaService::replicated_pending());
     // The listener answers from the start: the other replicas need this one to elect a leader.

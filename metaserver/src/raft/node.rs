@@ -35,6 +35,8 @@ pub struct RaftSettings {
     pub election: Duration,
     /// How long a write waits to be committed before it fails (no quorum).
     pub write_timeout: Duration,
+    /// Log entries between snapshots.
+    pub snapshot_every: u64,
 }
 
 /// The file naming the cluster a data directory belongs to.
@@ -116,8 +118,9 @@ impl RaftNode {
             election_timeout_min: election.max(heartbeat * 3),
             election_timeout_max: election.max(heartbeat * 3) * 2,
             install_snapshot_timeout: 10_000,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(5000),
-            max_in_snapshot_log_to_keep: 1000,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(settings.snapshot_every),
+            max_in_snapshot_log_to_keep: settings.snapshot_every / 5,
+            purge_batch_size: 1,
             ..Default::default()
         }
         .validate()
