@@ -18,6 +18,6 @@ rm -rf "$work"; mkdir -p "$work/mnt"
 pid=$!
 trap 'kill -INT $pid; wait $pid || true; rm -rf "$work"' EXIT
 for _ in $(seq 600); do grep -q "^ready" "$work/up.log" && break; sleep 0.1; done
-meta=$(awk '/^meta /{print $5}' "$work/up.log")
+meta=$(awk '/^meta /{print $5; exit}' "$work/up.log")  # the first replica's metrics
 mount=$(awk '/^mount /{print $5}' "$work/up.log")
 python3 bench/rpcs.py "$work/mnt" "$meta" "$mount" "$n"

@@ -2,7 +2,7 @@
 //! that answered last tried first. A replica that does not lead answers `NotLeader` before
 //! doing anything, so the request goes to the next one; one that cannot be reached is skipped
 //! when there are others. After a round over all of them the caller pauses (jittered, growing
-//! from 50 ms to 1 s) and goes round again, until [`FAILOVER_WAIT`] has passed: long enough for
+//! from 50 ms to 200 ms) and goes round again, until [`FAILOVER_WAIT`] has passed: long enough for
 //! an election, short enough that a cluster with no majority fails (`EIO`) instead of hanging.
 //! A lone metaserver (one address) that cannot be reached fails at once, as it always did.
 
@@ -16,6 +16,10 @@ use crate::{CairnError, ErrorKind, Result};
 
 /// How long a request keeps looking for a leader.
 pub const FAILOVER_WAIT: Duration = Duration::from_secs(30);
+
+/// The longest pause between rounds: an election takes about a second, and a round costs each
+/// replica one cheap refusal.
+const MAX_PAUSE: Duration = Duration::from_millis(200);
 
 /// How long one try waits for a replica that accepted the connection (a frozen or cut-off
 /// leader keeps its connections open and answers nothing) before trying the next one, for
@@ -133,7 +137,7 @@ impl Failover {
             }
             let jitter = pause.mul_f64(rand::random::<f64>() * 0.5 + 0.75);
             tokio::time::sleep(jitter.min(self.wait.saturating_sub(started.elapsed()))).await;
-            pause = (pause * 2).min(Duration::from_secs(1));
+            pause = (pause * 2).min(MAX_PAUSE);
         }
     }
 }

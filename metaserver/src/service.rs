@@ -82,7 +82,16 @@ impl MetaService {
 
     fn serving(&self) -> Result<Arc<Serving>, Status> {
         if let Some(s) = self.serving.read().as_ref() {
-            return Ok(s.clone());
+            match self.raft.get() {
+                Some(raft) if !raft.holds_lease() => {
+                    return Err(CairnError::new(
+                        cairn_common::ErrorKind::NotLeader,
+                        "this metaserver's leadership was not confirmed by a majority lately",
+                    )
+                    .into())
+                }
+                _ => return Ok(s.clone()),
+            }
         }
         Err(match self.raft.get() {
             Some(raft) => raft.not_leader(),

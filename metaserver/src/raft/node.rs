@@ -77,6 +77,12 @@ pub struct RaftNode {
     /// waits for that store's writes in flight and refuses any later one, so two namespaces
     /// (each with its own locks and counters in memory) never write side by side.
     fence: parking_lot::RwLock<u64>,
+    /// Until when (nanoseconds after `started`) this replica may answer as leader without
+    /// asking the others: see [`RaftNode::holds_lease`].
+    lease_until: std::sync::atomic::AtomicU64,
+    started: std::time::Instant,
+    /// How long a lease lasts after the last time a majority acknowledged this leader.
+    lease: Duration,
 }
 
 fn not_leader(leader: Option<&BasicNode>) -> CairnError {
@@ -137,7 +143,11 @@ impl RaftNode {
             runtime: tokio::runtime::Handle::current(),
             poisoned: AtomicBool::new(false),
             fence: parking_lot::RwLock::new(0),
+            lease_until: std::sync::atomic::AtomicU64::new(0),
+            started: std::time::Instant::now(),
+            lease: Duration::from_millis(election.max(heartbeat * 3) / 2),
         });
+        tokio::spawn(watch_lease(Arc::downgrade(&node)));
         node.bootstrap(&channels).await?;
         Ok(node)
     }
@@ -204,6 +214,15 @@ impl RaftNode {
         let m = self.raft.metrics().borrow().clone();
         let leader = m.current_leader.and_then(|id| m.membership_config.membership().get_node(&id).cloned());
         not_leader(leader.as_ref())
+    }
+
+    /// Whether this replica leads and a majority acknowledged it within the lease (half the
+    /// shortest election timeout): no other replica can have been elected since, because the
+    /// others wait at least an election timeout after the last heartbeat they had from this
+    /// one. Reads are answered only while this holds, so a leader cut off from the others (or
+    /// frozen and thawed) stops answering before anyone else can lead: no stale read.
+    pub fn holds_lease(&self) -> bool {
+        (self.started.elapsed().as_nanos() as u64) < self.lease_until.load(Ordering::Acquire)
     }
 
     /// The current term.
@@ -341,6 +360,30 @@ impl RaftNode {
             self.poisoned.store(true, Ordering::Release);
         }
         result
+    }
+}
+
+/// Keep `lease_until` up to date from openraft's metrics (published whenever they change, so
+/// after every acknowledgement by a majority): the lease ends `lease` after that
+/// acknowledgement, or at once when this replica does not lead.
+async fn watch_lease(node: std::sync::Weak<RaftNode>) {
+    let Some(mut metrics) = node.upgrade().map(|n| n.raft.metrics()) else { return };
+    loop {
+        {
+            let Some(node) = node.upgrade() else { return };
+            let m = metrics.borrow_and_update().clone();
+            let now = node.started.elapsed();
+            let until = match m.millis_since_quorum_ack {
+                Some(ms) if m.state == ServerState::Leader && m.current_leader == Some(node.settings.id) => {
+                    (now.saturating_sub(Duration::from_millis(ms)) + node.lease).as_nanos() as u64
+                }
+                _ => 0,
+            };
+            node.lease_until.store(until, Ordering::Release);
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
     }
 }
 
