@@ -750,7 +750,7 @@ impl Client {
         if absent(&key) || absent(&(ino, Vec::new())) {
             return Err(CairnError::new(ErrorKind::NoData, "no such xattr"));
         }
-        match self.meta.get_xattr(p::XattrRequest { ino, name: name.to_vec() }).await {
+        match self.meta.get_xattr(p::XattrRequest { ino, name: name.to_vec(), once: None }).await {
             Ok(reply) => Ok(reply.value),
             Err(e) => {
                 if e.kind() == ErrorKind::NoData && !self.options.attr_ttl.is_zero() {
@@ -787,7 +787,7 @@ impl Client {
     }
 
     pub async fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
-        let req = p::SetXattrRequest { ino, name: name.to_vec(), value: value.to_vec(), flags };
+        let req = p::SetXattrRequest { ino, name: name.to_vec(), value: value.to_vec(), flags, once: None };
         let result = self.meta.set_xattr(req).await.map(|_| ());
         // After the change (a lookup racing with it may have found the name still absent).
         self.xattrs_changed(ino);
@@ -799,7 +799,11 @@ impl Client {
     }
 
     pub async fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
-        let result = self.meta.remove_xattr(p::XattrRequest { ino, name: name.to_vec() }).await.map(|_| ());
+        let result = self
+            .meta
+            .remove_xattr(p::XattrRequest { ino, name: name.to_vec(), once: None })
+            .await
+            .map(|_| ());
         self.xattrs_changed(ino);
         result
     }

@@ -589,6 +589,7 @@ impl OpenFile {
             size,
             stripes: stripes.clone(),
             mtime: Some(cairn_common::time::now()),
+            once: None,
         };
         let committed = meta.commit(req).await;
         // Even a failed commit may have been applied (the answer was lost): count it as a change.

@@ -304,6 +304,7 @@ impl Filesystem for CairnFs {
             atime_now,
             mtime_now,
             ctime: ctime.map(cairn_common::time::from_system),
+            once: None,
         };
         let ttl = self.ttl;
         self.spawn("setattr", |c| async move {

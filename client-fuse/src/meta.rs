@@ -209,7 +209,7 @@ impl MetaConn {
 
     rpc!(lookup, p::LookupRequest, p::AttrReply);
     rpc!(get_attr, p::InoRequest, p::AttrReply);
-    rpc!(set_attr, p::SetAttrRequest, p::AttrReply);
+    rpc_once!(set_attr, p::SetAttrRequest, p::AttrReply);
     rpc_once!(create, p::CreateRequest, p::CreateReply);
     rpc_once!(mkdir, p::MkdirRequest, p::AttrReply);
     rpc_once!(unlink, p::RemoveRequest, p::RemoveReply);
@@ -221,15 +221,15 @@ impl MetaConn {
     rpc!(read_dir, p::ReadDirRequest, p::ReadDirReply);
     rpc!(stat_fs, p::Empty, p::StatFsReply);
     rpc!(get_xattr, p::XattrRequest, p::XattrReply);
-    rpc!(set_xattr, p::SetXattrRequest, p::Empty);
+    rpc_once!(set_xattr, p::SetXattrRequest, p::Empty);
     rpc!(list_xattr, p::InoRequest, p::ListXattrReply);
-    rpc!(remove_xattr, p::XattrRequest, p::Empty);
+    rpc_once!(remove_xattr, p::XattrRequest, p::Empty);
     rpc!(open, p::OpenRequest, p::OpenReply);
     rpc!(release, p::ReleaseRequest, p::Empty);
     rpc!(client_heartbeat, p::ClientHeartbeatRequest, p::ClientHeartbeatReply);
     rpc!(lock, p::LockRequest, p::LockReply);
     rpc!(list_stripes, p::ListStripesRequest, p::ListStripesReply);
-    rpc!(commit, p::CommitRequest, p::AttrReply);
+    rpc_once!(commit, p::CommitRequest, p::AttrReply);
     rpc!(sync, p::Empty, p::Empty);
     rpc!(register_client, p::Empty, p::RegisterClientReply);
     rpc!(list_nodes, p::Empty, p::ListNodesReply);

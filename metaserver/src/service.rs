@@ -104,21 +104,57 @@ impl MetaService {
         Ok(self.serving()?.ns.clone())
     }
 
-    /// The answer to a mkdir, link or symlink done by an earlier try: the entry it made.
-    fn replay_entry(&self, parent: u64, name: &[u8]) -> Result<Response<AttrReply>, Status> {
-        let (inode, parent) = self.read(|ns| {
-            let parent = check_ino(parent)?;
-            Ok((ns.lookup(parent, name)?, dir_after(ns, parent)))
-        })?;
-        Ok(Response::new(AttrReply { parent, ..attr_reply(inode) }))
-    }
-
     /// Whether the change a client sends again (`once`) was done by an earlier try: then the
     /// caller answers from what that try left (`namespace/once.rs`).
     fn done_before(&self, once: Option<(u64, u64)>) -> Result<bool, Status> {
         match once {
             Some((client, seq)) => self.read(|ns| ns.once_done(client, seq)),
             None => Ok(false),
+        }
+    }
+
+    /// A change a client may send again (`once`, see `namespace/once.rs`): answered by
+    /// `replay` (from what the first try left) when an earlier try was applied, whether that is
+    /// found before this one runs or after it failed (an earlier try still in flight, whose locks
+    /// this one waited for, may have been applied meanwhile: this one then fails with EEXIST or
+    /// ENOENT, which is not the answer).
+    async fn once_change<T, F>(
+        &self,
+        once: Option<(u64, u64)>,
+        change: F,
+        replay: impl Fn(&Namespace) -> Result<T>,
+    ) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Namespace) -> Result<T> + Send + 'static,
+    {
+        self.once_change_on(once, false, change, replay).await
+    }
+
+    /// [`MetaService::once_change`], on the blocking pool when `on_blocking_pool` (a change
+    /// that always waits for the disk, like a commit).
+    async fn once_change_on<T, F>(
+        &self,
+        once: Option<(u64, u64)>,
+        on_blocking_pool: bool,
+        change: F,
+        replay: impl Fn(&Namespace) -> Result<T>,
+    ) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Namespace) -> Result<T> + Send + 'static,
+    {
+        if self.done_before(once)? {
+            return self.read(|ns| replay(ns));
+        }
+        let run = move |ns: &Namespace| once::scope(once, || change(ns));
+        let result = if on_blocking_pool { self.run(run).await } else { self.change(run).await };
+        match result {
+            Err(e) if once.is_some() && self.done_before(once)? => {
+                tracing::debug!("a change sent again failed after its first try was applied: {e}");
+                self.read(|ns| replay(ns))
+            }
+            result => result,
         }
     }
 
@@ -136,27 +172,22 @@ impl MetaService {
     /// Unlink (or, with `dir`, rmdir) and answer with the parent as the removal left it.
     async fn remove(&self, r: RemoveRequest, dir: bool) -> Result<Response<RemoveReply>, Status> {
         let once = once_of(&r.once);
-        if self.done_before(once)? {
-            let parent = self.read(|ns| Ok(dir_after(ns, check_ino(r.parent)?)))?;
-            return Ok(Response::new(RemoveReply { parent }));
-        }
-        let parent = self
-            .change(move |ns| {
-                let parent = check_ino(r.parent)?;
-                once::scope(
-                    once,
-                    || {
-                        if dir {
-                            ns.rmdir(parent, &r.name)
-                        } else {
-                            ns.unlink(parent, &r.name)
-                        }
-                    },
-                )?;
-                Ok(dir_after(ns, parent))
-            })
+        let parent = check_ino(r.parent)?;
+        let after = self
+            .once_change(
+                once,
+                move |ns| {
+                    if dir {
+                        ns.rmdir(parent, &r.name)?;
+                    } else {
+                        ns.unlink(parent, &r.name)?;
+                    }
+                    Ok(dir_after(ns, parent))
+                },
+                |ns| Ok(dir_after(ns, parent)),
+            )
             .await?;
-        Ok(Response::new(RemoveReply { parent }))
+        Ok(Response::new(RemoveReply { parent: after }))
     }
 
     fn repair(&self) -> Result<Arc<Repair>, Status> {
@@ -297,41 +328,37 @@ impl Meta for MetaService {
 
     async fn set_attr(&self, req: Request<SetAttrRequest>) -> Result<Response<AttrReply>, Status> {
         let r = req.into_inner();
-        check_ino(r.ino)?;
-        let inode = self.change(move |ns| ns.setattr(&r)).await?;
+        let ino = check_ino(r.ino)?;
+        let once = once_of(&r.once);
+        let inode = self.once_change(once, move |ns| ns.setattr(&r), |ns| ns.getattr(ino)).await?;
         Ok(Response::new(attr_reply(inode)))
     }
 
     async fn create(&self, req: Request<CreateRequest>) -> Result<Response<CreateReply>, Status> {
         let r = req.into_inner();
         let once = once_of(&r.once);
-        if self.done_before(once)? {
-            let (inode, parent) = self.read(|ns| {
-                let inode = ns.lookup(check_ino(r.parent)?, &r.name)?;
-                if r.open {
-                    ns.sessions().opened(r.client_id, inode.ino, r.generation);
-                }
-                Ok((inode, dir_after(ns, r.parent)))
-            })?;
-            return Ok(Response::new(CreateReply { file: Some(file_info(&inode)), created: true, parent }));
-        }
+        let (parent, name, client, generation, open) =
+            (check_ino(r.parent)?, r.name.clone(), r.client_id, r.generation, r.open);
         let (inode, created, parent) = self
-            .change(move |ns| {
-                let new = NewEntry {
-                    parent: check_ino(r.parent)?,
-                    name: &r.name,
-                    mode: r.mode,
-                    uid: r.uid,
-                    gid: r.gid,
-                };
-                let (inode, created) =
-                    once::scope(once, || ns.create_avoiding(&new, r.rdev, r.exclusive, &r.avoid_nodes))?;
-                if r.open {
-                    ns.sessions().opened(r.client_id, inode.ino, r.generation);
-                }
-                let parent = if created { dir_after(ns, new.parent) } else { None };
-                Ok((inode, created, parent))
-            })
+            .once_change(
+                once,
+                move |ns| {
+                    let new = NewEntry { parent, name: &r.name, mode: r.mode, uid: r.uid, gid: r.gid };
+                    let (inode, created) = ns.create_avoiding(&new, r.rdev, r.exclusive, &r.avoid_nodes)?;
+                    if r.open {
+                        ns.sessions().opened(r.client_id, inode.ino, r.generation);
+                    }
+                    let parent = if created { dir_after(ns, new.parent) } else { None };
+                    Ok((inode, created, parent))
+                },
+                |ns| {
+                    let inode = ns.lookup(parent, &name)?;
+                    if open {
+                        ns.sessions().opened(client, inode.ino, generation);
+                    }
+                    Ok((inode, true, dir_after(ns, parent)))
+                },
+            )
             .await?;
         Ok(Response::new(CreateReply { file: Some(file_info(&inode)), created, parent }))
     }
@@ -339,16 +366,17 @@ impl Meta for MetaService {
     async fn mkdir(&self, req: Request<MkdirRequest>) -> Result<Response<AttrReply>, Status> {
         let r = req.into_inner();
         let once = once_of(&r.once);
-        if self.done_before(once)? {
-            return self.replay_entry(r.parent, &r.name);
-        }
+        let (parent, name) = (check_ino(r.parent)?, r.name.clone());
         let (inode, parent) = self
-            .change(move |ns| {
-                let parent = check_ino(r.parent)?;
-                let new = NewEntry { parent, name: &r.name, mode: r.mode, uid: r.uid, gid: r.gid };
-                let inode = once::scope(once, || ns.mkdir(&new))?;
-                Ok((inode, dir_after(ns, parent)))
-            })
+            .once_change(
+                once,
+                move |ns| {
+                    let inode =
+                        ns.mkdir(&NewEntry { parent, name: &r.name, mode: r.mode, uid: r.uid, gid: r.gid })?;
+                    Ok((inode, dir_after(ns, parent)))
+                },
+                |ns| Ok((ns.lookup(parent, &name)?, dir_after(ns, parent))),
+            )
             .await?;
         Ok(Response::new(AttrReply { parent, ..attr_reply(inode) }))
     }
@@ -364,18 +392,16 @@ impl Meta for MetaService {
     async fn rename(&self, req: Request<RenameRequest>) -> Result<Response<RenameReply>, Status> {
         let r = req.into_inner();
         let once = once_of(&r.once);
-        if self.done_before(once)? {
-            let (parent, new_parent) = self.read(|ns| {
-                Ok((dir_after(ns, check_ino(r.parent)?), dir_after(ns, check_ino(r.new_parent)?)))
-            })?;
-            return Ok(Response::new(RenameReply { parent, new_parent }));
-        }
+        let (parent, new_parent) = (check_ino(r.parent)?, check_ino(r.new_parent)?);
         let (parent, new_parent) = self
-            .change(move |ns| {
-                let (parent, new_parent) = (check_ino(r.parent)?, check_ino(r.new_parent)?);
-                once::scope(once, || ns.rename(parent, &r.name, new_parent, &r.new_name, r.flags))?;
-                Ok((dir_after(ns, parent), dir_after(ns, new_parent)))
-            })
+            .once_change(
+                once,
+                move |ns| {
+                    ns.rename(parent, &r.name, new_parent, &r.new_name, r.flags)?;
+                    Ok((dir_after(ns, parent), dir_after(ns, new_parent)))
+                },
+                |ns| Ok((dir_after(ns, parent), dir_after(ns, new_parent))),
+            )
             .await?;
         Ok(Response::new(RenameReply { parent, new_parent }))
     }
@@ -383,15 +409,16 @@ impl Meta for MetaService {
     async fn link(&self, req: Request<LinkRequest>) -> Result<Response<AttrReply>, Status> {
         let r = req.into_inner();
         let once = once_of(&r.once);
-        if self.done_before(once)? {
-            return self.replay_entry(r.new_parent, &r.new_name);
-        }
+        let (ino, new_parent, name) = (check_ino(r.ino)?, check_ino(r.new_parent)?, r.new_name.clone());
         let (inode, parent) = self
-            .change(move |ns| {
-                let new_parent = check_ino(r.new_parent)?;
-                let inode = once::scope(once, || ns.link(check_ino(r.ino)?, new_parent, &r.new_name))?;
-                Ok((inode, dir_after(ns, new_parent)))
-            })
+            .once_change(
+                once,
+                move |ns| {
+                    let inode = ns.link(ino, new_parent, &r.new_name)?;
+                    Ok((inode, dir_after(ns, new_parent)))
+                },
+                |ns| Ok((ns.lookup(new_parent, &name)?, dir_after(ns, new_parent))),
+            )
             .await?;
         Ok(Response::new(AttrReply { parent, ..attr_reply(inode) }))
     }
@@ -399,16 +426,17 @@ impl Meta for MetaService {
     async fn symlink(&self, req: Request<SymlinkRequest>) -> Result<Response<AttrReply>, Status> {
         let r = req.into_inner();
         let once = once_of(&r.once);
-        if self.done_before(once)? {
-            return self.replay_entry(r.parent, &r.name);
-        }
+        let (parent, name) = (check_ino(r.parent)?, r.name.clone());
         let (inode, parent) = self
-            .change(move |ns| {
-                let new =
-                    NewEntry { parent: check_ino(r.parent)?, name: &r.name, mode: 0, uid: r.uid, gid: r.gid };
-                let inode = once::scope(once, || ns.symlink(&new, &r.target))?;
-                Ok((inode, dir_after(ns, new.parent)))
-            })
+            .once_change(
+                once,
+                move |ns| {
+                    let new = NewEntry { parent, name: &r.name, mode: 0, uid: r.uid, gid: r.gid };
+                    let inode = ns.symlink(&new, &r.target)?;
+                    Ok((inode, dir_after(ns, parent)))
+                },
+                |ns| Ok((ns.lookup(parent, &name)?, dir_after(ns, parent))),
+            )
             .await?;
         Ok(Response::new(AttrReply { parent, ..attr_reply(inode) }))
     }
@@ -438,7 +466,9 @@ impl Meta for MetaService {
 
     async fn set_xattr(&self, req: Request<SetXattrRequest>) -> Result<Response<Empty>, Status> {
         let r = req.into_inner();
-        self.change(move |ns| ns.set_xattr(check_ino(r.ino)?, &r.name, &r.value, r.flags)).await?;
+        let once = once_of(&r.once);
+        let ino = check_ino(r.ino)?;
+        self.once_change(once, move |ns| ns.set_xattr(ino, &r.name, &r.value, r.flags), |_| Ok(())).await?;
         Ok(Response::new(Empty {}))
     }
 
@@ -450,7 +480,9 @@ impl Meta for MetaService {
 
     async fn remove_xattr(&self, req: Request<XattrRequest>) -> Result<Response<Empty>, Status> {
         let r = req.into_inner();
-        self.change(move |ns| ns.remove_xattr(check_ino(r.ino)?, &r.name)).await?;
+        let once = once_of(&r.once);
+        let ino = check_ino(r.ino)?;
+        self.once_change(once, move |ns| ns.remove_xattr(ino, &r.name), |_| Ok(())).await?;
         Ok(Response::new(Empty {}))
     }
 
@@ -545,8 +577,17 @@ impl Meta for MetaService {
 
     async fn commit(&self, req: Request<CommitRequest>) -> Result<Response<AttrReply>, Status> {
         let r = req.into_inner();
-        let inode =
-            self.run(move |ns| ns.commit(check_ino(r.ino)?, r.size, &r.stripes, r.mtime.as_ref())).await?;
+        let once = once_of(&r.once);
+        let ino = check_ino(r.ino)?;
+        // A commit waits for the disk (a lone metaserver fsyncs it): on the blocking pool.
+        let inode = self
+            .once_change_on(
+                once,
+                true,
+                move |ns| ns.commit(ino, r.size, &r.stripes, r.mtime.as_ref()),
+                |ns| ns.getattr(ino),
+            )
+            .await?;
         Ok(Response::new(attr_reply(inode)))
     }
 
@@ -705,6 +746,7 @@ impl Meta for MetaService {
     async fn raft_status(&self, _req: Request<Empty>) -> Result<Response<RaftStatusReply>, Status> {
         Ok(Response::new(match self.raft.get() {
             Some(raft) => raft.status(),
+            None if self.replicated => RaftStatusReply { state: "starting".into(), ..Default::default() },
             None => RaftStatusReply { state: "single".into(), ..Default::default() },
         }))
     }

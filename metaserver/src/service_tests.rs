@@ -105,7 +105,7 @@ async fn serves_the_namespace_over_grpc() {
 
     let stripe = StripeInfo { index: 0, version: 1, len: 100, written_len: 100, missing: 0 };
     let attr = c
-        .commit(CommitRequest { ino, size: 100, stripes: vec![stripe], mtime: None })
+        .commit(CommitRequest { ino, size: 100, stripes: vec![stripe], mtime: None, once: None })
         .await
         .unwrap()
         .into_inner()
@@ -129,7 +129,7 @@ async fn serves_the_namespace_over_grpc() {
     assert_eq!(kind(err), ErrorKind::NotFound);
     let err = c.rmdir(RemoveRequest { parent: ROOT_INO, name: b"d".to_vec(), once: None }).await.unwrap_err();
     assert_eq!(kind(err), ErrorKind::NotEmpty);
-    let err = c.get_xattr(XattrRequest { ino, name: b"user.x".to_vec() }).await.unwrap_err();
+    let err = c.get_xattr(XattrRequest { ino, name: b"user.x".to_vec(), once: None }).await.unwrap_err();
     assert_eq!(kind(err), ErrorKind::NoData);
     let bad = SetAttrRequest { ino, atime: Some(Timespec { sec: 1, nsec: u32::MAX }), ..Default::default() };
     assert_eq!(kind(c.set_attr(bad).await.unwrap_err()), ErrorKind::InvalidArgument);
@@ -140,8 +140,10 @@ async fn serves_the_namespace_over_grpc() {
         written_len: u64::MAX,
         missing: u32::MAX,
     };
-    let err =
-        c.commit(CommitRequest { ino, size: u64::MAX, stripes: vec![huge], mtime: None }).await.unwrap_err();
+    let err = c
+        .commit(CommitRequest { ino, size: u64::MAX, stripes: vec![huge], mtime: None, once: None })
+        .await
+        .unwrap_err();
     assert!(matches!(kind(err), ErrorKind::InvalidArgument | ErrorKind::TooBig));
 
     let status = c.cluster_status(Empty {}).await.unwrap().into_inner();
@@ -291,6 +293,19 @@ async fn a_change_sent_again_is_done_once() {
     c.unlink(unlink.clone()).await.unwrap();
     let unlink_new = RemoveRequest { once: once(6), ..unlink };
     assert_eq!(kind(c.unlink(unlink_new).await.unwrap_err()), ErrorKind::NotFound);
+
+    // Xattrs and attributes: XATTR_CREATE sent again is not EEXIST.
+    let d_attr =
+        SetXattrRequest { ino: d, name: b"user.k".to_vec(), value: b"v".to_vec(), flags: 1, once: once(8) };
+    c.set_xattr(d_attr.clone()).await.unwrap();
+    c.set_xattr(d_attr.clone()).await.unwrap();
+    assert_eq!(
+        kind(c.set_xattr(SetXattrRequest { once: once(9), ..d_attr }).await.unwrap_err()),
+        ErrorKind::Exists
+    );
+    let rm = XattrRequest { ino: d, name: b"user.k".to_vec(), once: once(10) };
+    c.remove_xattr(rm.clone()).await.unwrap();
+    c.remove_xattr(rm).await.unwrap();
 
     // A failed try records nothing: sent again, it fails again the same way.
     let rmdir = RemoveRequest { parent: ROOT_INO, name: b"missing".to_vec(), once: once(7) };

@@ -1,11 +1,12 @@
 //! Changes done once, however often a client sends them (`Once` in `cairn.proto`).
 //!
-//! A client that loses its metaserver (a leader killed, a connection cut) sends the change
-//! again to the next one with the same (client, sequence). The first try that is applied
-//! writes a record `client ‖ sequence → when` in [`Cf::Once`] in the same atomic batch as
-//! its change; a later try finds the record and the service answers from the state the first
-//! try left instead of doing the change again. A try that failed wrote nothing (every change
-//! is one batch), so sending it again does it or fails as before.
+//! A client that loses its metaserver (a leader killed, a connection cut, no answer within its
+//! try timeout) sends the change again to the next one with the same (client, sequence). The
+//! first try that is applied writes a record `client ‖ sequence → when` in [`Cf::Once`] in the
+//! same atomic batch as its change; a later try finds the record — before it runs, or after it
+//! failed because the first try, still in flight, was applied under the locks it waited for —
+//! and the service answers from the state the first try left instead of doing the change
+//! again (`MetaService::once_change`).
 //!
 //! How the record reaches the batch: the service runs the namespace call inside [`scope`],
 //! which puts the (client, sequence) in a thread-local for the duration of the call; the
@@ -33,11 +34,18 @@ thread_local! {
 }
 
 /// Run `f` with `(client, seq)` to be recorded by the one commit it makes (none: nothing).
+/// The mark is cleared when `f` returns or unwinds, so it never reaches the commit of another
+/// operation on this thread.
 pub fn scope<T>(once: Option<(u64, u64)>, f: impl FnOnce() -> T) -> T {
+    struct Clear;
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            PENDING.with(|p| p.set(None));
+        }
+    }
     PENDING.with(|p| p.set(once.filter(|(client, _)| *client != 0)));
-    let out = f();
-    PENDING.with(|p| p.set(None));
-    out
+    let _clear = Clear;
+    f()
 }
 
 pub(super) fn key(client: u64, seq: u64) -> Vec<u8> {

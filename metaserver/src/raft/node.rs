@@ -77,12 +77,17 @@ pub struct RaftNode {
     /// waits for that store's writes in flight and refuses any later one, so two namespaces
     /// (each with its own locks and counters in memory) never write side by side.
     fence: parking_lot::RwLock<u64>,
+    /// The newest generation one of whose writes failed: it writes no more (its namespace's
+    /// memory may not match the store), even before the leadership task retires it.
+    failed: std::sync::atomic::AtomicU64,
     /// Until when (nanoseconds after `started`) this replica may answer as leader without
     /// asking the others: see [`RaftNode::holds_lease`].
     lease_until: std::sync::atomic::AtomicU64,
     started: std::time::Instant,
     /// How long a lease lasts after the last time a majority acknowledged this leader.
     lease: Duration,
+    /// No vote is granted until this long after start (the longest election timeout).
+    vote_after: Duration,
 }
 
 fn not_leader(leader: Option<&BasicNode>) -> CairnError {
@@ -143,9 +148,11 @@ impl RaftNode {
             runtime: tokio::runtime::Handle::current(),
             poisoned: AtomicBool::new(false),
             fence: parking_lot::RwLock::new(0),
+            failed: std::sync::atomic::AtomicU64::new(u64::MAX),
             lease_until: std::sync::atomic::AtomicU64::new(0),
             started: std::time::Instant::now(),
             lease: Duration::from_millis(election.max(heartbeat * 3) / 2),
+            vote_after: Duration::from_millis(election.max(heartbeat * 3) * 2),
         });
         tokio::spawn(watch_lease(Arc::downgrade(&node)));
         node.bootstrap(&channels).await?;
@@ -286,9 +293,17 @@ impl RaftNode {
         }
     }
 
-    /// Answer another replica's vote request.
+    /// Answer another replica's vote request. For the first longest election timeout after
+    /// it starts, a replica grants no vote: it may have just been the one whose acknowledgement
+    /// gave the leader its lease (a restarted replica does not remember when it last heard the
+    /// leader), and an emptied one may have voted in the current term before.
     pub async fn handle_vote(&self, msg: RaftMessage) -> Result<RaftMessage> {
         network::check_cluster(&msg, self.cluster())?;
+        if self.started.elapsed() < self.vote_after {
+            return Err(CairnError::unavailable(
+                "this metaserver replica has just started and grants no vote yet",
+            ));
+        }
         let reply = self.raft.vote(network::decode_plain(&msg)?).await;
         network::encode_plain(&reply, self.cluster())
     }
@@ -335,7 +350,8 @@ impl RaftNode {
     /// Propose `batch` for a store of `generation` and wait until it is applied here.
     fn propose(&self, generation: u64, batch: Batch) -> Result<()> {
         let fence = self.fence.read();
-        if *fence != generation {
+        let failed = self.failed.load(Ordering::Acquire);
+        if *fence != generation || (failed != u64::MAX && failed >= generation) {
             return Err(CairnError::new(
                 ErrorKind::NotLeader,
                 "this namespace was closed (leadership changed or a write failed); ask again",
@@ -355,10 +371,15 @@ impl RaftNode {
             }
         };
         let result = tokio::task::block_in_place(|| self.runtime.block_on(write));
-        drop(fence);
         if result.is_err() {
+            // Another write of this namespace may be waiting for the locks this one held, and
+            // would compute from a store this one's entry may still change: refuse it.
+            let _ = self.failed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| {
+                Some(if f == u64::MAX { generation } else { f.max(generation) })
+            });
             self.poisoned.store(true, Ordering::Release);
         }
+        drop(fence);
         result
     }
 }

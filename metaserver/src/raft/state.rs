@@ -201,9 +201,12 @@ impl SmStore {
         if let Some(old) = slot.take() {
             close(old);
         }
-        self.finish_swap().map_err(io_context("cannot swap the snapshot into", &self.dir))?;
-        *slot = Some(Arc::new(RocksStore::open(&self.sm(), SyncMode::Never)?));
-        Ok(())
+        let swapped = self.finish_swap().map_err(io_context("cannot swap the snapshot into", &self.dir));
+        // Whatever happened, open a state machine again (the old one if the swap did not get
+        // that far): one left closed would fail every later apply.
+        let reopen = if self.sm().exists() { self.sm() } else { self.sm_old() };
+        *slot = Some(Arc::new(RocksStore::open(&reopen, SyncMode::Never)?));
+        swapped
     }
 }
 
