@@ -252,8 +252,8 @@ async fn lead(
         if leads && current.is_none() {
             match node.caught_up().await {
                 Ok(()) => {
-                    let (open, store) = (open.clone(), node.store());
-                    match tokio::task::spawn_blocking(move || open(store)).await {
+                    let (open, opener) = (open.clone(), node.clone());
+                    match tokio::task::spawn_blocking(move || open(opener.store())).await {
                         Ok(Ok(ns)) => {
                             let (serving, tasks) = start_background(Arc::new(ns), background);
                             service.serve(Some(serving));

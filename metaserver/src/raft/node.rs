@@ -242,10 +242,18 @@ impl RaftNode {
         self.poisoned.swap(false, Ordering::AcqRel)
     }
 
-    /// A store of the current generation for a namespace opened now: it reads this replica's
-    /// state machine and writes through Raft until retired.
+    /// A store for a namespace opened now: it reads this replica's state machine and writes
+    /// through Raft until retired.
+    ///
+    /// Each store gets a generation of its own: taking it retires every earlier store (after
+    /// their writes in flight), including one whose namespace failed to open after a write of
+    /// it failed. Blocks: call off the async threads.
     pub fn store(self: &Arc<Self>) -> Arc<RaftStore> {
-        let generation = *self.fence.read();
+        let generation = {
+            let mut fence = self.fence.write();
+            *fence += 1;
+            *fence
+        };
         Arc::new(RaftStore { node: self.clone(), generation })
     }
 
