@@ -208,3 +208,157 @@ fn with_a_majority_of_metaservers_gone_changes_fail_and_resume_when_it_returns()
     assert!(!Path::new(&cluster.mnt.join("no-majority")).exists());
     fsck_clean(&cluster);
 }
+
+/// A free port on 127.0.0.1.
+fn free_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+/// `cairn <args>` with `--meta` set to `meta`: exit code and output.
+fn cli_on(cluster: &Cluster, meta: &str, args: &[&str]) -> (i32, String) {
+    let mut all = args.to_vec();
+    all.extend(["--meta", meta]);
+    let out = cluster.cli(&all);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn a_lost_replica_is_replaced_and_a_backup_restores_the_namespace_into_a_new_group() {
+    let mut cluster = three(&[]);
+    for i in 0..20 {
+        fs::write(cluster.mnt.join(format!("before-{i}")), format!("file {i}")).unwrap();
+    }
+    // A backup while serving.
+    let backups = cluster.root.path().join("backups");
+    let (code, out) = cli_on(&cluster, &cluster.meta_addr, &["meta", "backup", backups.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    let backup = fs::read_dir(&backups).unwrap().map(|e| e.unwrap().path()).collect::<Vec<_>>();
+    assert_eq!(backup.len(), 1, "one file, no part left: {backup:?}");
+    let backup = backup[0].clone();
+    assert!(backup.extension().is_some_and(|e| e == "backup"), "{backup:?}");
+    for i in 0..5 {
+        fs::write(cluster.mnt.join(format!("after-backup-{i}")), "later").unwrap();
+    }
+
+    // A follower's disk dies: it is removed and a new replica takes its place.
+    let lead = wait_for_leader(&cluster);
+    let lost = (1..=3).find(|id| *id != lead).unwrap();
+    kill9(meta_pid(&cluster, lost));
+    fs::remove_dir_all(cluster.data.join(format!("meta-{lost}/db"))).unwrap();
+    let (code, out) = cli_on(&cluster, &cluster.meta_addr, &["meta", "remove", &lost.to_string()]);
+    assert_eq!(code, 0, "{out}");
+    let mut config: toml::Table =
+        toml::from_str(&fs::read_to_string(cluster.data.join(format!("meta-{lost}/meta.toml"))).unwrap())
+            .unwrap();
+    let addr = free_addr();
+    let dir = cluster.data.join("meta-4");
+    fs::create_dir_all(&dir).unwrap();
+    let mut replicas: Vec<toml::Value> = config["replicas"].as_array().unwrap().clone();
+    replicas.push(toml::Value::String(format!("4={addr}")));
+    config.insert("replicas".into(), toml::Value::Array(replicas));
+    config.insert("raft_id".into(), toml::Value::Integer(4));
+    config.insert("listen".into(), toml::Value::String(addr.clone()));
+    config.insert("metrics_listen".into(), toml::Value::String(free_addr()));
+    config.insert("data_dir".into(), toml::Value::String(dir.join("db").to_str().unwrap().into()));
+    fs::write(dir.join("meta.toml"), toml::to_string(&config).unwrap()).unwrap();
+    // Adding a replica that does not answer fails clearly and changes nothing.
+    let (code, out) = cli_on(&cluster, &cluster.meta_addr, &["meta", "add", "4", &addr]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("does not answer") || out.contains(&addr), "{out}");
+    let mut fourth = KillOnDrop(Some(restart_server(&cluster, "meta", "meta-4")));
+    eventually(30, "the new replica listens", || std::net::TcpStream::connect(&addr).is_ok());
+    // A wrong id for it is refused.
+    let (code, out) = cli_on(&cluster, &cluster.meta_addr, &["meta", "add", "5", &addr]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("not replica 5"), "{out}");
+    let (code, out) = cli_on(&cluster, &cluster.meta_addr, &["meta", "add", "4", &addr]);
+    assert_eq!(code, 0, "{out}");
+    let status = meta_status(&cluster);
+    let members = status["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"].as_u64() == Some(lead))
+        .map(|r| r["members"].clone())
+        .unwrap();
+    let mut voters: Vec<u64> = members
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["voter"] == true)
+        .map(|m| m["id"].as_u64().unwrap())
+        .collect();
+    voters.sort();
+    let mut expected: Vec<u64> = [1, 2, 3, 4].into_iter().filter(|id| *id != lost).collect();
+    expected.sort();
+    assert_eq!(voters, expected, "{status}");
+    // `meta status` finds the new replica through the members, and it has caught up.
+    eventually(30, "replica 4 has applied what the leader has", || {
+        let me = replica(&cluster, 4);
+        let leading = replica(&cluster, lead);
+        me["state"] == "follower"
+            && me["applied_index"].as_u64().unwrap_or(0) + 2
+                >= leading["applied_index"].as_u64().unwrap_or(u64::MAX)
+    });
+    // With the third original replica gone too, the leader and the new one are a majority.
+    let third = (1..=3).find(|id| *id != lead && *id != lost).unwrap();
+    kill9(meta_pid(&cluster, third));
+    fs::write(cluster.mnt.join("with-the-new-replica"), "new").unwrap();
+    assert_eq!(fs::read_to_string(cluster.mnt.join("before-7")).unwrap(), "file 7");
+
+    // Every metaserver lost: the backup is restored into replica 1 of a new group; the others
+    // start empty and catch up from it.
+    drop(fourth.0.take().map(|mut c| {
+        let _ = c.kill();
+        c.wait()
+    }));
+    cluster.stop();
+    for id in 1..=4 {
+        let _ = fs::remove_dir_all(cluster.data.join(format!("meta-{id}/db")));
+    }
+    let meta1 = cluster.data.join("meta-1/meta.toml");
+    let restore = |file: &Path| {
+        let out =
+            cluster.cli(&["meta", "restore", file.to_str().unwrap(), "--config", meta1.to_str().unwrap()]);
+        let text =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.code(), text)
+    };
+    // A damaged backup is refused and leaves nothing behind.
+    let damaged = cluster.root.path().join("damaged.backup");
+    let bytes = fs::read(&backup).unwrap();
+    fs::write(&damaged, &bytes[..bytes.len() / 2]).unwrap();
+    let (code, out) = restore(&damaged);
+    assert_ne!(code, Some(0), "{out}");
+    assert!(out.contains("not a whole Cairn metadata backup"), "{out}");
+    assert!(fs::read_dir(cluster.data.join("meta-1/db")).map_or(true, |mut d| d.next().is_none()));
+    let (code, out) = restore(&backup);
+    assert_eq!(code, Some(0), "{out}");
+    // Never over existing data.
+    let (code, out) = restore(&backup);
+    assert_ne!(code, Some(0), "{out}");
+    assert!(out.contains("not empty"), "{out}");
+    cluster.restart();
+    wait_for_leader(&cluster);
+    for i in 0..20 {
+        assert_eq!(fs::read_to_string(cluster.mnt.join(format!("before-{i}"))).unwrap(), format!("file {i}"));
+    }
+    assert!(
+        !cluster.mnt.join("after-backup-0").exists(),
+        "the backup holds what was there when it was taken"
+    );
+    fs::write(cluster.mnt.join("after-restore"), "restored").unwrap();
+    eventually(60, "all three replicas of the new group have applied the same", || {
+        let status = meta_status(&cluster);
+        let applied: Vec<u64> = status["replicas"]
+            .as_array()
+            .map(|r| r.iter().filter_map(|r| r["applied_index"].as_u64()).collect())
+            .unwrap_or_default();
+        applied.len() == 3 && applied.iter().max().unwrap() - applied.iter().min().unwrap() <= 2
+    });
+    let out = cluster.cli(&["meta", "status"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    fsck_clean(&cluster);
+}

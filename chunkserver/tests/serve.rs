@@ -49,6 +49,12 @@ macro_rules! fake_meta {
                 Ok(Response::new(HeartbeatReply {}))
             }
 
+            type RaftBackupStream = tokio_stream::Empty<Result<cairn_proto::BackupChunk, Status>>;
+
+            async fn raft_backup(&self, _request: Request<Empty>) -> Result<Response<Self::RaftBackupStream>, Status> {
+                Err(Status::unimplemented("raft_backup"))
+            }
+
             $(async fn $name(&self, _request: Request<$req>) -> Result<Response<$reply>, Status> {
                 Err(Status::unimplemented(stringify!($name)))
             })*
@@ -97,6 +103,8 @@ fake_meta! {
     raft_append(RaftMessage) -> RaftMessage;
     raft_snapshot(RaftMessage) -> RaftMessage;
     raft_status(Empty) -> RaftStatusReply;
+    raft_add_member(cairn_proto::RaftMemberRequest) -> RaftStatusReply;
+    raft_remove_member(cairn_proto::RaftMemberRequest) -> RaftStatusReply;
 }
 
 /// Serve the fake metaserver on `listener` in the background.

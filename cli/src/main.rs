@@ -41,6 +41,44 @@ enum MetaAction {
         #[arg(long)]
         json: bool,
     },
+    /// Make a new replica a voting member of the group, once it has caught up. Start it first
+    /// with an empty data directory, this cluster's `cluster`, a new `raft_id`, and `replicas`
+    /// listing the running members and itself.
+    Add {
+        /// The new replica's raft_id.
+        id: u64,
+        /// The new replica's address, as the other replicas reach it.
+        addr: String,
+        #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
+        meta: String,
+        /// How long to wait for the new replica to catch up, milliseconds.
+        #[arg(long, default_value_t = 60_000)]
+        wait_ms: u64,
+    },
+    /// Remove a replica from the group (it stops voting and receiving entries; stop its
+    /// process afterwards). Used to replace a replica whose host or disk is gone.
+    Remove {
+        /// The replica's raft_id.
+        id: u64,
+        #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
+        meta: String,
+    },
+    /// Write a consistent copy of the namespace, taken by the leader while it serves, into DIR.
+    Backup {
+        dir: PathBuf,
+        #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
+        meta: String,
+    },
+    /// Make a backup the data of a stopped metaserver whose data directory is empty (the
+    /// metaserver's config file and --set flags as for `cairn meta`). For a replicated
+    /// metaserver, restore into one replica and start the others with empty data directories.
+    Restore {
+        backup: PathBuf,
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -326,6 +364,25 @@ fn main() -> ExitCode {
                 }
             };
         }
+        Command::Meta { action: Some(MetaAction::Add { id, addr, meta, wait_ms }), .. } => runtime()
+            .and_then(|rt| rt.block_on(replicas::add(&meta, id, &addr, Duration::from_millis(wait_ms))))
+            .map(|_| ()),
+        Command::Meta { action: Some(MetaAction::Remove { id, meta }), .. } => {
+            runtime().and_then(|rt| rt.block_on(replicas::remove(&meta, id)))
+        }
+        Command::Meta { action: Some(MetaAction::Backup { dir, meta }), .. } => {
+            runtime().and_then(|rt| rt.block_on(replicas::backup(&meta, &dir))).map(|_| ())
+        }
+        Command::Meta { action: Some(MetaAction::Restore { backup, config, set }), .. } => load(
+            config,
+            cairn_common::config::META_ENV_PREFIX,
+            &set,
+        )
+        .and_then(|c: cairn_common::config::MetaConfig| {
+            let index = cairn_meta::restore(&c, &backup)?;
+            println!("restored {} (applied index {index}) into {}", backup.display(), c.data_dir.display());
+            Ok(())
+        }),
         Command::Meta { action: None, config, set } => {
             load(config, cairn_common::config::META_ENV_PREFIX, &set).and_then(
                 |c: cairn_common::config::MetaConfig| {

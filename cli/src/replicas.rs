@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use cairn_common::channels::Channels;
 use cairn_common::failover::Failover;
-use cairn_common::Result;
+use cairn_common::{CairnError, Result};
 use cairn_proto as p;
 use serde_json::json;
 
@@ -21,8 +21,12 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
     let addrs = Failover::parse(meta)?.addrs().to_vec();
     let channels = Channels::new(Duration::from_secs(2), Duration::from_secs(5));
     let mut rows: Vec<(String, std::result::Result<p::RaftStatusReply, String>)> = Vec::new();
-    for addr in &addrs {
-        let answer = match channels.meta(addr) {
+    let mut addrs = addrs;
+    let mut next = 0;
+    while next < addrs.len() {
+        let addr = addrs[next].clone();
+        next += 1;
+        let answer = match channels.meta(&addr) {
             Ok(mut client) => client
                 .raft_status(p::Empty {})
                 .await
@@ -30,7 +34,15 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
                 .map_err(|s| s.message().to_string()),
             Err(e) => Err(e.message().to_string()),
         };
-        rows.push((addr.clone(), answer));
+        // Members the list does not name (added since) are asked too.
+        if let Ok(status) = &answer {
+            for member in &status.members {
+                if !addrs.contains(&member.addr) {
+                    addrs.push(member.addr.clone());
+                }
+            }
+        }
+        rows.push((addr, answer));
     }
     let answered: Vec<&p::RaftStatusReply> = rows.iter().filter_map(|(_, r)| r.as_ref().ok()).collect();
     let leaders: Vec<&&p::RaftStatusReply> = answered.iter().filter(|s| s.state == "leader").collect();
@@ -106,4 +118,104 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
         }
     }
     Ok(code)
+}
+
+/// `cairn meta add ID ADDR`: make the replica `id` (started with an empty data directory and
+/// this cluster's settings) a voting member, once it has caught up.
+pub async fn add(meta: &str, id: u64, addr: &str, wait: Duration) -> Result<()> {
+    let request = p::RaftMemberRequest { id, addr: addr.to_string(), wait_ms: wait.as_millis() as u64 };
+    let status = on_leader(meta, wait + Duration::from_secs(30), |mut client| {
+        let request = request.clone();
+        async move { client.raft_add_member(request).await }
+    })
+    .await?;
+    println!("replica {id} at {addr} is a voting member");
+    print_members(&status);
+    Ok(())
+}
+
+/// `cairn meta remove ID`: the replica `id` stops voting and receiving entries.
+pub async fn remove(meta: &str, id: u64) -> Result<()> {
+    let request = p::RaftMemberRequest { id, ..Default::default() };
+    let status = on_leader(meta, Duration::from_secs(60), |mut client| {
+        let request = request.clone();
+        async move { client.raft_remove_member(request).await }
+    })
+    .await?;
+    println!("replica {id} was removed: stop its process; its data directory is no longer needed");
+    print_members(&status);
+    Ok(())
+}
+
+fn print_members(status: &p::RaftStatusReply) {
+    println!("members now (as replica {}, leader {}, sees them):", status.id, status.leader);
+    for m in &status.members {
+        println!("  {:>3}  {:<22} {}", m.id, m.addr, if m.voter { "voter" } else { "learner" });
+    }
+}
+
+/// Send `call` to the leader (following `NotLeader` through the list), waiting at most `wait`.
+async fn on_leader<T, F, Fut>(meta: &str, wait: Duration, call: F) -> Result<T>
+where
+    F: Fn(p::meta_client::MetaClient<tonic::transport::Channel>) -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+{
+    let failover = Failover::parse(meta)?.with_wait(Duration::from_secs(30));
+    let channels = Channels::new(Duration::from_secs(2), wait);
+    failover
+        .call(|i| {
+            let client = channels.meta(&failover.addrs()[i]);
+            let call = &call;
+            async move { Ok(call(client?).await.map_err(CairnError::from)?.into_inner()) }
+        })
+        .await
+}
+
+/// `cairn meta backup DIR`: a consistent copy of the namespace, taken by the leader while it
+/// serves, written to `DIR/cairn-meta-<applied index>-<unix time>.backup` (through a `.part`
+/// file, synced, renamed when complete). Returns the file's path.
+pub async fn backup(meta: &str, dir: &std::path::Path) -> Result<std::path::PathBuf> {
+    use std::io::Write;
+    use tokio_stream::StreamExt;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| CairnError::from_io(&format!("cannot create {}", dir.display()), &e))?;
+    let mut stream = on_leader(meta, Duration::from_secs(3600), |mut client| async move {
+        client.raft_backup(p::Empty {}).await
+    })
+    .await?;
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let part = dir.join(format!("cairn-meta-{stamp}.part"));
+    let io = |what: &str, path: &std::path::Path| {
+        let what = format!("{what} {}", path.display());
+        move |e: std::io::Error| CairnError::from_io(&what, &e)
+    };
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&part).map_err(io("cannot create", &part))?);
+    let (mut index, mut total, mut written) = (0, 0, 0u64);
+    let received = async {
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(CairnError::from)?;
+            if written == 0 {
+                (index, total) = (chunk.applied_index, chunk.total_bytes);
+            }
+            out.write_all(&chunk.data).map_err(io("cannot write", &part))?;
+            written += chunk.data.len() as u64;
+        }
+        if written != total {
+            return Err(CairnError::unavailable(format!(
+                "the backup stream ended after {written} of {total} bytes"
+            )));
+        }
+        let file = out.into_inner().map_err(|e| CairnError::from_io("cannot write the backup", e.error()))?;
+        file.sync_all().map_err(io("cannot sync", &part))
+    }
+    .await;
+    if let Err(e) = received {
+        let _ = std::fs::remove_file(&part);
+        return Err(e);
+    }
+    let path = dir.join(format!("cairn-meta-{index}-{stamp}.backup"));
+    std::fs::rename(&part, &path).map_err(io("cannot rename", &part))?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io("cannot sync", dir))?;
+    println!("{} ({written} bytes, applied index {index})", path.display());
+    Ok(path)
 }

@@ -53,6 +53,43 @@ pub fn open_namespace(config: &MetaConfig) -> Result<Namespace> {
     .with_client_lease(Duration::from_millis(config.client_lease_ms)))
 }
 
+/// Restore the metadata backup `file` (`cairn meta backup`) as the data of the metaserver
+/// `config` describes, whose data directory must be empty or absent: a replica's data for a
+/// new group of `config.replicas` (start this replica and the others, with empty data
+/// directories, and they catch up from it), or a lone metaserver's. Returns the applied index
+/// the backup holds. The metaserver must not be running.
+pub fn restore(config: &MetaConfig, file: &std::path::Path) -> Result<u64> {
+    config.validate()?;
+    let dir = &config.data_dir;
+    let empty = match std::fs::read_dir(dir) {
+        Ok(mut entries) => entries.next().is_none(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => return Err(CairnError::from_io(&format!("cannot read {}", dir.display()), &e)),
+    };
+    if !empty {
+        return Err(CairnError::invalid(format!(
+            "{} is not empty: a backup is restored only into an empty data directory",
+            dir.display()
+        )));
+    }
+    if config.replicas.is_empty() {
+        if let Some(parent) = dir.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| CairnError::from_io(&format!("cannot create {}", parent.display()), &e))?;
+        }
+        let _ = std::fs::remove_dir(dir);
+        return raft::state::restore(file, dir, None);
+    }
+    let members = config.replica_addrs()?;
+    let raft_dir = dir.join("raft");
+    raft::node::stamp_cluster_dir(&raft_dir, &config.cluster)?;
+    let restored = raft::state::restore(file, &raft_dir.join("sm"), Some((config.raft_id, &members)));
+    if restored.is_err() {
+        let _ = std::fs::remove_dir_all(&raft_dir);
+    }
+    restored
+}
+
 /// Expire silent client sessions, free the unlinked files nobody holds open any more, and
 /// forget old records of changes done once.
 /// Orphans left from before a restart are freed once clients had a full lease to re-announce

@@ -48,6 +48,29 @@ pub const DRAIN_LEFT: &str = "cairn_repair_drain_shards_left";
 /// delayed_write_rate (bytes/s while writes are slowed, else 0).
 pub const ROCKSDB: &str = "cairn_meta_rocksdb";
 
+/// This replica's Raft state, published on every replica (leader or not) whenever it changes:
+/// the current term; 1 while this replica leads; times the known leader changed since start
+/// (counter); its last log index, applied index and their difference; the index of its last
+/// snapshot; and for the leader, how far each member's log is behind its own, by `member`.
+pub const RAFT_TERM: &str = "cairn_meta_raft_term";
+pub const RAFT_IS_LEADER: &str = "cairn_meta_raft_is_leader";
+pub const RAFT_LEADER_CHANGES: &str = "cairn_meta_raft_leader_changes_total";
+pub const RAFT_LAST_LOG_INDEX: &str = "cairn_meta_raft_last_log_index";
+pub const RAFT_APPLIED_INDEX: &str = "cairn_meta_raft_applied_index";
+pub const RAFT_APPLY_LAG: &str = "cairn_meta_raft_apply_lag_entries";
+pub const RAFT_SNAPSHOT_INDEX: &str = "cairn_meta_raft_snapshot_index";
+pub const RAFT_MEMBER_LAG: &str = "cairn_meta_raft_member_lag_entries";
+/// Milliseconds since a majority last acknowledged this leader (gauge; leader only, else -1).
+pub const RAFT_QUORUM_ACK_AGE: &str = "cairn_meta_raft_quorum_ack_age_ms";
+/// Time from proposing a change to its being applied on the leader (histogram, seconds), and
+/// the changes that failed to commit (counter).
+pub const RAFT_COMMIT_SECONDS: &str = "cairn_meta_raft_commit_seconds";
+pub const RAFT_COMMIT_FAILURES: &str = "cairn_meta_raft_commit_failures_total";
+/// Size in bytes of the last snapshot this replica built or installed (gauge), and how many it
+/// built and installed since start (counters, by `how`: built, installed).
+pub const RAFT_SNAPSHOT_BYTES: &str = "cairn_meta_raft_snapshot_bytes";
+pub const RAFT_SNAPSHOTS: &str = "cairn_meta_raft_snapshots_total";
+
 /// How many `can_lose` levels were published so far.
 static PUBLISHED_LEVELS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 

@@ -312,6 +312,9 @@ fn dir_after(ns: &Namespace, ino: u64) -> Option<Attr> {
     ns.inode(ino).ok().map(|i| i.to_attr())
 }
 
+/// Bytes of a metadata backup per streamed chunk.
+const BACKUP_CHUNK: usize = 1 << 20;
+
 #[tonic::async_trait]
 impl Meta for MetaService {
     async fn lookup(&self, req: Request<LookupRequest>) -> Result<Response<AttrReply>, Status> {
@@ -741,6 +744,62 @@ impl Meta for MetaService {
 
     async fn raft_snapshot(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         Ok(Response::new(self.raft()?.handle_snapshot(req.into_inner()).await?))
+    }
+
+    async fn raft_add_member(
+        &self,
+        req: Request<cairn_proto::RaftMemberRequest>,
+    ) -> Result<Response<RaftStatusReply>, Status> {
+        let req = req.into_inner();
+        let raft = self.raft()?;
+        let wait = std::time::Duration::from_millis(if req.wait_ms == 0 { 60_000 } else { req.wait_ms });
+        raft.add_member(req.id, &req.addr, wait).await?;
+        Ok(Response::new(raft.status()))
+    }
+
+    async fn raft_remove_member(
+        &self,
+        req: Request<cairn_proto::RaftMemberRequest>,
+    ) -> Result<Response<RaftStatusReply>, Status> {
+        let raft = self.raft()?;
+        raft.remove_member(req.into_inner().id).await?;
+        Ok(Response::new(raft.status()))
+    }
+
+    type RaftBackupStream = tokio_stream::wrappers::ReceiverStream<Result<cairn_proto::BackupChunk, Status>>;
+
+    async fn raft_backup(&self, _req: Request<Empty>) -> Result<Response<Self::RaftBackupStream>, Status> {
+        let raft = self.raft()?.clone();
+        let (applied_index, file, total_bytes) = tokio::task::spawn_blocking(move || raft.backup())
+            .await
+            .map_err(|e| CairnError::internal(e.to_string()))??;
+        let (send, receive) = tokio::sync::mpsc::channel(2);
+        // Chunks are read on the blocking pool and sent as the receiver takes them; a receiver
+        // that goes away ends the reading (the file, already unlinked, goes with it).
+        tokio::task::spawn_blocking(move || {
+            use std::io::Read;
+            let mut file = std::io::BufReader::new(file);
+            let mut first = true;
+            loop {
+                let mut data = vec![0u8; BACKUP_CHUNK];
+                let chunk = match file.read(&mut data) {
+                    Ok(0) if !first => return,
+                    Ok(n) => {
+                        data.truncate(n);
+                        let (applied_index, total_bytes) =
+                            if first { (applied_index, total_bytes) } else { (0, 0) };
+                        Ok(cairn_proto::BackupChunk { applied_index, total_bytes, data })
+                    }
+                    Err(e) => Err(CairnError::from_io("reading the backup", &e).into()),
+                };
+                first = false;
+                let failed = chunk.is_err();
+                if send.blocking_send(chunk).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(receive)))
     }
 
     async fn raft_status(&self, _req: Request<Empty>) -> Result<Response<RaftStatusReply>, Status> {

@@ -43,6 +43,10 @@ pub struct RaftSettings {
 const CLUSTER_FILE: &str = "cluster";
 
 /// Refuse a data directory of another cluster; stamp a new one with `cluster`.
+pub fn stamp_cluster_dir(dir: &Path, cluster: &str) -> Result<()> {
+    check_cluster_dir(dir, cluster)
+}
+
 fn check_cluster_dir(dir: &Path, cluster: &str) -> Result<()> {
     let path = dir.join(CLUSTER_FILE);
     match std::fs::read_to_string(&path) {
@@ -154,7 +158,7 @@ impl RaftNode {
             lease: Duration::from_millis(election.max(heartbeat * 3) / 2),
             vote_after: Duration::from_millis(election.max(heartbeat * 3) * 2),
         });
-        tokio::spawn(watch_lease(Arc::downgrade(&node)));
+        tokio::spawn(watch(Arc::downgrade(&node)));
         node.bootstrap(&channels).await?;
         Ok(node)
     }
@@ -301,6 +305,118 @@ impl RaftNode {
         }
     }
 
+    /// Add the replica `id` at `addr` to the group (on the leader): it must answer as a
+    /// starting or following replica of this cluster with that id; it follows as a learner
+    /// until it has caught up (at most `wait`), then votes. Adding a voter already there with
+    /// the same address does nothing.
+    pub async fn add_member(&self, id: NodeId, addr: &str, wait: Duration) -> Result<()> {
+        if !self.is_leader() {
+            return Err(self.not_leader());
+        }
+        let membership = self.raft.metrics().borrow().membership_config.membership().clone();
+        if let Some(node) = membership.get_node(&id) {
+            if node.addr != addr {
+                return Err(CairnError::new(
+                    ErrorKind::Exists,
+                    format!("replica {id} is already a member, at {}: remove it first", node.addr),
+                ));
+            }
+            if membership.voter_ids().any(|v| v == id) {
+                return Ok(());
+            }
+        }
+        if let Some((other, _)) = membership.nodes().find(|(other, node)| **other != id && node.addr == addr)
+        {
+            return Err(CairnError::new(
+                ErrorKind::Exists,
+                format!("{addr} is already the address of replica {other}"),
+            ));
+        }
+        let channels = Channels::new(Duration::from_secs(2), Duration::from_secs(5));
+        let mut client = channels.meta(addr)?;
+        let status = tokio::time::timeout(Duration::from_secs(5), client.raft_status(cairn_proto::Empty {}))
+            .await
+            .map_err(|_| CairnError::invalid(format!("the replica to add at {addr} does not answer")))?
+            .map_err(|s| CairnError::invalid(format!("the replica to add at {addr}: {}", s.message())))?
+            .into_inner();
+        if status.state == "single" {
+            return Err(CairnError::invalid(format!("{addr} is a metaserver that is not replicated")));
+        }
+        if status.cluster != self.settings.cluster || status.id != id {
+            return Err(CairnError::invalid(format!(
+                "the replica at {addr} is replica {} of cluster {:?}, not replica {id} of {:?}",
+                status.id, status.cluster, self.settings.cluster
+            )));
+        }
+        let api = |e: &dyn std::fmt::Display| CairnError::unavailable(format!("adding replica {id}: {e}"));
+        match tokio::time::timeout(wait, self.raft.add_learner(id, BasicNode::new(addr), true)).await {
+            Err(_) => {
+                return Err(CairnError::new(
+                    ErrorKind::WouldBlock,
+                    format!(
+                    "replica {id} at {addr} did not catch up within {wait:?}: it stays a learner (no vote); \
+                     try again, or remove it"
+                ),
+                ))
+            }
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                return Err(not_leader(f.leader_node.as_ref()))
+            }
+            Ok(Err(e)) => return Err(api(&e)),
+            Ok(Ok(_)) => {}
+        }
+        let mut voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+        voters.insert(id);
+        self.change_voters(voters).await
+    }
+
+    /// Remove the replica `id` from the group (on the leader): it stops voting and gets no
+    /// more entries. The last voter cannot be removed. A leader that removes itself hands
+    /// over once the change is committed.
+    pub async fn remove_member(&self, id: NodeId) -> Result<()> {
+        if !self.is_leader() {
+            return Err(self.not_leader());
+        }
+        let membership = self.raft.metrics().borrow().membership_config.membership().clone();
+        if membership.get_node(&id).is_none() {
+            return Err(CairnError::not_found(format!("replica {id} is not a member")));
+        }
+        let voters: std::collections::BTreeSet<NodeId> =
+            membership.voter_ids().filter(|v| *v != id).collect();
+        if voters.is_empty() {
+            return Err(CairnError::invalid("the last voting replica cannot be removed"));
+        }
+        self.change_voters(voters).await
+    }
+
+    /// Make `voters` the voting members (nodes that are not voters are dropped) and wait for
+    /// the change to commit.
+    async fn change_voters(&self, voters: std::collections::BTreeSet<NodeId>) -> Result<()> {
+        match tokio::time::timeout(self.settings.write_timeout, self.raft.change_membership(voters, false)).await {
+            Err(_) => Err(CairnError::unavailable(format!(
+                "the membership change was not committed within {:?}: fewer than a majority of metaservers answer",
+                self.settings.write_timeout
+            ))),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                Err(not_leader(f.leader_node.as_ref()))
+            }
+            Ok(Err(e)) => Err(CairnError::unavailable(format!("changing the members: {e}"))),
+            Ok(Ok(_)) => Ok(()),
+        }
+    }
+
+    /// A consistent copy of this replica's state machine (the snapshot file format), taken as
+    /// leader holding its lease, so it holds every change acknowledged before the call: the
+    /// applied index it holds, the open (already unlinked) file and its size. Blocks: call off
+    /// the async threads.
+    pub fn backup(&self) -> Result<(u64, std::fs::File, u64)> {
+        if !self.is_leader() || !self.holds_lease() {
+            return Err(self.not_leader());
+        }
+        let (meta, file, size) = super::state::pack_copy(&self.sm)?;
+        Ok((meta.last_log_id.map_or(0, |id| id.index), file, size))
+    }
+
     /// Answer another replica's vote request. For the first longest election timeout after
     /// it starts, a replica grants no vote: it may have just been the one whose acknowledgement
     /// gave the leader its lease (a restarted replica does not remember when it last heard the
@@ -365,6 +481,7 @@ impl RaftNode {
                 "this namespace was closed (leadership changed or a write failed); ask again",
             ));
         }
+        let proposed = std::time::Instant::now();
         let write = async {
             match tokio::time::timeout(self.settings.write_timeout, self.raft.client_write(Command::from(batch))).await {
                 Err(_) => Err(CairnError::unavailable(format!(
@@ -379,7 +496,10 @@ impl RaftNode {
             }
         };
         let result = tokio::task::block_in_place(|| self.runtime.block_on(write));
-        if result.is_err() {
+        if result.is_ok() {
+            metrics::histogram!(crate::metrics::RAFT_COMMIT_SECONDS).record(proposed.elapsed().as_secs_f64());
+        } else {
+            metrics::counter!(crate::metrics::RAFT_COMMIT_FAILURES).increment(1);
             // Another write of this namespace may be waiting for the locks this one held, and
             // would compute from a store this one's entry may still change: refuse it.
             let _ = self.failed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| {
@@ -394,25 +514,61 @@ impl RaftNode {
 
 /// Keep `lease_until` up to date from openraft's metrics (published whenever they change, so
 /// after every acknowledgement by a majority): the lease ends `lease` after that
-/// acknowledgement, or at once when this replica does not lead.
-async fn watch_lease(node: std::sync::Weak<RaftNode>) {
+/// acknowledgement, or at once when this replica does not lead. Publish the Raft gauges too.
+async fn watch(node: std::sync::Weak<RaftNode>) {
     let Some(mut metrics) = node.upgrade().map(|n| n.raft.metrics()) else { return };
+    let mut leader = None;
     loop {
         {
             let Some(node) = node.upgrade() else { return };
             let m = metrics.borrow_and_update().clone();
             let now = node.started.elapsed();
+            let leads = m.state == ServerState::Leader && m.current_leader == Some(node.settings.id);
             let until = match m.millis_since_quorum_ack {
-                Some(ms) if m.state == ServerState::Leader && m.current_leader == Some(node.settings.id) => {
+                Some(ms) if leads => {
                     (now.saturating_sub(Duration::from_millis(ms)) + node.lease).as_nanos() as u64
                 }
                 _ => 0,
             };
             node.lease_until.store(until, Ordering::Release);
+            publish(&m, leads, &mut leader);
         }
         if metrics.changed().await.is_err() {
             return;
         }
+    }
+}
+
+/// Set the `cairn_meta_raft_*` gauges from openraft's metrics; count a change of the known
+/// leader (`leader` is the one seen last).
+fn publish(m: &openraft::RaftMetrics<NodeId, BasicNode>, leads: bool, leader: &mut Option<NodeId>) {
+    use crate::metrics as names;
+    if m.current_leader.is_some() && m.current_leader != *leader {
+        metrics::counter!(names::RAFT_LEADER_CHANGES).increment(1);
+    }
+    if m.current_leader.is_some() {
+        *leader = m.current_leader;
+    }
+    let last = m.last_log_index.unwrap_or(0);
+    let applied = m.last_applied.map_or(0, |id| id.index);
+    metrics::gauge!(names::RAFT_TERM).set(m.current_term as f64);
+    metrics::gauge!(names::RAFT_IS_LEADER).set(if leads { 1.0 } else { 0.0 });
+    metrics::gauge!(names::RAFT_LAST_LOG_INDEX).set(last as f64);
+    metrics::gauge!(names::RAFT_APPLIED_INDEX).set(applied as f64);
+    metrics::gauge!(names::RAFT_APPLY_LAG).set(last.saturating_sub(applied) as f64);
+    metrics::gauge!(names::RAFT_SNAPSHOT_INDEX).set(m.snapshot.map_or(0, |id| id.index) as f64);
+    let ack_age = match m.millis_since_quorum_ack {
+        Some(ms) if leads => ms as f64,
+        _ => -1.0,
+    };
+    metrics::gauge!(names::RAFT_QUORUM_ACK_AGE).set(ack_age);
+    for id in m.membership_config.membership().nodes().map(|(id, _)| *id) {
+        // A follower does not know the others' logs: it publishes no lag rather than a stale one.
+        let lag = match (leads, m.replication.as_ref().and_then(|r| r.get(&id))) {
+            (true, Some(matched)) => last.saturating_sub(matched.as_ref().map_or(0, |l| l.index)) as f64,
+            _ => 0.0,
+        };
+        metrics::gauge!(names::RAFT_MEMBER_LAG, "member" => id.to_string()).set(lag);
     }
 }
 

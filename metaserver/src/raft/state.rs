@@ -11,6 +11,7 @@
 //! `sm.install`, moves `sm` aside and `sm.new` into place; a crash before the marker drops
 //! `sm.new` at the next open, a crash after it finishes the swap (see [`SmStore::open`]).
 
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -364,32 +365,54 @@ impl SnapshotBuilder {
     /// reading it).
     fn build(store: &SmStore) -> Result<(SnapshotMeta, PathBuf)> {
         let dir = store.snapshots();
-        let checkpoint = dir.join(format!("checkpoint-{}", store.unique()));
-        remove_dir_if_present(&checkpoint).map_err(io_context("cannot remove", &checkpoint))?;
-        store.current().checkpoint(&checkpoint)?;
-        let result = (|| -> Result<(SnapshotMeta, PathBuf)> {
-            let (last_log_id, last_membership) =
-                SmStore::applied_in(&RocksStore::open_read_only(&checkpoint)?)?;
-            let stamp = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis())
-                .unwrap_or(0);
-            let (term, node, index) =
-                last_log_id.map_or((0, 0, 0), |id| (id.leader_id.term, id.leader_id.node_id, id.index));
-            let snapshot_id = format!("{term}-{node}-{index}-{stamp}-{}", store.unique());
-            let meta = SnapshotMeta { last_log_id, last_membership, snapshot_id };
-            let path = dir.join(format!("{}.snap", meta.snapshot_id));
-            let part = dir.join(format!("{}.part", meta.snapshot_id));
-            pack(&checkpoint, &meta, &part).map_err(io_context("cannot write the snapshot", &part))?;
-            fs::rename(&part, &path).map_err(io_context("cannot rename", &part))?;
-            fsync_dir(&dir).map_err(io_context("cannot fsync", &dir))?;
-            Ok((meta, path))
-        })();
-        let _ = fs::remove_dir_all(&checkpoint);
-        let (meta, path) = result?;
+        let (meta, path) = pack_checkpoint(store, |meta| dir.join(format!("{}.snap", meta.snapshot_id)))?;
+        snapshot_taken(&path, "built");
         store.make_current(meta.clone(), path.clone());
         Ok((meta, path))
     }
+}
+
+/// Checkpoint the state machine, read the applied state from the checkpoint and pack it into
+/// the file `name` gives (written beside as `.part`, renamed when complete, and synced).
+fn pack_checkpoint(
+    store: &SmStore,
+    name: impl FnOnce(&SnapshotMeta) -> PathBuf,
+) -> Result<(SnapshotMeta, PathBuf)> {
+    let checkpoint = store.snapshots().join(format!("checkpoint-{}", store.unique()));
+    remove_dir_if_present(&checkpoint).map_err(io_context("cannot remove", &checkpoint))?;
+    store.current().checkpoint(&checkpoint)?;
+    let result = (|| -> Result<(SnapshotMeta, PathBuf)> {
+        let (last_log_id, last_membership) = SmStore::applied_in(&RocksStore::open_read_only(&checkpoint)?)?;
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        let (term, node, index) =
+            last_log_id.map_or((0, 0, 0), |id| (id.leader_id.term, id.leader_id.node_id, id.index));
+        let snapshot_id = format!("{term}-{node}-{index}-{stamp}-{}", store.unique());
+        let meta = SnapshotMeta { last_log_id, last_membership, snapshot_id };
+        let path = name(&meta);
+        let part = path.with_extension("part");
+        pack(&checkpoint, &meta, &part).map_err(io_context("cannot write the snapshot", &part))?;
+        fs::rename(&part, &path).map_err(io_context("cannot rename", &part))?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        fsync_dir(dir).map_err(io_context("cannot fsync", dir))?;
+        Ok((meta, path))
+    })();
+    let _ = fs::remove_dir_all(&checkpoint);
+    result
+}
+
+/// Pack a consistent copy of the state machine (a backup: the snapshot format, not made this
+/// replica's snapshot) and return it open, with its meta and size. The file is already
+/// unlinked: it goes when closed, whatever happens to the transfer. Blocks.
+pub fn pack_copy(store: &SmStore) -> Result<(SnapshotMeta, File, u64)> {
+    let out = store.snapshots().join(format!("backup-{}.backup", store.unique()));
+    let (meta, path) = pack_checkpoint(store, |_| out)?;
+    let opened = File::open(&path).and_then(|f| Ok((f.metadata()?.len(), f)));
+    let _ = fs::remove_file(&path);
+    let (size, file) = opened.map_err(io_context("cannot open", &path))?;
+    Ok((meta, file, size))
 }
 
 impl SmStore {
@@ -406,6 +429,71 @@ impl SmStore {
                 let _ = fs::remove_file(old);
             }
         }
+    }
+}
+
+/// Unpack the backup `file` (a packed state machine, [`pack_copy`]) as the database `db`, which
+/// must not exist: with `group` (this replica's id and every member's id and address), as the
+/// state machine of a new Raft group whose only entry so far is that membership, at the
+/// backup's applied index (term 0: before any election of the new group); without, as a lone
+/// metaserver's namespace (the Raft state dropped). Returns the backup's applied index.
+pub fn restore(file: &Path, db: &Path, group: Option<(u64, &BTreeMap<u64, String>)>) -> Result<u64> {
+    if db.exists() {
+        return Err(CairnError::invalid(format!(
+            "{} exists: restoring only makes a new database",
+            db.display()
+        )));
+    }
+    let part = db.with_extension("restoring");
+    remove_dir_if_present(&part).map_err(io_context("cannot remove", &part))?;
+    let unpacked = (|| -> Result<u64> {
+        let mut reader = BufReader::new(File::open(file).map_err(io_context("cannot open", file))?);
+        let meta = unpack(&mut reader, &part).map_err(|e| {
+            CairnError::invalid(format!("{} is not a whole Cairn metadata backup: {e}", file.display()))
+        })?;
+        let index = meta.last_log_id.map_or(0, |id| id.index);
+        {
+            let store = RocksStore::open(&part, SyncMode::Always)?;
+            let mut batch = Batch::new();
+            match group {
+                Some((id, members)) => {
+                    let log_id = LogId::new(openraft::CommittedLeaderId::new(0, id), index.max(1));
+                    let voters: std::collections::BTreeSet<u64> = members.keys().copied().collect();
+                    let nodes: BTreeMap<u64, openraft::BasicNode> =
+                        members.iter().map(|(id, addr)| (*id, openraft::BasicNode::new(addr))).collect();
+                    let membership =
+                        StoredMembership::new(Some(log_id), openraft::Membership::new(vec![voters], nodes));
+                    let json = |e: serde_json::Error| CairnError::internal(format!("Raft state: {e}"));
+                    batch.put(Cf::Raft, APPLIED, serde_json::to_vec(&log_id).map_err(json)?);
+                    batch.put(Cf::Raft, MEMBERSHIP, serde_json::to_vec(&membership).map_err(json)?);
+                }
+                None => {
+                    batch.delete(Cf::Raft, APPLIED);
+                    batch.delete(Cf::Raft, MEMBERSHIP);
+                }
+            }
+            store.write(batch)?;
+        }
+        Ok(index)
+    })();
+    let index = match unpacked {
+        Ok(index) => index,
+        Err(e) => {
+            let _ = fs::remove_dir_all(&part);
+            return Err(e);
+        }
+    };
+    fs::rename(&part, db).map_err(io_context("cannot rename", &part))?;
+    let parent = db.parent().unwrap_or(Path::new("."));
+    fsync_dir(parent).map_err(io_context("cannot fsync", parent))?;
+    Ok(index)
+}
+
+/// Count a snapshot built or installed and publish its size.
+fn snapshot_taken(path: &Path, how: &'static str) {
+    metrics::counter!(crate::metrics::RAFT_SNAPSHOTS, "how" => how).increment(1);
+    if let Ok(meta) = fs::metadata(path) {
+        metrics::gauge!(crate::metrics::RAFT_SNAPSHOT_BYTES).set(meta.len() as f64);
     }
 }
 
@@ -532,6 +620,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 )));
             }
             store.swap_in(&meta)?;
+            snapshot_taken(&path, "installed");
             store.make_current(meta, path);
             // Drop the parts of transfers that ended.
             for item in fs::read_dir(&dir).map_err(io_context("cannot list", &dir))?.flatten() {

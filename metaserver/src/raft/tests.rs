@@ -240,3 +240,54 @@ fn the_state_machine_store_is_usable_while_open() {
     let store = SmStore::open(dir.path()).unwrap();
     assert_eq!(store.current().get(Cf::Inodes, b"x").unwrap(), None);
 }
+
+#[test]
+fn a_backup_restores_as_a_new_group_or_a_lone_namespace_and_nothing_is_overwritten() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let sm = rt.block_on(applied_three(&dir.path().join("source")));
+    let (meta, mut file, size) = super::state::pack_copy(sm.store()).unwrap();
+    assert_eq!(meta.last_log_id.map(|id| id.index), Some(3));
+    assert!(
+        fs::read_dir(dir.path().join("source/snapshots")).unwrap().next().is_none(),
+        "nothing left behind"
+    );
+    let backup = dir.path().join("meta.backup");
+    let copied = std::io::copy(&mut file, &mut fs::File::create(&backup).unwrap()).unwrap();
+    assert_eq!(copied, size);
+
+    // As the state machine of a new group of two: its data, the backup's index, the new members.
+    let members: BTreeMap<u64, String> =
+        [(4, "10.0.0.4:9400".to_string()), (5, "10.0.0.5:9400".to_string())].into();
+    let group = dir.path().join("group");
+    fs::create_dir_all(&group).unwrap();
+    assert_eq!(super::state::restore(&backup, &group.join("sm"), Some((4, &members))).unwrap(), 3);
+    let restored = StateMachine::open(&group).unwrap();
+    assert_eq!(get(&restored, Cf::Inodes, "a"), get(&sm, Cf::Inodes, "a"));
+    assert_eq!(get(&restored, Cf::Inodes, "a").as_deref(), Some("2"));
+    let (applied, membership) = rt.block_on(async {
+        let mut restored = restored;
+        restored.applied_state().await.unwrap()
+    });
+    assert_eq!(applied, Some(LogId::new(CommittedLeaderId::new(0, 4), 3)));
+    assert_eq!(membership.membership().voter_ids().collect::<Vec<_>>(), vec![4, 5]);
+    assert_eq!(membership.membership().get_node(&5).unwrap().addr, "10.0.0.5:9400");
+
+    // As a lone metaserver's database: the data without the Raft state.
+    let lone = dir.path().join("lone");
+    assert_eq!(super::state::restore(&backup, &lone, None).unwrap(), 3);
+    let db = crate::store::RocksStore::open(&lone, cairn_common::config::SyncMode::Never).unwrap();
+    assert!(db.get(Cf::Inodes, b"a").unwrap().is_some());
+    assert!(db.get(Cf::Raft, b"applied").unwrap().is_none());
+    drop(db);
+
+    // Never over an existing database; a truncated backup is refused and leaves nothing.
+    let e = super::state::restore(&backup, &lone, None).unwrap_err();
+    assert!(e.message().contains("exists"), "{e}");
+    let bytes = fs::read(&backup).unwrap();
+    fs::write(&backup, &bytes[..bytes.len() - 10]).unwrap();
+    let other = dir.path().join("other");
+    let e = super::state::restore(&backup, &other, None).unwrap_err();
+    assert!(e.message().contains("not a whole Cairn metadata backup"), "{e}");
+    assert!(!other.exists() && !other.with_extension("restoring").exists());
+}
