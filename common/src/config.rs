@@ -170,7 +170,7 @@ impl MetaConfig {
             if id == 0 {
                 return Err(bad());
             }
-            check_addr("replicas", addr.trim())?;
+            check_peer("replicas", addr.trim())?;
             if out.insert(id, addr.trim().to_string()).is_some() {
                 return Err(CairnError::invalid(format!("replica id {id} appears twice in replicas")));
             }
@@ -285,7 +285,7 @@ impl ChunkConfig {
     pub fn validate(&self) -> Result<()> {
         check_addr("listen", &self.listen)?;
         for addr in crate::failover::Failover::parse(&self.meta)?.addrs() {
-            check_addr("meta", addr)?;
+            check_peer("meta", addr)?;
         }
         if let Some(m) = &self.metrics_listen {
             check_addr("metrics_listen", m)?;
@@ -325,6 +325,22 @@ impl ChunkConfig {
         }
         Ok(())
     }
+}
+
+/// An address of another process: `host:port` with a port number. The host is not resolved
+/// here: a peer's name may not resolve yet when this one starts (a StatefulSet's other pods, a
+/// compose service not started); connections resolve it, and retry, when they are made.
+fn check_peer(field: &str, addr: &str) -> Result<()> {
+    let bad = |why: &str| {
+        CairnError::invalid(format!("config: {field} = {addr:?} is not a host:port address ({why})"))
+    };
+    let (host, port) = addr.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+    port.parse::<u16>().map_err(|_| bad("the port is not a number up to 65535"))?;
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    if host.is_empty() || host.chars().any(|c| c.is_whitespace() || c == '/' || c == ',') {
+        return Err(bad("no host"));
+    }
+    Ok(())
 }
 
 fn check_addr(field: &str, addr: &str) -> Result<()> {
@@ -443,6 +459,30 @@ mod tests {
         // An unset capacity survives a round trip through TOML (as `cairn up` writes configs).
         let text = toml::to_string(&ChunkConfig::default()).unwrap();
         assert_eq!(toml::from_str::<ChunkConfig>(&text).unwrap(), ChunkConfig::default());
+    }
+
+    #[test]
+    fn peer_addresses_are_checked_for_form_but_not_resolved() {
+        let with = |replicas: &[&str]| MetaConfig {
+            replicas: replicas.iter().map(|r| r.to_string()).collect(),
+            raft_id: 1,
+            ..MetaConfig::default()
+        };
+        // A peer that does not resolve yet (another pod, a service not started) is fine.
+        with(&["1=127.0.0.1:9400", "2=cairn-meta-1.cairn-meta.invalid:9400", "3=[::1]:9400"])
+            .validate()
+            .unwrap();
+        for bad in ["2=nohost", "2=:9400", "2=host:99999", "2=host:port", "2=a b:9400"] {
+            let e = with(&["1=127.0.0.1:9400", bad]).validate().unwrap_err();
+            assert!(e.message().contains("is not a host:port address"), "{bad}: {e}");
+        }
+        let chunk = ChunkConfig {
+            meta: "meta-0.cairn.invalid:9400,meta-1.cairn.invalid:9400".into(),
+            ..ChunkConfig::default()
+        };
+        chunk.validate().unwrap();
+        let chunk = ChunkConfig { meta: "meta:nine".into(), ..ChunkConfig::default() };
+        assert!(chunk.validate().is_err());
     }
 
     #[test]
