@@ -302,6 +302,9 @@ fn a_lost_replica_is_replaced_and_a_backup_restores_the_namespace_into_a_new_gro
             && me["applied_index"].as_u64().unwrap_or(0) + 2
                 >= leading["applied_index"].as_u64().unwrap_or(u64::MAX)
     });
+    // A client given only the new replica (a follower) is told who leads and goes there.
+    let (code, out) = cli_on(&cluster, &addr, &["status"]);
+    assert!(out.contains("HEALTH_OK"), "exit {code}: {out}");
     // With the third original replica gone too, the leader and the new one are a majority.
     let third = (1..=3).find(|id| *id != lead && *id != lost).unwrap();
     kill9(meta_pid(&cluster, third));

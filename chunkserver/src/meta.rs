@@ -12,26 +12,39 @@ use tonic::transport::{Channel, Endpoint};
 
 pub struct MetaClients {
     failover: Failover,
-    clients: Vec<MetaClient<Channel>>,
+    /// One client per address, made on first use (the list grows when a leader is learned).
+    clients: parking_lot::Mutex<std::collections::HashMap<String, MetaClient<Channel>>>,
+    connect_timeout: Duration,
+    timeout: Duration,
 }
 
 impl MetaClients {
     /// Clients of the metaservers in `list`, connecting lazily; fails only on an unusable
     /// address.
     pub fn new(list: &str, connect_timeout: Duration, timeout: Duration) -> Result<MetaClients> {
-        let failover = Failover::parse(list)?;
-        let clients = failover
-            .addrs()
-            .iter()
-            .map(|addr| {
-                let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-                    .map_err(|e| CairnError::invalid(format!("metaserver address {addr:?}: {e}")))?
-                    .connect_timeout(connect_timeout)
-                    .timeout(timeout);
-                Ok(MetaClient::new(endpoint.connect_lazy()))
-            })
-            .collect::<Result<_>>()?;
-        Ok(MetaClients { failover, clients })
+        let clients = MetaClients {
+            failover: Failover::parse(list)?,
+            clients: Default::default(),
+            connect_timeout,
+            timeout,
+        };
+        for i in 0..clients.failover.addrs().len() {
+            clients.client(i)?;
+        }
+        Ok(clients)
+    }
+
+    fn client(&self, index: usize) -> Result<MetaClient<Channel>> {
+        let addr = self.failover.addr(index);
+        let mut clients = self.clients.lock();
+        if let Some(client) = clients.get(&addr) {
+            return Ok(client.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| CairnError::invalid(format!("metaserver address {addr:?}: {e}")))?
+            .connect_timeout(self.connect_timeout)
+            .timeout(self.timeout);
+        Ok(clients.entry(addr).or_insert_with(|| MetaClient::new(endpoint.connect_lazy())).clone())
     }
 
     /// Run `call` against the leader.
@@ -42,8 +55,8 @@ impl MetaClients {
     {
         self.failover
             .call(|i| {
-                let reply = call(self.clients[i].clone());
-                async move { reply.await.map(tonic::Response::into_inner).map_err(CairnError::from) }
+                let reply = self.client(i).map(&mut call);
+                async move { reply?.await.map(tonic::Response::into_inner).map_err(CairnError::from) }
             })
             .await
     }

@@ -18,7 +18,7 @@ use serde_json::json;
 const LAG: u64 = 1000;
 
 pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
-    let addrs = Failover::parse(meta)?.addrs().to_vec();
+    let addrs = Failover::parse(meta)?.addrs();
     let channels = Channels::new(Duration::from_secs(2), Duration::from_secs(5));
     let mut rows: Vec<(String, std::result::Result<p::RaftStatusReply, String>)> = Vec::new();
     let mut addrs = addrs;
@@ -164,7 +164,7 @@ where
     let channels = Channels::new(Duration::from_secs(2), wait);
     failover
         .call(|i| {
-            let client = channels.meta(&failover.addrs()[i]);
+            let client = channels.meta(&failover.addr(i));
             let call = &call;
             async move { Ok(call(client?).await.map_err(CairnError::from)?.into_inner()) }
         })

@@ -48,7 +48,7 @@ pub struct MetaConn {
 struct Inner {
     failover: Failover,
     /// One connection (pool) per address, made on first use.
-    conns: Vec<std::sync::OnceLock<Conn>>,
+    conns: parking_lot::Mutex<std::collections::HashMap<String, Conn>>,
     transport: Transport,
     timeout: Duration,
     /// This client's id once registered (0: changes are not marked to be done once).
@@ -59,13 +59,13 @@ struct Inner {
 
 impl Inner {
     fn conn(&self, index: usize) -> Result<Conn> {
-        if let Some(conn) = self.conns[index].get() {
+        let addr = self.failover.addr(index);
+        if let Some(conn) = self.conns.lock().get(&addr) {
             return Ok(conn.clone());
         }
-        let addr = &self.failover.addrs()[index];
         let conn = match self.transport {
             Transport::Wire => {
-                Conn::Wire(Arc::new(WireClient::new(addr, Duration::from_secs(3), self.timeout)))
+                Conn::Wire(Arc::new(WireClient::new(&addr, Duration::from_secs(3), self.timeout)))
             }
             Transport::Grpc => {
                 let endpoint = Endpoint::from_shared(format!("http://{addr}"))
@@ -80,12 +80,12 @@ impl Inner {
                 )
             }
         };
-        Ok(self.conns[index].get_or_init(|| conn).clone())
+        Ok(self.conns.lock().entry(addr).or_insert(conn).clone())
     }
 
     /// Connect to the metaserver at `index` now, so one that is not there is reported at once.
     async fn check(&self, index: usize) -> Result<()> {
-        let addr = &self.failover.addrs()[index];
+        let addr = self.failover.addr(index);
         let unreachable =
             |e: String| CairnError::unavailable(format!("cannot reach metaserver at {addr}: {e}"));
         match self.conn(index)? {
@@ -124,10 +124,9 @@ async fn connect(addr: &str, timeout: Duration, try_timeout: Option<Duration>) -
     if let Some(limit) = try_timeout {
         failover = failover.with_try_timeout(limit);
     }
-    let conns = failover.addrs().iter().map(|_| std::sync::OnceLock::new()).collect();
     let inner = Arc::new(Inner {
         failover,
-        conns,
+        conns: Default::default(),
         transport: Transport::from_env()?,
         timeout,
         client: Default::default(),
@@ -192,8 +191,8 @@ use cairn_proto as p;
 
 impl MetaConn {
     /// The address requests go to first (the leader, once one answered).
-    pub fn addr(&self) -> &str {
-        &self.inner.failover.addrs()[self.inner.failover.current()]
+    pub fn addr(&self) -> String {
+        self.inner.failover.addr(self.inner.failover.current())
     }
 
     /// Mark changes sent from now on with this client's id and a sequence, so a metaserver
@@ -202,8 +201,8 @@ impl MetaConn {
         self.inner.client.store(client, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Every metaserver address this handle knows.
-    pub fn addrs(&self) -> &[String] {
+    /// Every metaserver address this handle knows (the list given, then leaders learned).
+    pub fn addrs(&self) -> Vec<String> {
         self.inner.failover.addrs()
     }
 

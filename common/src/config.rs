@@ -285,7 +285,7 @@ impl ChunkConfig {
     pub fn validate(&self) -> Result<()> {
         check_addr("listen", &self.listen)?;
         for addr in crate::failover::Failover::parse(&self.meta)?.addrs() {
-            check_peer("meta", addr)?;
+            check_peer("meta", &addr)?;
         }
         if let Some(m) = &self.metrics_listen {
             check_addr("metrics_listen", m)?;

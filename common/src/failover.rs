@@ -5,6 +5,10 @@
 //! from 50 ms to 200 ms) and goes round again, until [`FAILOVER_WAIT`] has passed: long enough for
 //! an election, short enough that a cluster with no majority fails (`EIO`) instead of hanging.
 //! A lone metaserver (one address) that cannot be reached fails at once, as it always did.
+//!
+//! A replica that knows the leader names it in its `NotLeader` answer ([`not_leader`]); the next
+//! try goes there, and an address the list did not have is learned (a replica added with `cairn
+//! meta add` after this list was written), up to [`MAX_ADDRS`].
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,10 +30,38 @@ const MAX_PAUSE: Duration = Duration::from_millis(200);
 /// requests that answer in milliseconds when all is well.
 pub const TRY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The most addresses a list grows to by learning leaders from `NotLeader` answers.
+pub const MAX_ADDRS: usize = 16;
+
+const LEADER_IS: &str = "; the leader is ";
+
+/// The error a replica that does not lead answers with, naming the leader when it knows it
+/// (the one place its wording is made: [`leader_hint`] reads it back).
+pub fn not_leader(leader: Option<&str>) -> CairnError {
+    CairnError::new(
+        ErrorKind::NotLeader,
+        match leader {
+            Some(addr) => format!("this metaserver is not the leader{LEADER_IS}{addr}"),
+            None => "this metaserver is not the leader and no leader is known yet".to_string(),
+        },
+    )
+}
+
+/// The leader's address a `NotLeader` answer names, if any.
+pub fn leader_hint(e: &CairnError) -> Option<&str> {
+    if e.kind() != ErrorKind::NotLeader {
+        return None;
+    }
+    let (_, addr) = e.message().rsplit_once(LEADER_IS)?;
+    let addr = addr.trim();
+    (!addr.is_empty() && !addr.contains([' ', ','])).then_some(addr)
+}
+
 /// The metaservers of one cluster.
 #[derive(Debug)]
 pub struct Failover {
-    addrs: Vec<String>,
+    /// Grows only (by learning leaders), so an index stays valid.
+    addrs: std::sync::RwLock<Vec<String>>,
     current: AtomicUsize,
     wait: Duration,
     /// With several replicas: give up on one try after this long (see [`TRY_TIMEOUT`]).
@@ -48,7 +80,12 @@ impl Failover {
         if addrs.is_empty() {
             return Err(CairnError::invalid(format!("metaserver addresses {list:?}: none given")));
         }
-        Ok(Failover { addrs, current: AtomicUsize::new(0), wait: FAILOVER_WAIT, try_timeout: None })
+        Ok(Failover {
+            addrs: std::sync::RwLock::new(addrs),
+            current: AtomicUsize::new(0),
+            wait: FAILOVER_WAIT,
+            try_timeout: None,
+        })
     }
 
     /// The same list with another bound on the wait for a leader.
@@ -65,20 +102,44 @@ impl Failover {
         self
     }
 
-    pub fn addrs(&self) -> &[String] {
-        &self.addrs
+    /// Every address known now: the list given, then the leaders learned.
+    pub fn addrs(&self) -> Vec<String> {
+        self.addrs.read().expect("not poisoned").clone()
+    }
+
+    /// The address at `index` (indexes stay valid: the list only grows).
+    pub fn addr(&self, index: usize) -> String {
+        self.addrs.read().expect("not poisoned")[index].clone()
+    }
+
+    fn len(&self) -> usize {
+        self.addrs.read().expect("not poisoned").len()
     }
 
     /// The index of the address tried first.
     pub fn current(&self) -> usize {
-        self.current.load(Ordering::Relaxed) % self.addrs.len()
+        self.current.load(Ordering::Relaxed) % self.len()
+    }
+
+    /// The index of `addr`, added to the list if it is new and the list is not full.
+    fn learn(&self, addr: &str) -> Option<usize> {
+        let mut addrs = self.addrs.write().expect("not poisoned");
+        if let Some(i) = addrs.iter().position(|a| a == addr) {
+            return Some(i);
+        }
+        if addrs.len() >= MAX_ADDRS {
+            return None;
+        }
+        tracing::info!(leader = addr, "learned a metaserver replica's address from a NotLeader answer");
+        addrs.push(addr.to_string());
+        Some(addrs.len() - 1)
     }
 
     /// Whether `e` means "ask another metaserver".
     fn move_on(&self, e: &CairnError) -> bool {
         match e.kind() {
             ErrorKind::NotLeader => true,
-            ErrorKind::Unavailable => self.addrs.len() > 1,
+            ErrorKind::Unavailable => self.len() > 1,
             _ => false,
         }
     }
@@ -96,11 +157,11 @@ impl Failover {
         loop {
             let index = self.current();
             let attempt = call(index);
-            let answer = match self.try_timeout.filter(|_| self.addrs.len() > 1) {
+            let answer = match self.try_timeout.filter(|_| self.len() > 1) {
                 Some(limit) => tokio::time::timeout(limit, attempt).await.unwrap_or_else(|_| {
                     Err(CairnError::unavailable(format!(
                         "no answer from {} within {limit:?}",
-                        self.addrs[index]
+                        self.addr(index)
                     )))
                 }),
                 None => attempt.await,
@@ -110,15 +171,13 @@ impl Failover {
                 Err(e) if !self.move_on(&e) => return Err(e),
                 Err(e) => e,
             };
-            // Move on from `index`, unless another request already did.
-            let _ = self.current.compare_exchange(
-                index,
-                (index + 1) % self.addrs.len(),
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
+            // Move on from `index` (to the leader it named, if it named another), unless
+            // another request already did.
+            let hinted = leader_hint(&error).and_then(|addr| self.learn(addr)).filter(|i| *i != index);
+            let next = hinted.unwrap_or((index + 1) % self.len());
+            let _ = self.current.compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed);
             tried += 1;
-            if tried % self.addrs.len() != 0 {
+            if hinted.is_some() || tried % self.len() != 0 {
                 continue;
             }
             if started.elapsed() >= self.wait {
@@ -126,13 +185,13 @@ impl Failover {
                     ErrorKind::Unavailable,
                     format!(
                         "no metaserver of {} served the request within {:?}: {}",
-                        self.addrs.join(","),
+                        self.addrs().join(","),
                         self.wait,
                         error.message()
                     ),
                 ));
             }
-            if tried == self.addrs.len() {
+            if tried == self.len() {
                 tracing::debug!("looking for the metaserver leader: {}", error.message());
             }
             let jitter = pause.mul_f64(rand::random::<f64>() * 0.5 + 0.75);
@@ -172,6 +231,36 @@ mod tests {
         assert_eq!(f.call(answer).await.unwrap(), 2);
         assert_eq!(f.call(answer).await.unwrap(), 2);
         assert_eq!(*asked.lock().unwrap(), [0, 1, 2, 2], "the second request goes to the leader at once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_named_leader_is_asked_next_and_a_new_address_is_learned() {
+        let f = Failover::parse("a,b").unwrap();
+        let asked = Mutex::new(Vec::new());
+        let answer = |i: usize| {
+            let addr = f.addr(i);
+            asked.lock().unwrap().push(addr.clone());
+            async move {
+                match addr.as_str() {
+                    "d:4" => Ok(addr),
+                    "a" => Err(not_leader(Some("d:4"))),
+                    _ => Err(not_leader(None)),
+                }
+            }
+        };
+        assert_eq!(f.call(answer).await.unwrap(), "d:4");
+        assert_eq!(*asked.lock().unwrap(), ["a", "d:4"]);
+        assert_eq!(f.addrs(), ["a", "b", "d:4"]);
+        assert_eq!(f.addr(f.current()), "d:4", "later requests go to the leader at once");
+        assert_eq!(leader_hint(&not_leader(Some("x:1"))), Some("x:1"));
+        assert_eq!(leader_hint(&not_leader(None)), None);
+        assert_eq!(leader_hint(&CairnError::not_found("; the leader is x:1")), None);
+
+        // The list stops growing at MAX_ADDRS; a hint beyond that is a plain "not me".
+        let many: Vec<String> = (0..MAX_ADDRS).map(|i| format!("h{i}:1")).collect();
+        let f = Failover::parse(&many.join(",")).unwrap();
+        assert_eq!(f.learn("new:1"), None);
+        assert_eq!(f.learn("h3:1"), Some(3));
     }
 
     #[tokio::test(start_paused = true)]

@@ -95,13 +95,7 @@ pub struct RaftNode {
 }
 
 fn not_leader(leader: Option<&BasicNode>) -> CairnError {
-    CairnError::new(
-        ErrorKind::NotLeader,
-        match leader {
-            Some(node) => format!("this metaserver is not the leader; the leader is {}", node.addr),
-            None => "this metaserver is not the leader and no leader is known yet".to_string(),
-        },
-    )
+    cairn_common::failover::not_leader(leader.map(|node| node.addr.as_str()))
 }
 
 impl RaftNode {
