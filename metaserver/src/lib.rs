@@ -279,6 +279,7 @@ async fn lead(
                 service.serve(None);
                 let (served, tasks) = current.take().expect("checked above");
                 tasks.stop().await;
+                metrics::clear();
                 // Requests already inside the old namespace finish (or fail) before a new one
                 // may open: see `RaftNode::retire_stores`.
                 let retiring = node.clone();

@@ -84,6 +84,36 @@ pub async fn publish(ns: Arc<Namespace>, every: Duration) {
     }
 }
 
+/// Zero the gauges [`publish`] sets, for a replica that stopped leading: a former leader would
+/// otherwise go on exporting its last values (stale counts, alerts that never clear) beside the
+/// new leader's. Dashboards pick the leader with `cairn_meta_raft_is_leader`.
+pub fn clear() {
+    for name in [
+        FILES,
+        DIRECTORIES,
+        LOGICAL_BYTES,
+        RAW_CAPACITY,
+        RAW_FREE,
+        GC_PENDING,
+        CLIENTS,
+        DEGRADED_STRIPES,
+        REDUCED_BYTES,
+        HEALTH,
+        BYTES_TO_REBUILD,
+        REBUILD_RATE,
+        UNRECOVERABLE_STRIPES,
+    ] {
+        metrics::gauge!(name).set(0.0);
+    }
+    for state in ["up", "down", "draining"] {
+        metrics::gauge!(NODES, "state" => state).set(0.0);
+    }
+    for margin in 0..PUBLISHED_LEVELS.load(std::sync::atomic::Ordering::Relaxed) {
+        metrics::gauge!(STRIPES_BY_MARGIN, "can_lose" => margin.to_string()).set(0.0);
+        metrics::gauge!(REDUCED_BY_MARGIN, "can_lose" => margin.to_string()).set(0.0);
+    }
+}
+
 fn publish_once(ns: &Namespace) {
     let stats = ns.stats();
     metrics::gauge!(FILES).set(stats.files as f64);
