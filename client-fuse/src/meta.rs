@@ -137,23 +137,31 @@ async fn connect(addr: &str, timeout: Duration, try_timeout: Option<Duration>) -
     Ok(MetaConn { inner })
 }
 
+/// Send `req` to the leader, over the handle's transport, as the method `$name`.
+macro_rules! send {
+    ($self:ident, $name:ident, $req:ident) => {
+        $self
+            .inner
+            .failover
+            .call(|index| {
+                let req = $req.clone();
+                async move {
+                    match $self.inner.conn(index)? {
+                        Conn::Wire(client) => wire::meta::$name(&client, req).await,
+                        Conn::Grpc(mut client) => {
+                            client.$name(req).await.map(|r| r.into_inner()).map_err(CairnError::from)
+                        }
+                    }
+                }
+            })
+            .await
+    };
+}
+
 macro_rules! rpc {
     ($name:ident, $req:ty, $reply:ty) => {
         pub async fn $name(&self, req: $req) -> Result<$reply> {
-            self.inner
-                .failover
-                .call(|index| {
-                    let req = req.clone();
-                    async move {
-                        match self.inner.conn(index)? {
-                            Conn::Wire(client) => wire::meta::$name(&client, req).await,
-                            Conn::Grpc(mut client) => {
-                                client.$name(req).await.map(|r| r.into_inner()).map_err(CairnError::from)
-                            }
-                        }
-                    }
-                })
-                .await
+            send!(self, $name, req)
         }
     };
 }
@@ -169,20 +177,7 @@ macro_rules! rpc_once {
                 let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed) + 1;
                 req.once = Some(p::Once { client, seq });
             }
-            self.inner
-                .failover
-                .call(|index| {
-                    let req = req.clone();
-                    async move {
-                        match self.inner.conn(index)? {
-                            Conn::Wire(client) => wire::meta::$name(&client, req).await,
-                            Conn::Grpc(mut client) => {
-                                client.$name(req).await.map(|r| r.into_inner()).map_err(CairnError::from)
-                            }
-                        }
-                    }
-                })
-                .await
+            send!(self, $name, req)
         }
     };
 }

@@ -78,8 +78,10 @@ pub struct MetaConfig {
     pub cluster: String,
     /// How often the leader sends heartbeats to the other replicas.
     pub raft_heartbeat_ms: u64,
-    /// A replica that hears no leader for this long (randomized up to twice it) starts an
-    /// election.
+    /// The shortest election timeout (the longest is twice it). A follower refuses votes for
+    /// the longest after the last heartbeat it heard, and starts an election after the longest
+    /// plus one between the two; the leader answers reads for the shortest after a majority
+    /// acknowledged it.
     pub raft_election_ms: u64,
     /// A change not committed by a majority within this long fails (`EIO` at the client).
     pub raft_write_timeout_ms: u64,
@@ -109,7 +111,7 @@ impl Default for MetaConfig {
             raft_id: 0,
             cluster: "cairn".into(),
             raft_heartbeat_ms: 100,
-            raft_election_ms: 500,
+            raft_election_ms: 300,
             raft_write_timeout_ms: 10_000,
             raft_snapshot_every: 5000,
         }

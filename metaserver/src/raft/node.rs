@@ -72,7 +72,12 @@ pub struct RaftNode {
     pub raft: Raft<TypeConfig>,
     settings: RaftSettings,
     sm: Arc<SmStore>,
-    runtime: tokio::runtime::Handle,
+    /// The runtime openraft's tasks (the core, replication, storage) run on, apart from the
+    /// server's: a request that blocks a server thread (waiting for a lock another request
+    /// holds while its change is being committed) must never keep the commit from happening.
+    /// Shut down in the background when the node is dropped.
+    runtime: Option<tokio::runtime::Runtime>,
+    raft_handle: tokio::runtime::Handle,
     /// Set when a write failed: what the leader's namespace holds in memory may be ahead of or
     /// behind the store, so it is opened again before serving more.
     poisoned: AtomicBool,
@@ -134,26 +139,39 @@ impl RaftNode {
         }
         .validate()
         .map_err(|e| CairnError::invalid(format!("Raft settings: {e}")))?;
-        let channels = Arc::new(Channels::new(Duration::from_secs(1), Duration::from_secs(30)));
-        let network = Network::new(channels.clone(), &settings.cluster);
-        let raft = Raft::new(settings.id, Arc::new(config), network, log, sm)
+        // Raft's own connections, made (and so driven) on the Raft runtime below.
+        let network = Network::new(
+            Arc::new(Channels::new(Duration::from_secs(1), Duration::from_secs(30))),
+            &settings.cluster,
+        );
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("raft")
+            .enable_all()
+            .build()
+            .map_err(|e| CairnError::internal(format!("starting the Raft runtime: {e}")))?;
+        let id = settings.id;
+        let raft = runtime
+            .spawn(async move { Raft::new(id, Arc::new(config), network, log, sm).await })
             .await
+            .map_err(|e| CairnError::internal(format!("starting Raft: {e}")))?
             .map_err(|e| CairnError::internal(format!("starting Raft: {e}")))?;
         let node = Arc::new(RaftNode {
             raft,
             settings,
             sm: store,
-            runtime: tokio::runtime::Handle::current(),
+            raft_handle: runtime.handle().clone(),
+            runtime: Some(runtime),
             poisoned: AtomicBool::new(false),
             fence: parking_lot::RwLock::new(0),
             failed: std::sync::atomic::AtomicU64::new(u64::MAX),
             lease_until: std::sync::atomic::AtomicU64::new(0),
             started: std::time::Instant::now(),
-            lease: Duration::from_millis(election.max(heartbeat * 3) / 2),
+            lease: Duration::from_millis(election.max(heartbeat * 3)),
             vote_after: Duration::from_millis(election.max(heartbeat * 3) * 2),
         });
         tokio::spawn(watch(Arc::downgrade(&node)));
-        node.bootstrap(&channels).await?;
+        node.bootstrap(&Channels::new(Duration::from_secs(1), Duration::from_secs(5))).await?;
         Ok(node)
     }
 
@@ -221,10 +239,11 @@ impl RaftNode {
         not_leader(leader.as_ref())
     }
 
-    /// Whether this replica leads and a majority acknowledged it within the lease (half the
-    /// shortest election timeout): no other replica can have been elected since, because the
-    /// others wait at least an election timeout after the last heartbeat they had from this
-    /// one. Reads are answered only while this holds, so a leader cut off from the others (or
+    /// Whether this replica leads and a majority acknowledged it within the lease (the
+    /// shortest election timeout, half the longest): no other replica can have been elected
+    /// since, because a follower refuses every vote for the longest election timeout after the
+    /// last heartbeat it had from this one (openraft's leader lease), and that heartbeat was
+    /// sent before the acknowledgement this lease counts from. Reads are answered only while this holds, so a leader cut off from the others (or
     /// frozen and thawed) stops answering before anyone else can lead: no stale read.
     pub fn holds_lease(&self) -> bool {
         (self.started.elapsed().as_nanos() as u64) < self.lease_until.load(Ordering::Acquire)
@@ -489,7 +508,7 @@ impl RaftNode {
                 Ok(Err(e)) => Err(CairnError::unavailable(format!("replicating a metadata change: {e}"))),
             }
         };
-        let result = tokio::task::block_in_place(|| self.runtime.block_on(write));
+        let result = tokio::task::block_in_place(|| self.raft_handle.block_on(write));
         if result.is_ok() {
             metrics::histogram!(crate::metrics::RAFT_COMMIT_SECONDS).record(proposed.elapsed().as_secs_f64());
         } else {
@@ -503,6 +522,14 @@ impl RaftNode {
         }
         drop(fence);
         result
+    }
+}
+
+impl Drop for RaftNode {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 
