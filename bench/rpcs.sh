@@ -4,7 +4,8 @@
 # 4 KiB file reads and unlinks through the mount, and prints for each phase its rate and the
 # requests per operation the metaserver counted (`cairn_rpc_requests_total`) and the FUSE
 # requests the client counted (`cairn_client_fuse_ops_total`). CAIRN_BIN=PATH runs another build
-# (an older one, to compare).
+# (an older one, to compare). With replicated metaservers it also prints the mean Raft commit
+# time on the first replica.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 n=${1:-2000}; shift || true
@@ -21,3 +22,21 @@ for _ in $(seq 600); do grep -q "^ready" "$work/up.log" && break; sleep 0.1; don
 meta=$(awk '/^meta /{print $5; exit}' "$work/up.log")  # the first replica's metrics
 mount=$(awk '/^mount /{print $5}' "$work/up.log")
 python3 bench/rpcs.py "$work/mnt" "$meta" "$mount" "$n"
+# With replicated metaservers: how long the first replica (the founder, which usually leads) took
+# from proposing a change to having it applied, against the creates' rate above.
+python3 - "$meta" <<'PY'
+import sys, urllib.request
+try:
+    text = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics", timeout=5).read().decode()
+except OSError as e:
+    sys.exit(f"no metrics from {sys.argv[1]}: {e}")
+vals = {}
+for line in text.splitlines():
+    for name in ("cairn_meta_raft_commit_seconds_sum", "cairn_meta_raft_commit_seconds_count"):
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            vals[name] = float(line.split()[-1])
+count = vals.get("cairn_meta_raft_commit_seconds_count", 0)
+if count:
+    mean = vals["cairn_meta_raft_commit_seconds_sum"] / count * 1000
+    print(f"raft commits on the first replica: {int(count)}, mean {mean:.3f} ms from proposal to applied")
+PY

@@ -184,7 +184,7 @@ pub async fn backup(meta: &str, dir: &std::path::Path) -> Result<std::path::Path
     })
     .await?;
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let part = dir.join(format!("cairn-meta-{stamp}.part"));
+    let part = dir.join(format!("cairn-meta-{stamp}-{}.part", std::process::id()));
     let io = |what: &str, path: &std::path::Path| {
         let what = format!("{what} {}", path.display());
         move |e: std::io::Error| CairnError::from_io(&what, &e)
@@ -200,7 +200,7 @@ pub async fn backup(meta: &str, dir: &std::path::Path) -> Result<std::path::Path
             out.write_all(&chunk.data).map_err(io("cannot write", &part))?;
             written += chunk.data.len() as u64;
         }
-        if written != total {
+        if written == 0 || written != total {
             return Err(CairnError::unavailable(format!(
                 "the backup stream ended after {written} of {total} bytes"
             )));

@@ -21,6 +21,9 @@ use crate::{CairnError, ErrorKind, Result};
 /// How long a request keeps looking for a leader.
 pub const FAILOVER_WAIT: Duration = Duration::from_secs(30);
 
+/// The first pause between rounds.
+const FIRST_PAUSE: Duration = Duration::from_millis(50);
+
 /// The longest pause between rounds: an election takes about a second, and a round costs each
 /// replica one cheap refusal.
 const MAX_PAUSE: Duration = Duration::from_millis(200);
@@ -152,8 +155,8 @@ impl Failover {
         Fut: Future<Output = Result<T>>,
     {
         let started = Instant::now();
-        let mut pause = Duration::from_millis(50);
-        let mut tried = 0;
+        let mut pause = FIRST_PAUSE;
+        let mut since_pause = 0;
         loop {
             let index = self.current();
             let attempt = call(index);
@@ -176,10 +179,13 @@ impl Failover {
             let hinted = leader_hint(&error).and_then(|addr| self.learn(addr)).filter(|i| *i != index);
             let next = hinted.unwrap_or((index + 1) % self.len());
             let _ = self.current.compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed);
-            tried += 1;
-            if hinted.is_some() || tried % self.len() != 0 {
+            since_pause += 1;
+            // A round is one try of each address; a leader named on the way may be tried once
+            // more within it, but no round goes on past twice the list without a pause.
+            if since_pause < self.len() || (hinted.is_some() && since_pause < 2 * self.len()) {
                 continue;
             }
+            since_pause = 0;
             if started.elapsed() >= self.wait {
                 return Err(CairnError::new(
                     ErrorKind::Unavailable,
@@ -191,7 +197,7 @@ impl Failover {
                     ),
                 ));
             }
-            if tried == self.len() {
+            if pause == FIRST_PAUSE {
                 tracing::debug!("looking for the metaserver leader: {}", error.message());
             }
             let jitter = pause.mul_f64(rand::random::<f64>() * 0.5 + 0.75);
@@ -261,6 +267,23 @@ mod tests {
         let f = Failover::parse(&many.join(",")).unwrap();
         assert_eq!(f.learn("new:1"), None);
         assert_eq!(f.learn("h3:1"), Some(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn replicas_naming_a_leader_that_refuses_still_fail_after_the_wait() {
+        // The leader has not opened its namespace yet and names itself; the follower names it.
+        let f = Failover::parse("l:1,f:2").unwrap().with_wait(Duration::from_secs(3));
+        let tries = std::sync::atomic::AtomicUsize::new(0);
+        let e = f
+            .call(|_| {
+                tries.fetch_add(1, Ordering::Relaxed);
+                async { Err::<(), _>(not_leader(Some("l:1"))) }
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+        let tries = tries.load(Ordering::Relaxed);
+        assert!(tries < 200, "{tries} tries in 3 s: rounds must pause");
     }
 
     #[tokio::test(start_paused = true)]

@@ -77,7 +77,20 @@ pub fn restore(config: &MetaConfig, file: &std::path::Path) -> Result<u64> {
             std::fs::create_dir_all(parent)
                 .map_err(|e| CairnError::from_io(&format!("cannot create {}", parent.display()), &e))?;
         }
-        let _ = std::fs::remove_dir(dir);
+        // The database is made beside and renamed into place: an empty directory there goes
+        // first (one that cannot, such as a mount point, is refused rather than restored into
+        // half-way).
+        if let Err(e) = std::fs::remove_dir(dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                return Err(CairnError::from_io(
+                    &format!(
+                        "cannot replace the empty {} (a mount point? restore into a directory below it and point data_dir there)",
+                        dir.display()
+                    ),
+                    &e,
+                ));
+            }
+        }
         return raft::state::restore(file, dir, None);
     }
     let members = config.replica_addrs()?;

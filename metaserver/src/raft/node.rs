@@ -76,7 +76,7 @@ pub struct RaftNode {
     /// server's: a request that blocks a server thread (waiting for a lock another request
     /// holds while its change is being committed) must never keep the commit from happening.
     /// Shut down in the background when the node is dropped.
-    runtime: Option<tokio::runtime::Runtime>,
+    _runtime: RaftRuntime,
     raft_handle: tokio::runtime::Handle,
     /// Set when a write failed: what the leader's namespace holds in memory may be ahead of or
     /// behind the store, so it is opened again before serving more.
@@ -97,6 +97,16 @@ pub struct RaftNode {
     lease: Duration,
     /// No vote is granted until this long after start (the longest election timeout).
     vote_after: Duration,
+}
+
+/// What the other members of a group still to be founded say about themselves.
+enum Others {
+    /// Every other member answers as a pristine replica of this cluster.
+    Pristine,
+    /// This member has a group's data.
+    Running(NodeId),
+    /// This member does not answer yet, is starting, or answers as another cluster.
+    NotYet(NodeId),
 }
 
 fn not_leader(leader: Option<&BasicNode>) -> CairnError {
@@ -144,14 +154,17 @@ impl RaftNode {
             Arc::new(Channels::new(Duration::from_secs(1), Duration::from_secs(30))),
             &settings.cluster,
         );
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("raft")
-            .enable_all()
-            .build()
-            .map_err(|e| CairnError::internal(format!("starting the Raft runtime: {e}")))?;
+        let runtime = RaftRuntime(Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("raft")
+                .enable_all()
+                .build()
+                .map_err(|e| CairnError::internal(format!("starting the Raft runtime: {e}")))?,
+        ));
+        let handle = runtime.0.as_ref().expect("just built").handle().clone();
         let id = settings.id;
-        let raft = runtime
+        let raft = handle
             .spawn(async move { Raft::new(id, Arc::new(config), network, log, sm).await })
             .await
             .map_err(|e| CairnError::internal(format!("starting Raft: {e}")))?
@@ -160,8 +173,8 @@ impl RaftNode {
             raft,
             settings,
             sm: store,
-            raft_handle: runtime.handle().clone(),
-            runtime: Some(runtime),
+            raft_handle: handle,
+            _runtime: runtime,
             poisoned: AtomicBool::new(false),
             fence: parking_lot::RwLock::new(0),
             failed: std::sync::atomic::AtomicU64::new(u64::MAX),
@@ -170,52 +183,80 @@ impl RaftNode {
             lease: Duration::from_millis(election.max(heartbeat * 3)),
             vote_after: Duration::from_millis(election.max(heartbeat * 3) * 2),
         });
-        tokio::spawn(watch(Arc::downgrade(&node)));
-        node.bootstrap(&Channels::new(Duration::from_secs(1), Duration::from_secs(5))).await?;
+        // On the Raft runtime: a lease computed late (a starved server thread) would be too long.
+        node.raft_handle.spawn(watch(Arc::downgrade(&node)));
+        tokio::spawn(RaftNode::bootstrap(
+            Arc::downgrade(&node),
+            Channels::new(Duration::from_secs(1), Duration::from_secs(5)),
+        ));
         Ok(node)
     }
 
-    /// Propose the first membership when this is the lowest member, nothing was ever stored
-    /// here, and no other member reports a group already running (a member whose data
-    /// directory was lost must not found a second group).
-    async fn bootstrap(&self, channels: &Channels) -> Result<()> {
-        let lowest = *self.settings.members.keys().next().expect("members include this one");
-        let pristine = !self.raft.is_initialized().await.map_err(|e| CairnError::internal(e.to_string()))?;
-        if lowest != self.settings.id || !pristine {
-            return Ok(());
+    /// Found the group (propose the first membership) when this is the lowest member, nothing
+    /// was ever stored here, and every other member answers as a pristine replica of this
+    /// cluster. A member that does not answer yet, or is still starting, is asked again shortly:
+    /// it may hold a running group's data (a restored backup, a replica whose disk survived) that
+    /// a group founded without it would contradict. Stops when a member reports a running group
+    /// (this replica then waits to be caught up) or this replica is part of one.
+    async fn bootstrap(node: std::sync::Weak<RaftNode>, channels: Channels) {
+        let mut waiting_logged = false;
+        loop {
+            let Some(node) = node.upgrade() else { return };
+            let lowest = *node.settings.members.keys().next().expect("members include this one");
+            let initialized = node.raft.is_initialized().await.unwrap_or(true);
+            if lowest != node.settings.id || initialized {
+                return;
+            }
+            match node.others(&channels).await {
+                Others::Running(member) => {
+                    tracing::warn!(
+                        member,
+                        "this replica's Raft data is new but the group already runs: waiting to be caught up"
+                    );
+                    return;
+                }
+                Others::Pristine => {
+                    let members: BTreeMap<NodeId, BasicNode> =
+                        node.settings.members.iter().map(|(id, addr)| (*id, BasicNode::new(addr))).collect();
+                    match node.raft.initialize(members).await {
+                        Ok(()) => {
+                            tracing::info!(members = ?node.settings.members, "founded the metadata Raft group")
+                        }
+                        Err(e) => tracing::info!("Raft group already initialized: {e}"),
+                    }
+                    return;
+                }
+                Others::NotYet(member) => {
+                    if !waiting_logged {
+                        tracing::info!(member, "founding the group waits for every member to answer");
+                        waiting_logged = true;
+                    }
+                }
+            }
+            drop(node);
+            tokio::time::sleep(Duration::from_millis(300)).await;
         }
+    }
+
+    /// What the other members say about themselves.
+    async fn others(&self, channels: &Channels) -> Others {
         for (id, addr) in &self.settings.members {
             if *id == self.settings.id {
                 continue;
             }
-            let Ok(mut client) = channels.meta(addr) else { continue };
+            let Ok(mut client) = channels.meta(addr) else { return Others::NotYet(*id) };
             let asked =
                 tokio::time::timeout(Duration::from_secs(1), client.raft_status(cairn_proto::Empty {})).await;
-            if let Ok(Ok(reply)) = asked {
-                let status = reply.into_inner();
-                if status.cluster == self.settings.cluster && (status.term > 0 || !status.members.is_empty())
-                {
-                    tracing::warn!(
-                        member = id,
-                        "this replica's Raft data is new but the group already runs: waiting to be caught up"
-                    );
-                    return Ok(());
-                }
+            let Ok(Ok(reply)) = asked else { return Others::NotYet(*id) };
+            let status = reply.into_inner();
+            if status.cluster != self.settings.cluster || status.state == "starting" {
+                return Others::NotYet(*id);
+            }
+            if status.term > 0 || !status.members.is_empty() || status.applied_index > 0 {
+                return Others::Running(*id);
             }
         }
-        let members: BTreeMap<NodeId, BasicNode> =
-            self.settings.members.iter().map(|(id, addr)| (*id, BasicNode::new(addr))).collect();
-        match self.raft.initialize(members).await {
-            Ok(()) => {
-                tracing::info!(members = ?self.settings.members, "founded the metadata Raft group");
-                Ok(())
-            }
-            Err(RaftError::APIError(e)) => {
-                tracing::info!("Raft group already initialized: {e}");
-                Ok(())
-            }
-            Err(e) => Err(CairnError::internal(format!("initializing Raft: {e}"))),
-        }
+        Others::Pristine
     }
 
     pub fn id(&self) -> NodeId {
@@ -228,7 +269,8 @@ impl RaftNode {
 
     /// Whether this replica leads right now (by its own knowledge).
     pub fn is_leader(&self) -> bool {
-        let m = self.raft.metrics().borrow().clone();
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
         m.state == ServerState::Leader && m.current_leader == Some(self.settings.id)
     }
 
@@ -247,6 +289,7 @@ impl RaftNode {
     /// frozen and thawed) stops answering before anyone else can lead: no stale read.
     pub fn holds_lease(&self) -> bool {
         (self.started.elapsed().as_nanos() as u64) < self.lease_until.load(Ordering::Acquire)
+            && self.is_leader()
     }
 
     /// The current term.
@@ -378,34 +421,38 @@ impl RaftNode {
             Ok(Err(e)) => return Err(api(&e)),
             Ok(Ok(_)) => {}
         }
-        let mut voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
-        voters.insert(id);
-        self.change_voters(voters).await
+        self.change_members(openraft::ChangeMembers::AddVoterIds([id].into())).await
     }
 
     /// Remove the replica `id` from the group (on the leader): it stops voting and gets no
-    /// more entries. The last voter cannot be removed. A leader that removes itself hands
-    /// over once the change is committed.
+    /// more entries. Removing one that is not a member does nothing (a repeated request). The
+    /// last voter cannot be removed. A leader that removes itself steps down once the change is
+    /// committed, and the others elect a new one.
     pub async fn remove_member(&self, id: NodeId) -> Result<()> {
         if !self.is_leader() {
             return Err(self.not_leader());
         }
         let membership = self.raft.metrics().borrow().membership_config.membership().clone();
         if membership.get_node(&id).is_none() {
-            return Err(CairnError::not_found(format!("replica {id} is not a member")));
+            tracing::info!(id, "replica to remove is not a member (removed already?)");
+            return Ok(());
         }
-        let voters: std::collections::BTreeSet<NodeId> =
-            membership.voter_ids().filter(|v| *v != id).collect();
-        if voters.is_empty() {
+        if membership.voter_ids().all(|v| v == id) {
             return Err(CairnError::invalid("the last voting replica cannot be removed"));
         }
-        self.change_voters(voters).await
+        let change = if membership.voter_ids().any(|v| v == id) {
+            openraft::ChangeMembers::RemoveVoters([id].into())
+        } else {
+            openraft::ChangeMembers::RemoveNodes([id].into())
+        };
+        self.change_members(change).await
     }
 
-    /// Make `voters` the voting members (nodes that are not voters are dropped) and wait for
-    /// the change to commit.
-    async fn change_voters(&self, voters: std::collections::BTreeSet<NodeId>) -> Result<()> {
-        match tokio::time::timeout(self.settings.write_timeout, self.raft.change_membership(voters, false)).await {
+    /// Apply `change` to the membership openraft holds when it commits (not to a copy read
+    /// earlier: two changes at once each keep the other's) and wait for it; nodes that are no
+    /// longer voters are dropped.
+    async fn change_members(&self, change: openraft::ChangeMembers<NodeId, BasicNode>) -> Result<()> {
+        match tokio::time::timeout(self.settings.write_timeout, self.raft.change_membership(change, false)).await {
             Err(_) => Err(CairnError::unavailable(format!(
                 "the membership change was not committed within {:?}: fewer than a majority of metaservers answer",
                 self.settings.write_timeout
@@ -525,9 +572,13 @@ impl RaftNode {
     }
 }
 
-impl Drop for RaftNode {
+/// The Raft runtime, shut down in the background when dropped (a runtime dropped on an async
+/// thread, as when starting fails, would otherwise panic).
+struct RaftRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for RaftRuntime {
     fn drop(&mut self) {
-        if let Some(runtime) = self.runtime.take() {
+        if let Some(runtime) = self.0.take() {
             runtime.shutdown_background();
         }
     }
@@ -539,6 +590,7 @@ impl Drop for RaftNode {
 async fn watch(node: std::sync::Weak<RaftNode>) {
     let Some(mut metrics) = node.upgrade().map(|n| n.raft.metrics()) else { return };
     let mut leader = None;
+    let mut members = std::collections::BTreeSet::new();
     loop {
         {
             let Some(node) = node.upgrade() else { return };
@@ -552,7 +604,7 @@ async fn watch(node: std::sync::Weak<RaftNode>) {
                 _ => 0,
             };
             node.lease_until.store(until, Ordering::Release);
-            publish(&m, leads, &mut leader);
+            publish(&m, leads, &mut leader, &mut members);
         }
         if metrics.changed().await.is_err() {
             return;
@@ -561,8 +613,14 @@ async fn watch(node: std::sync::Weak<RaftNode>) {
 }
 
 /// Set the `cairn_meta_raft_*` gauges from openraft's metrics; count a change of the known
-/// leader (`leader` is the one seen last).
-fn publish(m: &openraft::RaftMetrics<NodeId, BasicNode>, leads: bool, leader: &mut Option<NodeId>) {
+/// leader (`leader` is the one seen last); zero the lag of members no longer in the group
+/// (`members`: those published so far).
+fn publish(
+    m: &openraft::RaftMetrics<NodeId, BasicNode>,
+    leads: bool,
+    leader: &mut Option<NodeId>,
+    members: &mut std::collections::BTreeSet<NodeId>,
+) {
     use crate::metrics as names;
     if m.current_leader.is_some() && m.current_leader != *leader {
         metrics::counter!(names::RAFT_LEADER_CHANGES).increment(1);
@@ -583,7 +641,13 @@ fn publish(m: &openraft::RaftMetrics<NodeId, BasicNode>, leads: bool, leader: &m
         _ => -1.0,
     };
     metrics::gauge!(names::RAFT_QUORUM_ACK_AGE).set(ack_age);
-    for id in m.membership_config.membership().nodes().map(|(id, _)| *id) {
+    let now: std::collections::BTreeSet<NodeId> =
+        m.membership_config.membership().nodes().map(|(id, _)| *id).collect();
+    for gone in members.difference(&now) {
+        metrics::gauge!(names::RAFT_MEMBER_LAG, "member" => gone.to_string()).set(0.0);
+    }
+    *members = now.clone();
+    for id in now {
         // A follower does not know the others' logs: it publishes no lag rather than a stale one.
         let lag = match (leads, m.replication.as_ref().and_then(|r| r.get(&id))) {
             (true, Some(matched)) => last.saturating_sub(matched.as_ref().map_or(0, |l| l.index)) as f64,

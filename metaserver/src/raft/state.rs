@@ -78,7 +78,8 @@ impl SmStore {
             tracing::warn!(dir = %raft_dir.display(), "finishing a snapshot install that was interrupted");
             store.finish_swap().map_err(io_context("cannot finish the snapshot install in", raft_dir))?;
         } else {
-            for stale in [store.sm_new(), store.sm_old()] {
+            // `sm.restoring`: a restore (`cairn meta restore`) that did not finish.
+            for stale in [store.sm_new(), store.sm_old(), raft_dir.join("sm.restoring")] {
                 remove_dir_if_present(&stale).map_err(io_context("cannot remove", &stale))?;
             }
         }
