@@ -205,9 +205,10 @@ fn pace_until(at: Instant) {
     std::thread::sleep(at.saturating_duration_since(Instant::now()));
 }
 
-/// Four clients (two per mount) write and read three registers for ~25 s while the
+/// Four clients (two per mount) write and read three registers for ~30 s while the
 /// metaserver leader of three replicas is killed with `kill -9` three times and started again
-/// a moment later. Every register's history is linearizable; with the stale reader's answers
+/// a moment later, and frozen (SIGSTOP) once for 3–4 s and thawed, after which it must follow the
+/// new leader. Every register's history is linearizable; with the stale reader's answers
 /// from memory added, it is not.
 #[test]
 fn history_across_leader_kills_is_linearizable() {
@@ -269,6 +270,16 @@ fn history_across_leader_kills_is_linearizable() {
             kills.push((Instant::now(), id));
             std::thread::sleep(Duration::from_millis(3000 + timing.below(1000)));
             assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
+            // Thawed, it learns it was deposed and follows the new leader.
+            eventually(30, &format!("the thawed replica {id} follows a new leader"), || {
+                let out = cluster.cli(&["meta", "status", "--json"]);
+                let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+                let me = status["replicas"]
+                    .as_array()
+                    .and_then(|r| r.iter().find(|r| r["id"].as_u64() == Some(id)).cloned())
+                    .unwrap_or_default();
+                me["state"] == "follower" && me["leader"].as_u64().is_some_and(|l| l != id)
+            });
             continue;
         }
         if let Some(i) = running {

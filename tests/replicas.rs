@@ -270,7 +270,21 @@ fn a_lost_replica_is_replaced_and_a_backup_restores_the_namespace_into_a_new_gro
     let (code, out) = cli_on(&cluster, &cluster.meta_addr, &["meta", "add", "4", &addr]);
     assert_ne!(code, 0, "{out}");
     assert!(out.contains("does not answer") || out.contains(&addr), "{out}");
+    // A replica with other Raft timing is refused (the leader's read lease assumes it alike).
+    let mut odd = config.clone();
+    odd.insert("raft_election_ms".into(), toml::Value::Integer(900));
+    fs::write(dir.join("meta.toml"), toml::to_string(&odd).unwrap()).unwrap();
     let mut fourth = KillOnDrop(Some(restart_server(&cluster, "meta", "meta-4")));
+    eventually(30, "the new replica listens", || std::net::TcpStream::connect(&addr).is_ok());
+    let (code, out) = cli_on(&cluster, &cluster.meta_addr, &["meta", "add", "4", &addr]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("raft_election_ms = 900"), "{out}");
+    if let Some(mut odd) = fourth.0.take() {
+        odd.kill().unwrap();
+        odd.wait().unwrap();
+    }
+    fs::write(dir.join("meta.toml"), toml::to_string(&config).unwrap()).unwrap();
+    fourth.0 = Some(restart_server(&cluster, "meta", "meta-4"));
     eventually(30, "the new replica listens", || std::net::TcpStream::connect(&addr).is_ok());
     // A wrong id for it is refused.
     let (code, out) = cli_on(&cluster, &cluster.meta_addr, &["meta", "add", "5", &addr]);

@@ -1,10 +1,12 @@
-//! `cairn meta status`: every metaserver replica's view of the Raft group — its state, term,
-//! the leader it knows, how far its log and state machine are, its last snapshot — asked of
-//! each replica directly (so one that is cut off shows as such, not as the leader's idea of it).
+//! `cairn meta status`, `add`, `remove`, `backup`: every metaserver replica's view of the Raft
+//! group — its state, term, the leader it knows, how far its log and state machine are, its last
+//! snapshot — asked of each replica directly (so one that is cut off shows as such, not as the
+//! leader's idea of it).
 //!
 //! Exit status: 0 when one leader is known to every replica that answers and all of them
-//! answer, 2 when a leader serves but some replica does not answer or lags, 3 when no leader is
-//! known (the namespace cannot change), 1 when the command itself failed.
+//! answer, 2 when a leader serves but some replica does not answer or lags (or the replicas'
+//! `raft_election_ms` differ), 3 when no leader is known (the namespace cannot change), 1 when
+//! the command itself failed.
 
 use std::time::Duration;
 
@@ -54,11 +56,20 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
     let id_of =
         |addr: &str| answered.iter().flat_map(|s| s.members.iter()).find(|m| m.addr == addr).map(|m| m.id);
     let lagging = answered.iter().filter(|s| lead_index.saturating_sub(s.applied_index) > LAG).count();
+    // Replicas whose Raft timing differs from the others': the read lease assumes it alike.
+    let mut elections: Vec<u64> = answered
+        .iter()
+        .filter(|s| s.state != "single" && s.state != "starting")
+        .map(|s| s.election_ms)
+        .collect();
+    elections.sort_unstable();
+    elections.dedup();
+    let mismatched = elections.len() > 1;
     let code = if single {
         0
     } else if leader.is_none() {
         3
-    } else if answered.len() < rows.len() || lagging > 0 {
+    } else if answered.len() < rows.len() || lagging > 0 || mismatched {
         2
     } else {
         0
@@ -72,6 +83,7 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
                     "leader_addr": s.leader_addr, "last_log_index": s.last_log_index,
                     "applied_index": s.applied_index, "snapshot_index": s.snapshot_index,
                     "lag": lead_index.saturating_sub(s.applied_index), "cluster": s.cluster,
+                    "election_ms": s.election_ms,
                     "members": s.members.iter().map(|m| json!({"id": m.id, "addr": m.addr, "voter": m.voter, "matched": m.matched})).collect::<Vec<_>>(),
                 }),
                 Err(e) => json!({"addr": addr, "id": id_of(addr), "error": e}),
@@ -81,6 +93,7 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
             "leader": leader.as_ref().map(|l| l.id),
             "leader_addr": leader.as_ref().map(|l| l.leader_addr.clone()),
             "term": leader.as_ref().map(|l| l.term),
+            "election_ms_differ": mismatched,
             "replicas": replicas,
         });
         println!("{}", serde_json::to_string_pretty(&out).expect("json"));
@@ -92,6 +105,12 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
         (None, _) => {
             println!("NO LEADER: the namespace cannot change until a majority of replicas elect one")
         }
+    }
+    if mismatched {
+        println!(
+            "WARNING: the replicas' raft_election_ms differ ({elections:?}): set them alike, the leader's \
+             read lease assumes it"
+        );
     }
     println!(
         "{:>3}  {:<22} {:<10} {:>5} {:>7} {:>10} {:>10} {:>8} {:>10}",

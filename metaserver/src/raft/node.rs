@@ -252,6 +252,14 @@ impl RaftNode {
             if status.cluster != self.settings.cluster || status.state == "starting" {
                 return Others::NotYet(*id);
             }
+            if status.election_ms != self.settings.election.as_millis() as u64 {
+                tracing::error!(
+                    member = id,
+                    theirs = status.election_ms,
+                    "the members' raft_election_ms differ: the group is not founded until they are alike"
+                );
+                return Others::NotYet(*id);
+            }
             if status.term > 0 || !status.members.is_empty() || status.applied_index > 0 {
                 return Others::Running(*id);
             }
@@ -358,6 +366,7 @@ impl RaftNode {
             snapshot_index: m.snapshot.map_or(0, |id| id.index),
             members,
             cluster: self.settings.cluster.clone(),
+            election_ms: self.settings.election.as_millis() as u64,
         }
     }
 
@@ -402,6 +411,14 @@ impl RaftNode {
             return Err(CairnError::invalid(format!(
                 "the replica at {addr} is replica {} of cluster {:?}, not replica {id} of {:?}",
                 status.id, status.cluster, self.settings.cluster
+            )));
+        }
+        let election = self.settings.election.as_millis() as u64;
+        if status.election_ms != election {
+            return Err(CairnError::invalid(format!(
+                "the replica at {addr} has raft_election_ms = {}, the group {election}: the replicas' \
+                 Raft settings must be alike (the leader's read lease depends on it)",
+                status.election_ms
             )));
         }
         let api = |e: &dyn std::fmt::Display| CairnError::unavailable(format!("adding replica {id}: {e}"));
