@@ -87,6 +87,17 @@ fn a_frozen_leader_is_replaced_and_comes_back_as_a_follower() {
         fs::write(cluster.mnt.join(format!("before-{i}")), format!("file {i}")).unwrap();
     }
     let old = wait_for_leader(&cluster);
+    // Every chunkserver has heard the leader's namespace epoch, below which it refuses deletes.
+    let fences = || -> Vec<u64> {
+        (1..=6)
+            .map(|i| {
+                let path = cluster.data.join(format!("chunk-{i}/fence"));
+                fs::read_to_string(path).map_or(0, |t| t.trim().parse().unwrap())
+            })
+            .collect()
+    };
+    eventually(10, "every chunkserver knows the leader's epoch", || fences().iter().all(|f| *f > 0));
+    let before = fences();
     let pid = meta_pid(&cluster, old);
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
     let mut frozen = Frozen(Some(pid));
@@ -102,6 +113,11 @@ fn a_frozen_leader_is_replaced_and_comes_back_as_a_follower() {
     let new = wait_for_leader(&cluster);
     assert_ne!(new, old, "the frozen replica cannot lead");
     assert!(replica(&cluster, old)["error"].is_string(), "the frozen replica does not answer");
+    // The chunkservers now refuse the frozen leader's deletes: its epoch is below the new one's.
+    let highest = *before.iter().max().unwrap();
+    eventually(10, "every chunkserver knows the new leader's epoch", || {
+        fences().iter().all(|f| *f > highest)
+    });
 
     // Thawed, it learns of the new term, follows, and catches up with what it missed.
     frozen.thaw();

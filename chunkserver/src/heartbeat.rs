@@ -1,5 +1,6 @@
 //! The chunkserver's membership in the cluster: a stable identity, registration with the
-//! metaserver and periodic heartbeats carrying address, tier usage and pid.
+//! metaserver and periodic heartbeats carrying address, tier usage and pid, whose replies
+//! raise the delete [`Fence`] to the leader's namespace epoch.
 //!
 //! Identity is a random 128-bit hex string kept in `{state_dir}/node.uuid`, created once and
 //! reused on every restart, so the metaserver gives a restarted chunkserver its old node id.
@@ -17,6 +18,7 @@ use std::time::Duration;
 use cairn_common::{CairnError, ErrorKind, Result};
 use cairn_proto::{HeartbeatRequest, RegisterChunkRequest};
 
+use crate::fence::Fence;
 use crate::meta::MetaClients;
 use crate::store::ShardStore;
 
@@ -63,6 +65,7 @@ pub struct Heartbeat {
     advertise: String,
     store: Arc<ShardStore>,
     node_id: Arc<AtomicU32>,
+    fence: Arc<Fence>,
     interval: Duration,
 }
 
@@ -74,10 +77,11 @@ impl Heartbeat {
         advertise: String,
         store: Arc<ShardStore>,
         node_id: Arc<AtomicU32>,
+        fence: Arc<Fence>,
         interval: Duration,
     ) -> Result<Heartbeat> {
         let meta = MetaClients::new(meta, CONNECT_TIMEOUT, REQUEST_TIMEOUT)?;
-        Ok(Heartbeat { meta, uuid, advertise, store, node_id, interval })
+        Ok(Heartbeat { meta, uuid, advertise, store, node_id, fence, interval })
     }
 
     /// Register, then heartbeat forever (the caller aborts the task at shutdown).
@@ -140,13 +144,14 @@ impl Heartbeat {
             tiers,
             pid: std::process::id(),
         };
-        self.meta
+        let reply = self
+            .meta
             .call(|mut c| {
                 let request = request.clone();
                 async move { c.heartbeat(request).await }
             })
             .await?;
-        Ok(())
+        self.fence.raise(reply.fence).await
     }
 }
 

@@ -5,7 +5,8 @@
 //! [`shard`] is the versioned on-disk format with per-block BLAKE3 hashes; [`store`] places,
 //! indexes, reads and verifies shard files; [`policy`] decides which shards change tier and
 //! [`mover`] moves them, crash-safely; [`service`] is the gRPC layer; [`heartbeat`] keeps the
-//! node registered with the metaserver; [`metrics`] names the exported metrics. [`serve`]
+//! node registered with the metaserver; [`fence`] refuses deletes from a deposed metaserver
+//! leader; [`metrics`] names the exported metrics. [`serve`]
 //! wires them together on a listener and [`run`] is what `cairn chunk` calls.
 
 use std::future::Future;
@@ -18,6 +19,7 @@ use cairn_common::{wire, CairnError, Result, MAX_MESSAGE_BYTES};
 use cairn_proto::chunk_server::ChunkServer;
 
 pub mod engine;
+pub mod fence;
 pub mod heartbeat;
 pub mod meta;
 pub mod metrics;
@@ -60,6 +62,7 @@ pub async fn serve(
     let engine = engine::open(config.io_engine, config.queue_depth, fixed);
     let store = Arc::new(ShardStore::open(StoreOptions::from_config(&config), engine).await?);
     let uuid = heartbeat::load_or_create_uuid(&config.state_dir)?;
+    let fence = Arc::new(fence::Fence::open(&config.state_dir)?);
     let node_id = Arc::new(AtomicU32::new(0));
     let heartbeat = heartbeat::Heartbeat::new(
         &config.meta,
@@ -67,6 +70,7 @@ pub async fn serve(
         advertise.clone(),
         store.clone(),
         node_id.clone(),
+        fence.clone(),
         Duration::from_millis(config.heartbeat_ms),
     )?;
     tracing::info!(addr = %local, advertise, uuid, engine = store.engine_name(), "chunkserver serving");
@@ -80,7 +84,7 @@ pub async fn serve(
     )?;
     let scrub = tokio::spawn(scrub.run());
 
-    let service = Arc::new(ChunkService::new(store, node_id));
+    let service = Arc::new(ChunkService::new(store, node_id, fence));
     let (stopped, shutdown) = wire::split_shutdown(shutdown);
     let (incoming, accepting) =
         wire::serve(listener, Arc::new(wire::chunk::Service(service.clone())), stopped);

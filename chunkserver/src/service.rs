@@ -16,6 +16,7 @@ use cairn_proto::{
 };
 use tonic::{Request, Response, Status};
 
+use crate::fence::Fence;
 use crate::mover::PromoteOptions;
 use crate::shard::MAX_SHARD_BYTES;
 use crate::store::ShardStore;
@@ -35,11 +36,13 @@ pub struct ChunkService {
     store: Arc<ShardStore>,
     /// The id the metaserver gave this node; 0 until registered.
     node_id: Arc<AtomicU32>,
+    /// Refuses deletes from a deposed metaserver leader.
+    fence: Arc<Fence>,
 }
 
 impl ChunkService {
-    pub fn new(store: Arc<ShardStore>, node_id: Arc<AtomicU32>) -> ChunkService {
-        ChunkService { store, node_id }
+    pub fn new(store: Arc<ShardStore>, node_id: Arc<AtomicU32>, fence: Arc<Fence>) -> ChunkService {
+        ChunkService { store, node_id, fence }
     }
 }
 
@@ -92,6 +95,7 @@ impl Chunk for ChunkService {
             .into());
         }
         let ids = req.ids.iter().map(|id| shard_id(Some(id))).collect::<Result<Vec<_>>>()?;
+        let _admitted = self.fence.admit(req.fence).await?;
         let deleted = self.store.delete(&ids).await?;
         Ok(Response::new(DeleteShardsReply { deleted }))
     }

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,8 @@ struct FakeMeta {
     heartbeats: Mutex<Vec<HeartbeatRequest>>,
     /// Heartbeats still to answer NotFound, as a metaserver that lost its registry would.
     forget: AtomicU32,
+    /// The namespace epoch heartbeat replies announce.
+    fence: AtomicU64,
 }
 
 macro_rules! fake_meta {
@@ -46,7 +48,7 @@ macro_rules! fake_meta {
                     self.forget.fetch_sub(1, Ordering::SeqCst);
                     return Err(CairnError::not_found("unknown node 7").into());
                 }
-                Ok(Response::new(HeartbeatReply {}))
+                Ok(Response::new(HeartbeatReply { fence: self.fence.load(Ordering::SeqCst) }))
             }
 
             type RaftBackupStream = tokio_stream::Empty<Result<cairn_proto::BackupChunk, Status>>;
@@ -228,7 +230,7 @@ async fn shards_over_grpc(engine: IoEngineKind) {
     assert_eq!(kind(r), ErrorKind::InvalidArgument);
     let r = client.write_shard(WriteShardRequest { id: None, data: Bytes::from_static(b"x") }).await;
     assert_eq!(kind(r), ErrorKind::InvalidArgument);
-    let r = client.delete_shards(DeleteShardsRequest { ids: vec![sid(5, 1), hostile] }).await;
+    let r = client.delete_shards(DeleteShardsRequest { ids: vec![sid(5, 1), hostile], fence: 0 }).await;
     assert_eq!(kind(r), ErrorKind::InvalidArgument);
     let too_big = Bytes::from(vec![0u8; (64 << 20) + 2048]);
     let r = client.write_shard(WriteShardRequest { id: Some(sid(5, 2)), data: too_big }).await;
@@ -239,8 +241,10 @@ async fn shards_over_grpc(engine: IoEngineKind) {
     assert_eq!((stat.tiers[0].name.as_str(), stat.tiers[0].shards), ("ssd", 1));
     assert!(stat.tiers[0].used > data.len() as u64);
 
-    let deleted =
-        client.delete_shards(DeleteShardsRequest { ids: vec![sid(5, 1), sid(6, 0)] }).await.unwrap();
+    let deleted = client
+        .delete_shards(DeleteShardsRequest { ids: vec![sid(5, 1), sid(6, 0)], fence: 0 })
+        .await
+        .unwrap();
     assert_eq!(deleted.into_inner().deleted, 1);
     let gone = client.read_shard(ReadShardRequest { id: Some(sid(5, 1)), offset: 0, len: 0 }).await;
     assert_eq!(kind(gone), ErrorKind::NotFound);
@@ -255,6 +259,49 @@ async fn shards_over_grpc_uring() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shards_over_grpc_pread() {
     shards_over_grpc(IoEngineKind::Pread).await;
+}
+
+/// Deletes from a metaserver whose namespace epoch is below the one the leader's heartbeat
+/// replies announced are refused and delete nothing, also after a restart of the chunkserver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletes_from_a_deposed_metaserver_are_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let (meta, meta_addr) = fake_meta().await;
+    meta.fence.store(1_000, Ordering::SeqCst);
+    let chunk = start_chunk(config(root.path(), meta_addr, IoEngineKind::Pread)).await;
+    let mut client = chunk.client().await;
+    for ino in [5, 6, 7] {
+        client
+            .write_shard(WriteShardRequest { id: Some(sid(ino, 0)), data: Bytes::from_static(b"kept") })
+            .await
+            .unwrap();
+    }
+    // Heartbeats go one after another: a second one means the first reply was handled.
+    eventually("a heartbeat answered", || meta.heartbeats.lock().len() >= 2).await;
+
+    let stale = client.delete_shards(DeleteShardsRequest { ids: vec![sid(5, 0)], fence: 999 }).await;
+    assert_eq!(kind(stale), ErrorKind::NotLeader);
+    let read = client.read_shard(ReadShardRequest { id: Some(sid(5, 0)), offset: 0, len: 0 }).await.unwrap();
+    assert_eq!(&read.into_inner().data[..], b"kept", "a refused delete deleted nothing");
+    // The leader's own epoch, a newer leader's (which raises the fence) and a client's (0) pass.
+    let ok = client.delete_shards(DeleteShardsRequest { ids: vec![sid(5, 0)], fence: 1_000 }).await.unwrap();
+    assert_eq!(ok.into_inner().deleted, 1);
+    let ok = client.delete_shards(DeleteShardsRequest { ids: vec![sid(6, 0)], fence: 1_001 }).await.unwrap();
+    assert_eq!(ok.into_inner().deleted, 1);
+    let stale = client.delete_shards(DeleteShardsRequest { ids: vec![sid(7, 0)], fence: 1_000 }).await;
+    assert_eq!(kind(stale), ErrorKind::NotLeader);
+    drop(client);
+    chunk.stop().await;
+
+    // Restarted while no metaserver announces anything: the fence was kept.
+    meta.fence.store(0, Ordering::SeqCst);
+    let chunk = start_chunk(config(root.path(), meta_addr, IoEngineKind::Pread)).await;
+    let mut client = chunk.client().await;
+    let stale = client.delete_shards(DeleteShardsRequest { ids: vec![sid(7, 0)], fence: 1_000 }).await;
+    assert_eq!(kind(stale), ErrorKind::NotLeader);
+    let ok = client.delete_shards(DeleteShardsRequest { ids: vec![sid(7, 0)], fence: 0 }).await.unwrap();
+    assert_eq!(ok.into_inner().deleted, 1);
+    chunk.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -231,7 +231,9 @@ impl Nodes {
     /// Delete shards from one chunkserver; returns how many existed.
     pub async fn delete_shards(&self, node: u32, ids: Vec<ShardId>) -> Result<u32> {
         let c = self.client(node).await?;
-        let req = cairn_proto::DeleteShardsRequest { ids: ids.into_iter().map(Into::into).collect() };
+        // Fence 0: the client's own abandoned shards, not a metaserver leader's order.
+        let req =
+            cairn_proto::DeleteShardsRequest { ids: ids.into_iter().map(Into::into).collect(), fence: 0 };
         Ok(c.delete_shards(req).await.map_err(|e| node_error(node, e))?.deleted)
     }
 

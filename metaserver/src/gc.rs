@@ -55,7 +55,7 @@ impl Gc {
                     version: s.version,
                 })
                 .collect();
-            client.delete_shards(DeleteShardsRequest { ids }).await?;
+            client.delete_shards(DeleteShardsRequest { ids, fence: self.ns.fence() }).await?;
         }
         Ok(())
     }

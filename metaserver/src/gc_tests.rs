@@ -17,6 +17,8 @@ use crate::schema::S_IFREG;
 #[derive(Clone, Default)]
 struct FakeChunk {
     deleted: Arc<Mutex<Vec<cairn_proto::ShardId>>>,
+    /// The fence each delete carried.
+    fences: Arc<Mutex<Vec<u64>>>,
     held: Arc<Mutex<Vec<ShardEntry>>>,
 }
 
@@ -32,7 +34,9 @@ impl Chunk for FakeChunk {
         &self,
         req: Request<DeleteShardsRequest>,
     ) -> Result<Response<DeleteShardsReply>, Status> {
-        let ids = req.into_inner().ids;
+        let req = req.into_inner();
+        self.fences.lock().push(req.fence);
+        let ids = req.ids;
         let n = ids.len() as u32;
         self.deleted.lock().extend(ids);
         Ok(Response::new(DeleteShardsReply { deleted: n }))
@@ -90,6 +94,26 @@ async fn fake_chunkserver() -> (String, FakeChunk) {
     (addr, fake)
 }
 
+/// Each opening of a namespace (a new leader's, a restart's) has a higher epoch than the last,
+/// also when the clock says otherwise.
+#[test]
+fn every_opening_raises_the_namespace_epoch() {
+    let store: Arc<dyn crate::store::MetaStore> = Arc::new(crate::store::MemoryStore::new());
+    let layout = Layout::new(2, 1, 4096).unwrap();
+    let open = || Namespace::open(store.clone(), layout, std::time::Duration::from_secs(60)).unwrap().fence();
+    let first = open();
+    let since_1970 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    assert!(first >= since_1970.as_millis() as u64 - 1_000, "{first}");
+    let second = open();
+    assert!(second > first);
+    // A group whose epochs ran ahead of the clock (a replica's clock jumped) still goes up.
+    let mut batch = crate::store::Batch::new();
+    let ahead = second + 10_000_000_000;
+    batch.put(Cf::Counters, schema::counter::GC_EPOCH, schema::encode(&schema::Counter { value: ahead }));
+    store.write(batch).unwrap();
+    assert_eq!(open(), ahead + 1);
+}
+
 /// A closed port: connecting fails.
 async fn dead_addr() -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -138,6 +162,9 @@ async fn deletes_on_up_nodes_and_keeps_the_rest() {
     assert_eq!(ns.pending_gc().unwrap(), 0);
     assert_eq!(fake.deleted.lock().len(), 9);
     assert_eq!(gc.run_once().await.unwrap(), GcRound::default());
+    // Every delete carried the namespace's epoch, so a chunkserver can refuse a deposed one's.
+    assert!(ns.fence() > 0);
+    assert!(fake.fences.lock().iter().all(|f| *f == ns.fence()), "{:?}", fake.fences.lock());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

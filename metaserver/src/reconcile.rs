@@ -101,7 +101,10 @@ impl Repair {
                     .await
                     .map_err(|e| CairnError::internal(format!("reconcile sync: {e}")))??;
                 let n = stale.len() as u64;
-                client.delete_shards(DeleteShardsRequest { ids: stale }).await.map_err(CairnError::from)?;
+                client
+                    .delete_shards(DeleteShardsRequest { ids: stale, fence: self.ns.fence() })
+                    .await
+                    .map_err(CairnError::from)?;
                 report.deleted += n;
             }
             match page.shards.last() {

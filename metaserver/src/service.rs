@@ -616,8 +616,13 @@ impl Meta for MetaService {
 
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<Response<HeartbeatReply>, Status> {
         let r = req.into_inner();
-        self.run(move |ns| ns.registry().heartbeat(r.node_id, &r.addr, r.tiers, r.pid)).await?;
-        Ok(Response::new(HeartbeatReply {}))
+        let fence = self
+            .run(move |ns| {
+                ns.registry().heartbeat(r.node_id, &r.addr, r.tiers, r.pid)?;
+                Ok(ns.fence())
+            })
+            .await?;
+        Ok(Response::new(HeartbeatReply { fence }))
     }
 
     async fn list_nodes(&self, _req: Request<Empty>) -> Result<Response<ListNodesReply>, Status> {

@@ -150,7 +150,12 @@ impl Namespace {
             };
             stats.push(Mutex::new(s));
         }
-        let gc_epoch = read_counter(&*store, counter::GC_EPOCH)?.unwrap_or(0) + 1;
+        // The namespace epoch: above the last one, and above the epochs a group lost after a
+        // backup handed out (`docs/ARCHITECTURE.md`, "Fencing a deposed leader").
+        let since_1970 = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let gc_epoch = (read_counter(&*store, counter::GC_EPOCH)?.unwrap_or(0) + 1).max(since_1970);
         let mut batch = Batch::new();
         batch.put(Cf::Counters, counter::GC_EPOCH, schema::encode(&Counter { value: gc_epoch }));
         let reserved = read_counter(&*store, counter::INO_RESERVED)?;
@@ -202,6 +207,12 @@ impl Namespace {
         node_timeout: Duration,
     ) -> Result<Namespace> {
         Namespace::open(Arc::new(RocksStore::open(path, sync)?), root_layout, node_timeout)
+    }
+
+    /// This namespace's epoch, raised by every opening (a new leader's, a restart's): the fence
+    /// on its shard deletes, which chunkservers refuse once they have seen a higher one.
+    pub fn fence(&self) -> u64 {
+        self.gc_epoch
     }
 
     pub fn registry(&self) -> &Arc<Registry> {
