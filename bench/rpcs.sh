@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/rpcs.sh [N] [cairn up flags...]: metadata round trips per file operation. Starts a fresh
-# `cairn up` (release build), runs N (default 2000) creates, stats, listings, 4 KiB file writes, cold
-# 4 KiB file reads and unlinks through the mount, and prints for each phase its rate and the
+# `cairn up` (release build), runs N (default 2000) creates, stats (then again once the kernel's
+# entries expired), listings, 4 KiB file writes, cold 4 KiB file reads and unlinks through the
+# mount, and prints for each phase its rate and the
 # requests per operation the metaserver counted (`cairn_rpc_requests_total`) and the FUSE
 # requests the client counted (`cairn_client_fuse_ops_total`). CAIRN_BIN=PATH runs another build
 # (an older one, to compare). With replicated metaservers it also prints the mean Raft commit
