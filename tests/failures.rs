@@ -595,3 +595,69 @@ fn every_process_serves_metrics_that_move_with_io_and_repair() {
         metric(&scrape(&meta), "cairn_repair_shards_rebuilt_total", &[]).unwrap_or(0.0) >= 1.0
     });
 }
+
+/// A metaserver started on the wrong (empty) data directory makes a new, empty namespace of
+/// another cluster. With an orphan grace of 0 its reconciliation would delete every shard of a
+/// chunkserver that joined it at once; the chunkservers refuse to join it instead. Started again
+/// on its own data directory, the metaserver finds every chunkserver and every byte.
+#[test]
+fn a_metaserver_on_the_wrong_data_directory_is_not_joined() {
+    let cluster = Cluster::start(6, "4+2", 64);
+    let data = random_bytes(300 * 1024 + 5, 31);
+    fs::write(cluster.mnt.join("kept"), &data).unwrap();
+    // Every chunkserver keeps the id of the cluster it joined, the one `cairn status` names.
+    let (_, st) = cli_json(&cluster, &["status"]);
+    let id = st["cluster_id"].as_str().unwrap().to_string();
+    assert_eq!(id.len(), 32, "{st}");
+    for i in 1..=6 {
+        let kept = fs::read_to_string(cluster.data.join(format!("chunk-{i}/cluster"))).unwrap();
+        assert_eq!(kept.trim(), id, "chunkserver {i}");
+    }
+    let config = cluster.data.join("meta/meta.toml");
+    let mut cfg: toml::Table = toml::from_str(&fs::read_to_string(&config).unwrap()).unwrap();
+    cfg.insert("data_dir".into(), toml::Value::String(cluster.data.join("meta/typo").display().to_string()));
+    cfg.insert("orphan_grace_ms".into(), toml::Value::Integer(0));
+    cfg.insert("reconcile_interval_ms".into(), toml::Value::Integer(200));
+    let wrong_config = cluster.data.join("meta/wrong.toml");
+    fs::write(&wrong_config, toml::to_string(&cfg).unwrap()).unwrap();
+    kill9(cluster.pid_of("meta"));
+
+    let log = cluster.data.join("logs/meta-wrong.log");
+    let mut wrong = std::process::Command::new(support::CAIRN)
+        .args(["meta", "--config", wrong_config.to_str().unwrap()])
+        .stdout(fs::File::create(&log).unwrap())
+        .stderr(fs::File::create(cluster.data.join("logs/meta-wrong.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let refused = || {
+        let text = fs::read_to_string(&log).unwrap_or_default()
+            + &fs::read_to_string(cluster.data.join("logs/meta-wrong.err")).unwrap_or_default();
+        text.matches("refused a chunkserver of another cluster").count()
+    };
+    // Heartbeats every second, answered "unknown node", then registrations: several rounds, and
+    // reconciliation every 200 ms had anyone joined.
+    std::thread::sleep(Duration::from_secs(6));
+    let out = cluster.cli(&["status", "--json"]);
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("status: {e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(st["nodes_up"], 0, "no chunkserver joined the new namespace: {st}");
+    assert_ne!(st["cluster_id"].as_str(), Some(id.as_str()), "a new namespace is another cluster");
+    assert!(refused() >= 6, "each chunkserver was refused, and told why");
+    let _ = wrong.kill();
+    let _ = wrong.wait();
+
+    let _right = support::KillOnDrop(Some(support::restart_server(&cluster, "meta", "meta")));
+    eventually(60, "the chunkservers are back", || {
+        let out = cluster.cli(&["status", "--json"]);
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).is_ok_and(|st| st["nodes_up"] == 6)
+    });
+    let started = Instant::now();
+    let back = loop {
+        match fs::read(cluster.mnt.join("kept")) {
+            Ok(back) => break back,
+            Err(e) => assert!(started.elapsed() < Duration::from_secs(30), "kept: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(sha256(&back), sha256(&data), "every byte is still there");
+}

@@ -8,11 +8,12 @@
 //! on it, so a restart cannot forget it. A delete holds the fence for reading until it is done,
 //! so a raise cannot slip between the check and the delete.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use cairn_common::{CairnError, ErrorKind, Result};
 use tokio::sync::{RwLock, RwLockReadGuard};
+
+use crate::statefile;
 
 const FENCE_FILE: &str = "fence";
 
@@ -26,16 +27,15 @@ impl Fence {
     /// a number is an error, not a fresh start: starting over at 0 would open the fence.
     pub fn open(state_dir: &Path) -> Result<Fence> {
         let path = state_dir.join(FENCE_FILE);
-        let highest = match std::fs::read_to_string(&path) {
-            Ok(text) => text.trim().parse::<u64>().map_err(|_| {
+        let highest = match statefile::read(&path)? {
+            Some(text) => text.parse::<u64>().map_err(|_| {
                 CairnError::corrupt(format!(
                     "{} does not hold a namespace epoch (a decimal number); write 0 into it (the \
                      first heartbeat reply raises it again)",
                     path.display()
                 ))
             })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-            Err(e) => return Err(CairnError::from_io(&format!("cannot read {}", path.display()), &e)),
+            None => 0,
         };
         Ok(Fence { path, highest: RwLock::new(highest) })
     }
@@ -53,7 +53,7 @@ impl Fence {
         let mut highest = self.highest.write().await;
         if epoch > *highest {
             let path = self.path.clone();
-            tokio::task::spawn_blocking(move || write(&path, epoch))
+            tokio::task::spawn_blocking(move || statefile::write(&path, &format!("{epoch}\n")))
                 .await
                 .map_err(|e| CairnError::internal(format!("writing the fence: {e}")))??;
             tracing::info!(
@@ -89,18 +89,6 @@ impl Fence {
             self.raise(epoch).await?;
         }
     }
-}
-
-fn write(path: &Path, epoch: u64) -> Result<()> {
-    let ctx = |e: std::io::Error| CairnError::from_io(&format!("cannot write {}", path.display()), &e);
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(ctx)?;
-    let tmp = path.with_extension("tmp");
-    let mut file = std::fs::File::create(&tmp).map_err(ctx)?;
-    file.write_all(format!("{epoch}\n").as_bytes()).map_err(ctx)?;
-    file.sync_all().map_err(ctx)?;
-    std::fs::rename(&tmp, path).map_err(ctx)?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(ctx)
 }
 
 #[cfg(test)]

@@ -8,9 +8,13 @@
 //! retries (registration with exponential backoff, heartbeats at their interval); a heartbeat
 //! answered `NotFound` (the metaserver forgot this node) triggers a new registration. The node
 //! id is shared with the service through an `Arc<AtomicU32>`; 0 means "not registered yet".
+//!
+//! The node belongs to one cluster: the first metaserver that registers it names its cluster id,
+//! kept in `{state_dir}/cluster` and sent with every registration; a metaserver of another
+//! cluster (one started on the wrong data directory) is not joined (`docs/ARCHITECTURE.md`,
+//! "Cluster identity").
 
-use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,9 +24,11 @@ use cairn_proto::{HeartbeatRequest, RegisterChunkRequest};
 
 use crate::fence::Fence;
 use crate::meta::MetaClients;
+use crate::statefile;
 use crate::store::ShardStore;
 
 const UUID_FILE: &str = "node.uuid";
+const CLUSTER_FILE: &str = "cluster";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -31,31 +37,37 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Read this node's identity from `state_dir`, creating it on first start.
 pub fn load_or_create_uuid(state_dir: &Path) -> Result<String> {
     let path = state_dir.join(UUID_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let uuid = text.trim();
-            if uuid.len() != 32 || !uuid.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(CairnError::corrupt(format!(
-                    "{} does not hold a node identity (32 hex digits); move it away to start as a new node",
-                    path.display()
-                )));
-            }
-            return Ok(uuid.to_ascii_lowercase());
+    if let Some(uuid) = statefile::read(&path)? {
+        if !is_id(&uuid) {
+            return Err(CairnError::corrupt(format!(
+                "{} does not hold a node identity (32 hex digits); move it away to start as a new node",
+                path.display()
+            )));
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(CairnError::from_io(&format!("cannot read {}", path.display()), &e)),
+        return Ok(uuid.to_ascii_lowercase());
     }
     let uuid = format!("{:032x}", rand::random::<u128>());
-    let ctx = |e: std::io::Error| CairnError::from_io(&format!("cannot write {}", path.display()), &e);
-    std::fs::create_dir_all(state_dir).map_err(ctx)?;
-    let tmp = state_dir.join(format!("{UUID_FILE}.tmp"));
-    let mut file = std::fs::File::create(&tmp).map_err(ctx)?;
-    file.write_all(format!("{uuid}\n").as_bytes()).map_err(ctx)?;
-    file.sync_all().map_err(ctx)?;
-    std::fs::rename(&tmp, &path).map_err(ctx)?;
-    std::fs::File::open(state_dir).and_then(|d| d.sync_all()).map_err(ctx)?;
+    statefile::write(&path, &format!("{uuid}\n"))?;
     tracing::info!(uuid, path = %path.display(), "created a new node identity");
     Ok(uuid)
+}
+
+/// 32 hex digits: a node identity or a cluster id.
+fn is_id(text: &str) -> bool {
+    text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The cluster this node belongs to, from `state_dir` (`None` before it first joined one).
+pub fn load_cluster(state_dir: &Path) -> Result<Option<String>> {
+    let path = state_dir.join(CLUSTER_FILE);
+    match statefile::read(&path)? {
+        None => Ok(None),
+        Some(id) if is_id(&id) => Ok(Some(id.to_ascii_lowercase())),
+        Some(_) => Err(CairnError::corrupt(format!(
+            "{} does not hold a cluster id (32 hex digits); write the id `cairn status` shows into it",
+            path.display()
+        ))),
+    }
 }
 
 /// Everything the heartbeat loop needs.
@@ -66,22 +78,35 @@ pub struct Heartbeat {
     store: Arc<ShardStore>,
     node_id: Arc<AtomicU32>,
     fence: Arc<Fence>,
+    /// The cluster this node belongs to (`None` until it first joins one) and where it is kept.
+    cluster: Option<String>,
+    state_dir: PathBuf,
     interval: Duration,
 }
 
 impl Heartbeat {
-    /// Prepare the loop; fails only on an unusable metaserver address (nothing is contacted yet).
+    /// Prepare the loop with the node's identity and cluster from `state_dir` (the identity is
+    /// created on first start); fails on an unusable metaserver address or state file (nothing
+    /// is contacted yet).
     pub fn new(
         meta: &str,
-        uuid: String,
         advertise: String,
         store: Arc<ShardStore>,
         node_id: Arc<AtomicU32>,
         fence: Arc<Fence>,
+        state_dir: &Path,
         interval: Duration,
     ) -> Result<Heartbeat> {
         let meta = MetaClients::new(meta, CONNECT_TIMEOUT, REQUEST_TIMEOUT)?;
-        Ok(Heartbeat { meta, uuid, advertise, store, node_id, fence, interval })
+        let uuid = load_or_create_uuid(state_dir)?;
+        let cluster = load_cluster(state_dir)?;
+        let state_dir = state_dir.to_path_buf();
+        Ok(Heartbeat { meta, uuid, advertise, store, node_id, fence, cluster, state_dir, interval })
+    }
+
+    /// This node's identity.
+    pub fn uuid(&self) -> &str {
+        &self.uuid
     }
 
     /// Register, then heartbeat forever (the caller aborts the task at shutdown).
@@ -121,6 +146,7 @@ impl Heartbeat {
             addr: self.advertise.clone(),
             tiers: self.store.usage(),
             pid: std::process::id(),
+            cluster_id: self.cluster.clone().unwrap_or_default(),
         };
         let reply = self
             .meta
@@ -132,7 +158,35 @@ impl Heartbeat {
         if reply.node_id == 0 {
             return Err(CairnError::internal("the metaserver answered node id 0"));
         }
+        self.check_cluster(&reply.cluster_id).await?;
         Ok(reply.node_id)
+    }
+
+    /// Join the cluster a metaserver names, the first time; refuse another one after that.
+    async fn check_cluster(&mut self, theirs: &str) -> Result<()> {
+        if theirs.is_empty() {
+            return Ok(()); // a metaserver too old to name its cluster
+        }
+        match &self.cluster {
+            Some(ours) if ours == theirs => Ok(()),
+            Some(ours) => Err(CairnError::invalid(format!(
+                "the metaserver serves cluster {theirs}, and this chunkserver belongs to cluster {ours} \
+                 ({}): not joining it (a metaserver started on the wrong data directory?)",
+                self.state_dir.join(CLUSTER_FILE).display()
+            ))),
+            None if !is_id(theirs) => {
+                Err(CairnError::invalid(format!("the metaserver names a malformed cluster id {theirs:?}")))
+            }
+            None => {
+                let (path, id) = (self.state_dir.join(CLUSTER_FILE), theirs.to_string());
+                tokio::task::spawn_blocking(move || statefile::write(&path, &format!("{id}\n")))
+                    .await
+                    .map_err(|e| CairnError::internal(format!("writing the cluster id: {e}")))??;
+                tracing::info!(cluster = theirs, "joined the cluster");
+                self.cluster = Some(theirs.to_string());
+                Ok(())
+            }
+        }
     }
 
     async fn heartbeat(&mut self) -> Result<()> {
@@ -151,6 +205,11 @@ impl Heartbeat {
                 async move { c.heartbeat(request).await }
             })
             .await?;
+        if let Err(e) = self.check_cluster(&reply.cluster_id).await {
+            // Registered with a metaserver of another cluster: leave it, and keep asking.
+            self.node_id.store(0, Ordering::Relaxed);
+            return Err(e);
+        }
         self.fence.raise(reply.fence).await
     }
 }
@@ -168,6 +227,18 @@ mod tests {
         assert_eq!(load_or_create_uuid(&state).unwrap(), first);
         let other = tempfile::tempdir().unwrap();
         assert_ne!(load_or_create_uuid(other.path()).unwrap(), first);
+    }
+
+    #[test]
+    fn the_cluster_is_none_before_joining_and_a_damaged_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(load_cluster(dir.path()).unwrap(), None);
+        std::fs::write(dir.path().join(CLUSTER_FILE), "0123456789ABCDEF0123456789abcdef\n").unwrap();
+        assert_eq!(load_cluster(dir.path()).unwrap().as_deref(), Some("0123456789abcdef0123456789abcdef"));
+        std::fs::write(dir.path().join(CLUSTER_FILE), "short").unwrap();
+        let err = load_cluster(dir.path()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Corrupt);
+        assert!(err.message().contains("cluster"), "{err}");
     }
 
     #[test]

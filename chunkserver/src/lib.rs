@@ -30,6 +30,7 @@ pub mod rebuild;
 pub mod scrub;
 pub mod service;
 pub mod shard;
+pub mod statefile;
 pub mod store;
 
 pub use engine::{IoEngine, PreadEngine, UringEngine};
@@ -61,19 +62,24 @@ pub async fn serve(
         if config.ssd_direct_io || config.hdd_direct_io { config.queue_depth.min(16) as usize } else { 0 };
     let engine = engine::open(config.io_engine, config.queue_depth, fixed);
     let store = Arc::new(ShardStore::open(StoreOptions::from_config(&config), engine).await?);
-    let uuid = heartbeat::load_or_create_uuid(&config.state_dir)?;
     let fence = Arc::new(fence::Fence::open(&config.state_dir)?);
     let node_id = Arc::new(AtomicU32::new(0));
     let heartbeat = heartbeat::Heartbeat::new(
         &config.meta,
-        uuid.clone(),
         advertise.clone(),
         store.clone(),
         node_id.clone(),
         fence.clone(),
+        &config.state_dir,
         Duration::from_millis(config.heartbeat_ms),
     )?;
-    tracing::info!(addr = %local, advertise, uuid, engine = store.engine_name(), "chunkserver serving");
+    tracing::info!(
+        addr = %local,
+        advertise,
+        uuid = heartbeat.uuid(),
+        engine = store.engine_name(),
+        "chunkserver serving"
+    );
     let heartbeat = tokio::spawn(heartbeat.run());
     let mover = mover::spawn(store.clone(), Duration::from_millis(config.mover_interval_ms));
     let scrub = scrub::Scrub::new(

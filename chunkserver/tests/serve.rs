@@ -28,6 +28,8 @@ struct FakeMeta {
     forget: AtomicU32,
     /// The namespace epoch heartbeat replies announce.
     fence: AtomicU64,
+    /// The cluster id replies name ("" as a metaserver too old to name one).
+    cluster: Mutex<String>,
 }
 
 macro_rules! fake_meta {
@@ -39,7 +41,7 @@ macro_rules! fake_meta {
                 request: Request<RegisterChunkRequest>,
             ) -> Result<Response<RegisterChunkReply>, Status> {
                 self.registrations.lock().push(request.into_inner());
-                Ok(Response::new(RegisterChunkReply { node_id: 7 }))
+                Ok(Response::new(RegisterChunkReply { node_id: 7, cluster_id: self.cluster.lock().clone() }))
             }
 
             async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatReply>, Status> {
@@ -48,7 +50,10 @@ macro_rules! fake_meta {
                     self.forget.fetch_sub(1, Ordering::SeqCst);
                     return Err(CairnError::not_found("unknown node 7").into());
                 }
-                Ok(Response::new(HeartbeatReply { fence: self.fence.load(Ordering::SeqCst) }))
+                Ok(Response::new(HeartbeatReply {
+                    fence: self.fence.load(Ordering::SeqCst),
+                    cluster_id: self.cluster.lock().clone(),
+                }))
             }
 
             type RaftBackupStream = tokio_stream::Empty<Result<cairn_proto::BackupChunk, Status>>;
@@ -301,6 +306,39 @@ async fn deletes_from_a_deposed_metaserver_are_refused() {
     assert_eq!(kind(stale), ErrorKind::NotLeader);
     let ok = client.delete_shards(DeleteShardsRequest { ids: vec![sid(7, 0)], fence: 0 }).await.unwrap();
     assert_eq!(ok.into_inner().deleted, 1);
+    chunk.stop().await;
+}
+
+/// The first metaserver names the cluster the chunkserver joins; one that names another (a
+/// metaserver started on the wrong data directory) is not joined, and the right one coming back
+/// is joined again without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metaserver_of_another_cluster_is_not_joined() {
+    let ours = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let root = tempfile::tempdir().unwrap();
+    let (meta, meta_addr) = fake_meta().await;
+    *meta.cluster.lock() = ours.into();
+    let chunk = start_chunk(config(root.path(), meta_addr, IoEngineKind::Pread)).await;
+    eventually("heartbeats", || meta.heartbeats.lock().len() >= 2).await;
+    let kept = std::fs::read_to_string(root.path().join("state/cluster")).unwrap();
+    assert_eq!(kept.trim(), ours);
+    assert_eq!(meta.registrations.lock()[0].cluster_id, "", "it belonged to no cluster before");
+
+    // The metaserver comes back with another namespace: it forgot the node and names another id.
+    *meta.cluster.lock() = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb".into();
+    meta.forget.store(1, Ordering::SeqCst);
+    let registered = meta.registrations.lock().len();
+    eventually("registrations tried again", || meta.registrations.lock().len() >= registered + 2).await;
+    let beats = meta.heartbeats.lock().len();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(meta.heartbeats.lock().len(), beats, "no heartbeats to a metaserver of another cluster");
+    assert!(meta.registrations.lock()[registered..].iter().all(|r| r.cluster_id == ours));
+    let kept = std::fs::read_to_string(root.path().join("state/cluster")).unwrap();
+    assert_eq!(kept.trim(), ours, "still in its own cluster");
+
+    // The right namespace again: joined without a restart.
+    *meta.cluster.lock() = ours.into();
+    eventually("heartbeats again", || meta.heartbeats.lock().len() > beats + 1).await;
     chunk.stop().await;
 }
 

@@ -206,7 +206,7 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
             .collect();
         let out = json!({
             "health": status.health, "health_checks": status.health_checks,
-            "nodes_up": up, "nodes_down": status.nodes.len() - up, "nodes": nodes,
+            "cluster_id": status.cluster_id, "nodes_up": up, "nodes_down": status.nodes.len() - up, "nodes": nodes,
             "files": status.files, "directories": status.directories,
             "logical_bytes": status.logical_bytes, "pending_gc": status.pending_gc,
             "repair": {
@@ -225,7 +225,11 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
         return Ok(code);
     }
     println!("{}", health_line(&status));
-    println!("metaserver {meta}: {up} of {} chunkservers up", status.nodes.len());
+    println!(
+        "metaserver {meta} (cluster {}): {up} of {} chunkservers up",
+        status.cluster_id,
+        status.nodes.len()
+    );
     println!(
         "{:>4}  {:<21} {:<5} {:<24} {:>8} {:>8} {:>16}",
         "NODE", "ADDRESS", "UP", "STATE", "SHARDS", "PID", "LAST HEARTBEAT"

@@ -90,6 +90,8 @@ pub mod counter {
     pub const STATS_PREFIX: &[u8] = b"stats/";
     /// Next node id to assign.
     pub const NEXT_NODE: &[u8] = b"next_node";
+    /// The cluster id: 32 hex digits, the bytes themselves (not a `Counter`).
+    pub const CLUSTER_ID: &[u8] = b"cluster_id";
 }
 
 // ---------------------------------------------------------------- values

@@ -287,6 +287,7 @@ fn status_reply(ns: &Namespace) -> Result<ClusterStatusReply> {
         stripes_by_margin: repair.by_margin,
         reduced_redundancy_bytes: repair.reduced_bytes,
         reduced_stripes_by_margin: repair.reduced_by_margin,
+        cluster_id: ns.cluster_id().to_string(),
     })
 }
 
@@ -609,9 +610,30 @@ impl Meta for MetaService {
         req: Request<RegisterChunkRequest>,
     ) -> Result<Response<RegisterChunkReply>, Status> {
         let r = req.into_inner();
-        let node_id = self.run(move |ns| ns.registry().register(&r.uuid, &r.addr, r.tiers, r.pid)).await?;
+        let (node_id, cluster_id) = self
+            .run(move |ns| {
+                if !r.cluster_id.is_empty() && r.cluster_id != ns.cluster_id() {
+                    tracing::error!(
+                        addr = %r.addr,
+                        theirs = %r.cluster_id,
+                        ours = ns.cluster_id(),
+                        "refused a chunkserver of another cluster"
+                    );
+                    return Err(CairnError::invalid(format!(
+                        "the chunkserver at {} belongs to cluster {}, and this metaserver serves cluster {}: \
+                         refused (a metaserver started on the wrong data directory, or a chunkserver of \
+                         another cluster?)",
+                        r.addr,
+                        r.cluster_id,
+                        ns.cluster_id()
+                    )));
+                }
+                let node_id = ns.registry().register(&r.uuid, &r.addr, r.tiers, r.pid)?;
+                Ok((node_id, ns.cluster_id().to_string()))
+            })
+            .await?;
         tracing::info!(node_id, "chunkserver registered");
-        Ok(Response::new(RegisterChunkReply { node_id }))
+        Ok(Response::new(RegisterChunkReply { node_id, cluster_id }))
     }
 
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<Response<HeartbeatReply>, Status> {
@@ -619,10 +641,10 @@ impl Meta for MetaService {
         let fence = self
             .run(move |ns| {
                 ns.registry().heartbeat(r.node_id, &r.addr, r.tiers, r.pid)?;
-                Ok(ns.fence())
+                Ok((ns.fence(), ns.cluster_id().to_string()))
             })
             .await?;
-        Ok(Response::new(HeartbeatReply { fence }))
+        Ok(Response::new(HeartbeatReply { fence: fence.0, cluster_id: fence.1 }))
     }
 
     async fn list_nodes(&self, _req: Request<Empty>) -> Result<Response<ListNodesReply>, Status> {

@@ -53,6 +53,7 @@ async fn register_chunks(c: &mut MetaClient<Channel>, n: u32, port: u32) {
             addr: format!("127.0.0.1:{}", port + i),
             tiers: vec![],
             pid: 1,
+            ..Default::default()
         };
         let id = c.register_chunk(req).await.unwrap().into_inner().node_id;
         c.heartbeat(HeartbeatRequest { node_id: id, ..Default::default() }).await.unwrap();
@@ -61,6 +62,51 @@ async fn register_chunks(c: &mut MetaClient<Channel>, n: u32, port: u32) {
 
 fn kind(status: tonic::Status) -> ErrorKind {
     CairnError::from(status).kind()
+}
+
+/// The namespace's cluster id is drawn once and kept; a chunkserver that belongs to another
+/// cluster is refused, with both ids named, and is not registered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunkserver_of_another_cluster_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, stop, server) = start(config(dir.path())).await;
+    let request = |cluster_id: &str| RegisterChunkRequest {
+        uuid: "u1".into(),
+        addr: "127.0.0.1:7001".into(),
+        cluster_id: cluster_id.into(),
+        ..Default::default()
+    };
+    let first = c.register_chunk(request("")).await.unwrap().into_inner();
+    assert_eq!(first.cluster_id.len(), 32, "{first:?}");
+    let beat = c.heartbeat(HeartbeatRequest { node_id: first.node_id, ..Default::default() }).await.unwrap();
+    assert_eq!(beat.into_inner().cluster_id, first.cluster_id);
+    let again = c.register_chunk(request(&first.cluster_id)).await.unwrap().into_inner();
+    assert_eq!(again.node_id, first.node_id);
+
+    let other = "0123456789abcdef0123456789abcdef";
+    let mut stranger = request(other);
+    stranger.uuid = "u2".into();
+    let err = c.register_chunk(stranger).await.unwrap_err();
+    assert_eq!(kind(err.clone()), ErrorKind::InvalidArgument);
+    assert!(err.message().contains(other) && err.message().contains(&first.cluster_id), "{err:?}");
+    let nodes = c.list_nodes(Empty {}).await.unwrap().into_inner().nodes;
+    assert_eq!(nodes.len(), 1, "the stranger was not registered: {nodes:?}");
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+
+    // Restarted on the same data: the same cluster.
+    let (mut c, stop, server) = start(config(dir.path())).await;
+    let back = c.register_chunk(request(&first.cluster_id)).await.unwrap().into_inner();
+    assert_eq!(back.cluster_id, first.cluster_id);
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    // A new data directory is a new cluster.
+    let fresh = tempfile::tempdir().unwrap();
+    let (mut c, stop, server) = start(config(fresh.path())).await;
+    let err = c.register_chunk(request(&first.cluster_id)).await.unwrap_err();
+    assert_eq!(kind(err), ErrorKind::InvalidArgument);
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

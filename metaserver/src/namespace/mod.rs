@@ -91,6 +91,7 @@ pub struct Namespace {
     stats: Vec<Mutex<Stats>>,
     stats_cursor: AtomicUsize,
     gc_epoch: u64,
+    cluster_id: String,
     gc_seq: AtomicU64,
     next_client: Mutex<u64>,
     sessions: Arc<Sessions>,
@@ -158,6 +159,19 @@ impl Namespace {
         let gc_epoch = (read_counter(&*store, counter::GC_EPOCH)?.unwrap_or(0) + 1).max(since_1970);
         let mut batch = Batch::new();
         batch.put(Cf::Counters, counter::GC_EPOCH, schema::encode(&Counter { value: gc_epoch }));
+        // The cluster's identity, drawn by the first opening (`docs/ARCHITECTURE.md`, "Cluster
+        // identity"); chunkservers of another cluster are refused.
+        let cluster_id = match store.get(Cf::Counters, counter::CLUSTER_ID)? {
+            Some(id) => String::from_utf8(id)
+                .ok()
+                .filter(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+                .ok_or_else(|| CairnError::corrupt("the stored cluster id is not 32 hex digits"))?,
+            None => {
+                let id = format!("{:032x}", rand::random::<u128>());
+                batch.put(Cf::Counters, counter::CLUSTER_ID, id.clone().into_bytes());
+                id
+            }
+        };
         let reserved = read_counter(&*store, counter::INO_RESERVED)?;
         let root_exists = store.get(Cf::Inodes, &schema::ino_key(ROOT_INO))?.is_some();
         let mut next_ino = reserved.unwrap_or(ROOT_INO + 1).max(ROOT_INO + 1);
@@ -186,6 +200,7 @@ impl Namespace {
             stats,
             stats_cursor: AtomicUsize::new(0),
             gc_epoch,
+            cluster_id,
             gc_seq: AtomicU64::new(0),
             next_client: Mutex::new(next_client),
             sessions: Arc::new(Sessions::new(DEFAULT_CLIENT_LEASE)),
@@ -213,6 +228,11 @@ impl Namespace {
     /// on its shard deletes, which chunkservers refuse once they have seen a higher one.
     pub fn fence(&self) -> u64 {
         self.gc_epoch
+    }
+
+    /// The cluster this namespace is (32 hex digits, drawn by its first opening).
+    pub fn cluster_id(&self) -> &str {
+        &self.cluster_id
     }
 
     pub fn registry(&self) -> &Arc<Registry> {
