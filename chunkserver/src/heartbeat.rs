@@ -14,7 +14,7 @@
 //! cluster (one started on the wrong data directory) is not joined (`docs/ARCHITECTURE.md`,
 //! "Cluster identity").
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +28,6 @@ use crate::statefile;
 use crate::store::ShardStore;
 
 const UUID_FILE: &str = "node.uuid";
-const CLUSTER_FILE: &str = "cluster";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -38,7 +37,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 pub fn load_or_create_uuid(state_dir: &Path) -> Result<String> {
     let path = state_dir.join(UUID_FILE);
     if let Some(uuid) = statefile::read(&path)? {
-        if !is_id(&uuid) {
+        if !crate::fence::is_id(&uuid) {
             return Err(CairnError::corrupt(format!(
                 "{} does not hold a node identity (32 hex digits); move it away to start as a new node",
                 path.display()
@@ -52,24 +51,6 @@ pub fn load_or_create_uuid(state_dir: &Path) -> Result<String> {
     Ok(uuid)
 }
 
-/// 32 hex digits: a node identity or a cluster id.
-fn is_id(text: &str) -> bool {
-    text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-/// The cluster this node belongs to, from `state_dir` (`None` before it first joined one).
-pub fn load_cluster(state_dir: &Path) -> Result<Option<String>> {
-    let path = state_dir.join(CLUSTER_FILE);
-    match statefile::read(&path)? {
-        None => Ok(None),
-        Some(id) if is_id(&id) => Ok(Some(id.to_ascii_lowercase())),
-        Some(_) => Err(CairnError::corrupt(format!(
-            "{} does not hold a cluster id (32 hex digits); write the id `cairn status` shows into it",
-            path.display()
-        ))),
-    }
-}
-
 /// Everything the heartbeat loop needs.
 pub struct Heartbeat {
     meta: MetaClients,
@@ -78,9 +59,6 @@ pub struct Heartbeat {
     store: Arc<ShardStore>,
     node_id: Arc<AtomicU32>,
     fence: Arc<Fence>,
-    /// The cluster this node belongs to (`None` until it first joins one) and where it is kept.
-    cluster: Option<String>,
-    state_dir: PathBuf,
     interval: Duration,
 }
 
@@ -99,9 +77,7 @@ impl Heartbeat {
     ) -> Result<Heartbeat> {
         let meta = MetaClients::new(meta, CONNECT_TIMEOUT, REQUEST_TIMEOUT)?;
         let uuid = load_or_create_uuid(state_dir)?;
-        let cluster = load_cluster(state_dir)?;
-        let state_dir = state_dir.to_path_buf();
-        Ok(Heartbeat { meta, uuid, advertise, store, node_id, fence, cluster, state_dir, interval })
+        Ok(Heartbeat { meta, uuid, advertise, store, node_id, fence, interval })
     }
 
     /// This node's identity.
@@ -146,7 +122,7 @@ impl Heartbeat {
             addr: self.advertise.clone(),
             tiers: self.store.usage(),
             pid: std::process::id(),
-            cluster_id: self.cluster.clone().unwrap_or_default(),
+            cluster_id: self.fence.cluster().unwrap_or_default(),
         };
         let reply = self
             .meta
@@ -158,35 +134,8 @@ impl Heartbeat {
         if reply.node_id == 0 {
             return Err(CairnError::internal("the metaserver answered node id 0"));
         }
-        self.check_cluster(&reply.cluster_id).await?;
+        self.fence.join(&reply.cluster_id).await?;
         Ok(reply.node_id)
-    }
-
-    /// Join the cluster a metaserver names, the first time; refuse another one after that.
-    async fn check_cluster(&mut self, theirs: &str) -> Result<()> {
-        if theirs.is_empty() {
-            return Ok(()); // a metaserver too old to name its cluster
-        }
-        match &self.cluster {
-            Some(ours) if ours == theirs => Ok(()),
-            Some(ours) => Err(CairnError::invalid(format!(
-                "the metaserver serves cluster {theirs}, and this chunkserver belongs to cluster {ours} \
-                 ({}): not joining it (a metaserver started on the wrong data directory?)",
-                self.state_dir.join(CLUSTER_FILE).display()
-            ))),
-            None if !is_id(theirs) => {
-                Err(CairnError::invalid(format!("the metaserver names a malformed cluster id {theirs:?}")))
-            }
-            None => {
-                let (path, id) = (self.state_dir.join(CLUSTER_FILE), theirs.to_string());
-                tokio::task::spawn_blocking(move || statefile::write(&path, &format!("{id}\n")))
-                    .await
-                    .map_err(|e| CairnError::internal(format!("writing the cluster id: {e}")))??;
-                tracing::info!(cluster = theirs, "joined the cluster");
-                self.cluster = Some(theirs.to_string());
-                Ok(())
-            }
-        }
     }
 
     async fn heartbeat(&mut self) -> Result<()> {
@@ -197,6 +146,7 @@ impl Heartbeat {
             addr: self.advertise.clone(),
             tiers,
             pid: std::process::id(),
+            cluster_id: self.fence.cluster().unwrap_or_default(),
         };
         let reply = self
             .meta
@@ -205,7 +155,7 @@ impl Heartbeat {
                 async move { c.heartbeat(request).await }
             })
             .await?;
-        if let Err(e) = self.check_cluster(&reply.cluster_id).await {
+        if let Err(e) = self.fence.join(&reply.cluster_id).await {
             // Registered with a metaserver of another cluster: leave it, and keep asking.
             self.node_id.store(0, Ordering::Relaxed);
             return Err(e);
@@ -227,18 +177,6 @@ mod tests {
         assert_eq!(load_or_create_uuid(&state).unwrap(), first);
         let other = tempfile::tempdir().unwrap();
         assert_ne!(load_or_create_uuid(other.path()).unwrap(), first);
-    }
-
-    #[test]
-    fn the_cluster_is_none_before_joining_and_a_damaged_file_is_an_error() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(load_cluster(dir.path()).unwrap(), None);
-        std::fs::write(dir.path().join(CLUSTER_FILE), "0123456789ABCDEF0123456789abcdef\n").unwrap();
-        assert_eq!(load_cluster(dir.path()).unwrap().as_deref(), Some("0123456789abcdef0123456789abcdef"));
-        std::fs::write(dir.path().join(CLUSTER_FILE), "short").unwrap();
-        let err = load_cluster(dir.path()).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Corrupt);
-        assert!(err.message().contains("cluster"), "{err}");
     }
 
     #[test]

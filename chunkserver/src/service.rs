@@ -95,7 +95,7 @@ impl Chunk for ChunkService {
             .into());
         }
         let ids = req.ids.iter().map(|id| shard_id(Some(id))).collect::<Result<Vec<_>>>()?;
-        let _admitted = self.fence.admit(req.fence).await?;
+        let _admitted = self.fence.admit(req.fence, &req.cluster_id).await?;
         let deleted = self.store.delete(&ids).await?;
         Ok(Response::new(DeleteShardsReply { deleted }))
     }

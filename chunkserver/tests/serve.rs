@@ -235,7 +235,9 @@ async fn shards_over_grpc(engine: IoEngineKind) {
     assert_eq!(kind(r), ErrorKind::InvalidArgument);
     let r = client.write_shard(WriteShardRequest { id: None, data: Bytes::from_static(b"x") }).await;
     assert_eq!(kind(r), ErrorKind::InvalidArgument);
-    let r = client.delete_shards(DeleteShardsRequest { ids: vec![sid(5, 1), hostile], fence: 0 }).await;
+    let r = client
+        .delete_shards(DeleteShardsRequest { ids: vec![sid(5, 1), hostile], fence: 0, ..Default::default() })
+        .await;
     assert_eq!(kind(r), ErrorKind::InvalidArgument);
     let too_big = Bytes::from(vec![0u8; (64 << 20) + 2048]);
     let r = client.write_shard(WriteShardRequest { id: Some(sid(5, 2)), data: too_big }).await;
@@ -247,7 +249,11 @@ async fn shards_over_grpc(engine: IoEngineKind) {
     assert!(stat.tiers[0].used > data.len() as u64);
 
     let deleted = client
-        .delete_shards(DeleteShardsRequest { ids: vec![sid(5, 1), sid(6, 0)], fence: 0 })
+        .delete_shards(DeleteShardsRequest {
+            ids: vec![sid(5, 1), sid(6, 0)],
+            fence: 0,
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert_eq!(deleted.into_inner().deleted, 1);
@@ -284,16 +290,26 @@ async fn deletes_from_a_deposed_metaserver_are_refused() {
     // Heartbeats go one after another: a second one means the first reply was handled.
     eventually("a heartbeat answered", || meta.heartbeats.lock().len() >= 2).await;
 
-    let stale = client.delete_shards(DeleteShardsRequest { ids: vec![sid(5, 0)], fence: 999 }).await;
+    let stale = client
+        .delete_shards(DeleteShardsRequest { ids: vec![sid(5, 0)], fence: 999, ..Default::default() })
+        .await;
     assert_eq!(kind(stale), ErrorKind::NotLeader);
     let read = client.read_shard(ReadShardRequest { id: Some(sid(5, 0)), offset: 0, len: 0 }).await.unwrap();
     assert_eq!(&read.into_inner().data[..], b"kept", "a refused delete deleted nothing");
     // The leader's own epoch, a newer leader's (which raises the fence) and a client's (0) pass.
-    let ok = client.delete_shards(DeleteShardsRequest { ids: vec![sid(5, 0)], fence: 1_000 }).await.unwrap();
+    let ok = client
+        .delete_shards(DeleteShardsRequest { ids: vec![sid(5, 0)], fence: 1_000, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(ok.into_inner().deleted, 1);
-    let ok = client.delete_shards(DeleteShardsRequest { ids: vec![sid(6, 0)], fence: 1_001 }).await.unwrap();
+    let ok = client
+        .delete_shards(DeleteShardsRequest { ids: vec![sid(6, 0)], fence: 1_001, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(ok.into_inner().deleted, 1);
-    let stale = client.delete_shards(DeleteShardsRequest { ids: vec![sid(7, 0)], fence: 1_000 }).await;
+    let stale = client
+        .delete_shards(DeleteShardsRequest { ids: vec![sid(7, 0)], fence: 1_000, ..Default::default() })
+        .await;
     assert_eq!(kind(stale), ErrorKind::NotLeader);
     drop(client);
     chunk.stop().await;
@@ -302,9 +318,14 @@ async fn deletes_from_a_deposed_metaserver_are_refused() {
     meta.fence.store(0, Ordering::SeqCst);
     let chunk = start_chunk(config(root.path(), meta_addr, IoEngineKind::Pread)).await;
     let mut client = chunk.client().await;
-    let stale = client.delete_shards(DeleteShardsRequest { ids: vec![sid(7, 0)], fence: 1_000 }).await;
+    let stale = client
+        .delete_shards(DeleteShardsRequest { ids: vec![sid(7, 0)], fence: 1_000, ..Default::default() })
+        .await;
     assert_eq!(kind(stale), ErrorKind::NotLeader);
-    let ok = client.delete_shards(DeleteShardsRequest { ids: vec![sid(7, 0)], fence: 0 }).await.unwrap();
+    let ok = client
+        .delete_shards(DeleteShardsRequest { ids: vec![sid(7, 0)], fence: 0, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(ok.into_inner().deleted, 1);
     chunk.stop().await;
 }
@@ -336,9 +357,28 @@ async fn a_metaserver_of_another_cluster_is_not_joined() {
     let kept = std::fs::read_to_string(root.path().join("state/cluster")).unwrap();
     assert_eq!(kept.trim(), ours, "still in its own cluster");
 
+    // Nor may a metaserver of another cluster delete anything here.
+    let mut client = chunk.client().await;
+    client
+        .write_shard(WriteShardRequest { id: Some(sid(5, 0)), data: Bytes::from_static(b"kept") })
+        .await
+        .unwrap();
+    let delete = |cluster_id: &str| DeleteShardsRequest {
+        ids: vec![sid(5, 0)],
+        fence: 1,
+        cluster_id: cluster_id.into(),
+    };
+    let refused = client.delete_shards(delete("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb")).await;
+    assert_eq!(kind(refused), ErrorKind::InvalidArgument);
+    assert_eq!(client.delete_shards(delete(ours)).await.unwrap().into_inner().deleted, 1);
+
     // The right namespace again: joined without a restart.
     *meta.cluster.lock() = ours.into();
     eventually("heartbeats again", || meta.heartbeats.lock().len() > beats + 1).await;
+    assert!(
+        meta.heartbeats.lock()[beats..].iter().all(|h| h.cluster_id == ours),
+        "heartbeats name the cluster"
+    );
     chunk.stop().await;
 }
 

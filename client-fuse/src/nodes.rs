@@ -232,8 +232,11 @@ impl Nodes {
     pub async fn delete_shards(&self, node: u32, ids: Vec<ShardId>) -> Result<u32> {
         let c = self.client(node).await?;
         // Fence 0: the client's own abandoned shards, not a metaserver leader's order.
-        let req =
-            cairn_proto::DeleteShardsRequest { ids: ids.into_iter().map(Into::into).collect(), fence: 0 };
+        let req = cairn_proto::DeleteShardsRequest {
+            ids: ids.into_iter().map(Into::into).collect(),
+            fence: 0,
+            cluster_id: String::new(),
+        };
         Ok(c.delete_shards(req).await.map_err(|e| node_error(node, e))?.deleted)
     }
 

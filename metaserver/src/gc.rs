@@ -55,7 +55,13 @@ impl Gc {
                     version: s.version,
                 })
                 .collect();
-            client.delete_shards(DeleteShardsRequest { ids, fence: self.ns.fence() }).await?;
+            client
+                .delete_shards(DeleteShardsRequest {
+                    ids,
+                    fence: self.ns.fence(),
+                    cluster_id: self.ns.cluster_id().to_string(),
+                })
+                .await?;
         }
         Ok(())
     }

@@ -102,7 +102,11 @@ impl Repair {
                     .map_err(|e| CairnError::internal(format!("reconcile sync: {e}")))??;
                 let n = stale.len() as u64;
                 client
-                    .delete_shards(DeleteShardsRequest { ids: stale, fence: self.ns.fence() })
+                    .delete_shards(DeleteShardsRequest {
+                        ids: stale,
+                        fence: self.ns.fence(),
+                        cluster_id: self.ns.cluster_id().to_string(),
+                    })
                     .await
                     .map_err(CairnError::from)?;
                 report.deleted += n;

@@ -260,6 +260,22 @@ pub(crate) fn nodes_with_progress(ns: &Namespace) -> Vec<NodeInfo> {
     nodes
 }
 
+/// Refuse a chunkserver that belongs to another cluster (`theirs`; "" before it joined one),
+/// before anything of it is recorded.
+fn check_cluster(ns: &Namespace, theirs: &str, addr: &str) -> Result<()> {
+    if theirs.is_empty() || theirs == ns.cluster_id() {
+        return Ok(());
+    }
+    tracing::error!(addr, theirs, ours = ns.cluster_id(), "refused a chunkserver of another cluster");
+    Err(CairnError::invalid(format!(
+        "the chunkserver at {addr} belongs to cluster {theirs}, and this metaserver serves cluster {}: \
+         refused (a metaserver started on the wrong data directory? if this namespace is the right \
+         one, e.g. restored from a backup older than cluster ids, remove `cluster` from the \
+         chunkserver's state_dir and restart it)",
+        ns.cluster_id()
+    )))
+}
+
 fn status_reply(ns: &Namespace) -> Result<ClusterStatusReply> {
     let stats = ns.stats();
     let root = ns.getattr(cairn_common::ROOT_INO)?.layout();
@@ -612,22 +628,7 @@ impl Meta for MetaService {
         let r = req.into_inner();
         let (node_id, cluster_id) = self
             .run(move |ns| {
-                if !r.cluster_id.is_empty() && r.cluster_id != ns.cluster_id() {
-                    tracing::error!(
-                        addr = %r.addr,
-                        theirs = %r.cluster_id,
-                        ours = ns.cluster_id(),
-                        "refused a chunkserver of another cluster"
-                    );
-                    return Err(CairnError::invalid(format!(
-                        "the chunkserver at {} belongs to cluster {}, and this metaserver serves cluster {}: \
-                         refused (a metaserver started on the wrong data directory, or a chunkserver of \
-                         another cluster?)",
-                        r.addr,
-                        r.cluster_id,
-                        ns.cluster_id()
-                    )));
-                }
+                check_cluster(ns, &r.cluster_id, &r.addr)?;
                 let node_id = ns.registry().register(&r.uuid, &r.addr, r.tiers, r.pid)?;
                 Ok((node_id, ns.cluster_id().to_string()))
             })
@@ -640,6 +641,7 @@ impl Meta for MetaService {
         let r = req.into_inner();
         let fence = self
             .run(move |ns| {
+                check_cluster(ns, &r.cluster_id, &r.addr)?;
                 ns.registry().heartbeat(r.node_id, &r.addr, r.tiers, r.pid)?;
                 Ok((ns.fence(), ns.cluster_id().to_string()))
             })

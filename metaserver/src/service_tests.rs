@@ -91,6 +91,17 @@ async fn a_chunkserver_of_another_cluster_is_refused() {
     assert!(err.message().contains(other) && err.message().contains(&first.cluster_id), "{err:?}");
     let nodes = c.list_nodes(Empty {}).await.unwrap().into_inner().nodes;
     assert_eq!(nodes.len(), 1, "the stranger was not registered: {nodes:?}");
+    // Node ids are small numbers every cluster hands out: another cluster's chunkserver with
+    // the same id cannot heartbeat its address into this registry.
+    let beat = HeartbeatRequest {
+        node_id: first.node_id,
+        addr: "10.9.9.9:1".into(),
+        cluster_id: other.into(),
+        ..Default::default()
+    };
+    assert_eq!(kind(c.heartbeat(beat).await.unwrap_err()), ErrorKind::InvalidArgument);
+    let nodes = c.list_nodes(Empty {}).await.unwrap().into_inner().nodes;
+    assert_eq!(nodes[0].addr, "127.0.0.1:7001", "{nodes:?}");
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
 

@@ -165,10 +165,17 @@ impl Namespace {
             Some(id) => String::from_utf8(id)
                 .ok()
                 .filter(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
-                .ok_or_else(|| CairnError::corrupt("the stored cluster id is not 32 hex digits"))?,
+                .ok_or_else(|| {
+                    CairnError::corrupt(
+                        "the namespace's cluster id (counters/cluster_id) is not 32 hex digits: the \
+                         metadata is damaged; restore it from a backup",
+                    )
+                })?,
             None => {
                 let id = format!("{:032x}", rand::random::<u128>());
                 batch.put(Cf::Counters, counter::CLUSTER_ID, id.clone().into_bytes());
+                // On disk before any chunkserver keeps it: a power loss must not draw another.
+                batch.set_durable();
                 id
             }
         };
