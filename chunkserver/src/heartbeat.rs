@@ -10,9 +10,9 @@
 //! id is shared with the service through an `Arc<AtomicU32>`; 0 means "not registered yet".
 //!
 //! The node belongs to one cluster: the first metaserver that registers it names its cluster id,
-//! kept in `{state_dir}/cluster` and sent with every registration; a metaserver of another
-//! cluster (one started on the wrong data directory) is not joined (`docs/ARCHITECTURE.md`,
-//! "Cluster identity").
+//! which the [`Fence`] keeps in `{state_dir}/cluster` and every registration and heartbeat
+//! sends; a metaserver of another cluster (one started on the wrong data directory) is not
+//! joined (`docs/ARCHITECTURE.md`, "Cluster identity").
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -63,9 +63,8 @@ pub struct Heartbeat {
 }
 
 impl Heartbeat {
-    /// Prepare the loop with the node's identity and cluster from `state_dir` (the identity is
-    /// created on first start); fails on an unusable metaserver address or state file (nothing
-    /// is contacted yet).
+    /// Prepare the loop with the node's identity from `state_dir` (created on first start);
+    /// fails on an unusable metaserver address or identity file (nothing is contacted yet).
     pub fn new(
         meta: &str,
         advertise: String,
