@@ -623,12 +623,15 @@ fn a_metaserver_on_the_wrong_data_directory_is_not_joined() {
     kill9(cluster.pid_of("meta"));
 
     let log = cluster.data.join("logs/meta-wrong.log");
-    let mut wrong = std::process::Command::new(support::CAIRN)
-        .args(["meta", "--config", wrong_config.to_str().unwrap()])
-        .stdout(fs::File::create(&log).unwrap())
-        .stderr(fs::File::create(cluster.data.join("logs/meta-wrong.err")).unwrap())
-        .spawn()
-        .unwrap();
+    // Killed when dropped, also when an assertion below fails.
+    let mut wrong = support::KillOnDrop(Some(
+        std::process::Command::new(support::CAIRN)
+            .args(["meta", "--config", wrong_config.to_str().unwrap()])
+            .stdout(fs::File::create(&log).unwrap())
+            .stderr(fs::File::create(cluster.data.join("logs/meta-wrong.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    ));
     let refused = || {
         let text = fs::read_to_string(&log).unwrap_or_default()
             + &fs::read_to_string(cluster.data.join("logs/meta-wrong.err")).unwrap_or_default();
@@ -643,8 +646,10 @@ fn a_metaserver_on_the_wrong_data_directory_is_not_joined() {
     assert_eq!(st["nodes_up"], 0, "no chunkserver joined the new namespace: {st}");
     assert_ne!(st["cluster_id"].as_str(), Some(id.as_str()), "a new namespace is another cluster");
     assert!(refused() >= 6, "each chunkserver was refused, and told why");
-    let _ = wrong.kill();
-    let _ = wrong.wait();
+    if let Some(mut wrong) = wrong.0.take() {
+        let _ = wrong.kill();
+        let _ = wrong.wait();
+    }
 
     let _right = support::KillOnDrop(Some(support::restart_server(&cluster, "meta", "meta")));
     eventually(60, "the chunkservers are back", || {

@@ -54,10 +54,12 @@ impl Fence {
         let cluster = match statefile::read(&cluster_path)? {
             None => None,
             Some(id) if is_id(&id) => Some(id.to_ascii_lowercase()),
-            Some(_) => return Err(CairnError::corrupt(format!(
+            Some(_) => {
+                return Err(CairnError::corrupt(format!(
                 "{} does not hold a cluster id (32 hex digits); write the id `cairn status` shows into it",
                 cluster_path.display()
-            ))),
+            )))
+            }
         };
         Ok(Fence { path, highest: RwLock::new(highest), cluster_path, cluster: Mutex::new(cluster) })
     }
