@@ -50,10 +50,16 @@ impl Health {
     }
 }
 
-/// `nodes` as `ClusterStatus` reports them (with `rebuild_in_ms` filled in for down nodes).
-pub fn assess(nodes: &[NodeInfo], repair: &RepairState) -> Health {
+/// `nodes` as `ClusterStatus` reports them (with `rebuild_in_ms` filled in for down nodes);
+/// `durability_lost`: why the metadata store refuses changes, if it does.
+pub fn assess(nodes: &[NodeInfo], repair: &RepairState, durability_lost: Option<&str>) -> Health {
     let mut errors = Vec::new();
     let mut warnings = Vec::new();
+    if let Some(reason) = durability_lost {
+        errors.push(format!(
+            "metadata store refuses changes ({reason}): restart the metaserver once its disk is fixed"
+        ));
+    }
     if repair.unrecoverable_stripes > 0 {
         errors.push(format!(
             "{} unreadable until chunkservers return (in {})",
@@ -119,7 +125,7 @@ mod tests {
     #[test]
     fn healthy_is_ok_with_nothing_after_it() {
         let repair = RepairState { by_margin: vec![0, 0, 12], ..Default::default() };
-        let h = assess(&[node(1, true, None), node(2, true, None)], &repair);
+        let h = assess(&[node(1, true, None), node(2, true, None)], &repair, None);
         assert_eq!(h.level, Level::Ok);
         assert_eq!(h.line(), "HEALTH_OK");
     }
@@ -133,7 +139,7 @@ mod tests {
             ..Default::default()
         };
         let nodes = [node(1, true, None), node(5, false, Some(588_000)), node(6, false, Some(590_000))];
-        let h = assess(&nodes, &repair);
+        let h = assess(&nodes, &repair, None);
         assert_eq!(h.level, Level::Warn);
         assert_eq!(
             h.line(),
@@ -152,12 +158,29 @@ mod tests {
         };
         let mut full = node(2, true, None);
         full.full = true;
-        let h = assess(&[node(1, false, Some(0)), full], &repair);
+        let h = assess(&[node(1, false, Some(0)), full], &repair, None);
         assert_eq!(h.level, Level::Err);
         assert_eq!(
             h.line(),
             "HEALTH_ERR: 3 stripes unreadable until chunkservers return (in 1 file), \
              1 chunkserver down (1), 1.0 KiB to rebuild, 1 chunkserver full (2)"
         );
+    }
+
+    #[test]
+    fn a_store_that_lost_durability_is_an_error_before_anything_else() {
+        let repair =
+            RepairState { unrecoverable_stripes: 1, unrecoverable_files: vec![7], ..Default::default() };
+        let h =
+            assess(&[node(1, true, None)], &repair, Some("the group-commit fsync of the WAL failed: EIO"));
+        assert_eq!(h.level, Level::Err);
+        assert!(
+            h.line().starts_with(
+                "HEALTH_ERR: metadata store refuses changes (the group-commit fsync of the WAL failed: EIO)"
+            ),
+            "{}",
+            h.line()
+        );
+        assert!(h.line().ends_with("(in 1 file)"), "{}", h.line());
     }
 }

@@ -45,7 +45,8 @@ pub const STALE_DELETED: &str = "cairn_repair_stale_shards_deleted_total";
 pub const DRAIN_LEFT: &str = "cairn_repair_drain_shards_left";
 /// RocksDB statistics by `property` (gauge): live_data_bytes, sst_bytes, memtable_bytes,
 /// estimated_keys, pending_compaction_bytes, write_stopped (1 while writes are stopped),
-/// delayed_write_rate (bytes/s while writes are slowed, else 0).
+/// delayed_write_rate (bytes/s while writes are slowed, else 0), background_wal_syncs,
+/// durability_lost (1 once a WAL fsync failed: every change is refused until a restart).
 pub const ROCKSDB: &str = "cairn_meta_rocksdb";
 
 /// This replica's Raft state, published on every replica (leader or not) whenever it changes:
@@ -146,7 +147,8 @@ fn publish_once(ns: &Namespace) {
             .set(count(&repair.reduced_by_margin));
     }
     metrics::gauge!(REDUCED_BYTES).set(repair.reduced_bytes as f64);
-    let health = crate::health::assess(&crate::service::nodes_with_progress(ns), &repair);
+    let lost = ns.store().durability_lost();
+    let health = crate::health::assess(&crate::service::nodes_with_progress(ns), &repair, lost.as_deref());
     metrics::gauge!(HEALTH).set(health.level.gauge());
     metrics::gauge!(BYTES_TO_REBUILD).set(repair.bytes_to_rebuild as f64);
     metrics::gauge!(REBUILD_RATE).set(repair.rate as f64);

@@ -281,7 +281,7 @@ fn status_reply(ns: &Namespace) -> Result<ClusterStatusReply> {
     let root = ns.getattr(cairn_common::ROOT_INO)?.layout();
     let repair = ns.repair_state().lock().clone();
     let nodes = nodes_with_progress(ns);
-    let health = crate::health::assess(&nodes, &repair);
+    let health = crate::health::assess(&nodes, &repair, ns.store().durability_lost().as_deref());
     Ok(ClusterStatusReply {
         nodes,
         files: stats.files.max(0) as u64,

@@ -163,6 +163,11 @@ pub trait MetaStore: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Why the store refuses changes, once an fsync failed (it fails stop: see `rocks.rs`).
+    fn durability_lost(&self) -> Option<String> {
+        None
+    }
+
     /// Whether every `write` waits for the disk (then callers keep writes off async threads).
     fn syncs_every_write(&self) -> bool {
         false

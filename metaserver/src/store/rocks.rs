@@ -6,6 +6,13 @@
 //! before it, so one fsync serves the changes of that millisecond) while their answers go
 //! out. With `raft/log.rs` (the Raft log's own database) the only modules of Cairn that import
 //! `rocksdb`.
+//!
+//! **Fail-stop.** Once an fsync of the WAL fails (the group-commit thread's, a synced write's or
+//! an explicit [`MetaStore::sync`]), the store refuses every later write and sync with an I/O
+//! error until the process is restarted: after a failed fsync the kernel may have dropped the
+//! dirty pages, and a retried fsync can report success without them (PostgreSQL's "fsyncgate"),
+//! so no later change, and no garbage collection that relies on one, may be built on top. Reads
+//! go on. A restart replays the WAL as it is on the disk.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +30,8 @@ use super::{Batch, Cf, MetaStore, Op, StoreView};
 pub struct RocksStore {
     db: Arc<DB>,
     mode: SyncMode,
+    /// Why durability was lost (see the module's "Fail-stop"); shared with the group-commit thread.
+    lost: Arc<DurabilityLost>,
     /// The group-commit thread (`Commit` mode).
     syncer: Option<(Arc<Syncer>, std::thread::JoinHandle<()>)>,
 }
@@ -33,6 +42,48 @@ pub struct RocksStore {
 /// creates 3,232 / 3,506 / 3,331 → 4,075 / 4,979 / 4,882 per second, unlinks 3,355 / 3,447 /
 /// 3,915 → 5,266 / 4,919 / 5,816; without halt polling no difference beyond the noise.
 const GROUP_COMMIT_DELAY: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Set by the first failed fsync, never cleared.
+#[derive(Default)]
+struct DurabilityLost {
+    reason: std::sync::OnceLock<String>,
+    /// Tests make fsyncs fail with this (a failing disk cannot be made here: no device-mapper).
+    #[cfg(test)]
+    inject: std::sync::atomic::AtomicBool,
+}
+
+impl DurabilityLost {
+    /// `op` (an fsync, or a write with one), unless a test injected a failure.
+    fn fsync<T>(
+        &self,
+        op: impl FnOnce() -> std::result::Result<T, rocksdb::Error>,
+    ) -> std::result::Result<T, String> {
+        #[cfg(test)]
+        if self.inject.load(Ordering::SeqCst) {
+            return Err("IO error: injected fsync failure".to_string());
+        }
+        op().map_err(|e| e.to_string())
+    }
+
+    fn record(&self, what: &str, e: &str) {
+        let reason = format!("{what} failed: {e}");
+        if self.reason.set(reason.clone()).is_ok() {
+            tracing::error!(
+                "metadata store: {reason}; refusing every change from now on (restart the metaserver \
+                 once the disk is fixed: the WAL is replayed as it is on the disk)"
+            );
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        match self.reason.get() {
+            None => Ok(()),
+            Some(reason) => Err(CairnError::io(format!(
+                "metadata store refuses changes since {reason}; restart the metaserver once the disk is fixed"
+            ))),
+        }
+    }
+}
 
 /// What the group-commit thread waits on.
 #[derive(Default)]
@@ -59,7 +110,7 @@ impl Syncer {
         }
     }
 
-    fn run(&self, db: &DB) {
+    fn run(&self, db: &DB, lost: &DurabilityLost) {
         loop {
             {
                 let mut state = self.state.lock();
@@ -73,10 +124,13 @@ impl Syncer {
             // Let the changes of the next moment join this fsync.
             std::thread::sleep(GROUP_COMMIT_DELAY);
             self.state.lock().dirty = false;
-            if let Err(e) = db.flush_wal(true) {
-                tracing::error!("metadata store: fsync of the WAL failed: {e}");
-            }
+            let result = lost.fsync(|| db.flush_wal(true));
             self.syncs.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = result {
+                // Nothing more to sync: every later write is refused.
+                lost.record("the group-commit fsync of the WAL", &e);
+                return;
+            }
         }
     }
 }
@@ -151,18 +205,19 @@ impl RocksStore {
             CairnError::io(format!("cannot open metadata database at {}: {e}", path.display()))
         })?;
         let db = Arc::new(db);
+        let lost = Arc::new(DurabilityLost::default());
         let syncer = (mode == SyncMode::Commit)
             .then(|| -> Result<_> {
                 let syncer = Arc::new(Syncer::default());
-                let (s, d) = (syncer.clone(), db.clone());
+                let (s, d, l) = (syncer.clone(), db.clone(), lost.clone());
                 let thread = std::thread::Builder::new()
                     .name("cairn-wal-sync".into())
-                    .spawn(move || s.run(&d))
+                    .spawn(move || s.run(&d, &l))
                     .map_err(|e| CairnError::from_io("cannot start the WAL sync thread", &e))?;
                 Ok((syncer, thread))
             })
             .transpose()?;
-        Ok(RocksStore { db, mode, syncer })
+        Ok(RocksStore { db, mode, lost, syncer })
     }
 
     /// Open the database in `path` for reading only (a checkpoint being turned into a Raft
@@ -173,7 +228,7 @@ impl RocksStore {
         let db = DB::open_cf_for_read_only(&opts, path, names, false).map_err(|e| {
             CairnError::io(format!("cannot open metadata database at {} to read: {e}", path.display()))
         })?;
-        Ok(RocksStore { db: Arc::new(db), mode: SyncMode::Never, syncer: None })
+        Ok(RocksStore { db: Arc::new(db), mode: SyncMode::Never, lost: Default::default(), syncer: None })
     }
 
     /// Write a checkpoint of the database into `dir` (which must not exist): the memtables are
@@ -224,14 +279,23 @@ impl MetaStore for RocksStore {
             })
             .collect();
         props.push(("background_wal_syncs", self.background_syncs()));
+        props.push(("durability_lost", self.lost.reason.get().is_some() as u64));
         props
     }
 
+    fn durability_lost(&self) -> Option<String> {
+        self.lost.reason.get().cloned()
+    }
+
     fn sync(&self) -> Result<()> {
+        self.lost.check()?;
         if self.mode == SyncMode::Never {
             return Ok(());
         }
-        self.db.flush_wal(true).map_err(|e| db_error("fsync of the WAL", e))
+        self.lost.fsync(|| self.db.flush_wal(true)).map_err(|e| {
+            self.lost.record("an fsync of the WAL", &e);
+            CairnError::io(format!("metadata store: fsync of the WAL: {e}"))
+        })
     }
 
     fn syncs_every_write(&self) -> bool {
@@ -260,6 +324,7 @@ impl MetaStore for RocksStore {
     }
 
     fn write(&self, batch: Batch) -> Result<()> {
+        self.lost.check()?;
         let mut wb = WriteBatch::default();
         for op in &batch.ops {
             match op {
@@ -274,12 +339,28 @@ impl MetaStore for RocksStore {
         };
         let mut opts = WriteOptions::default();
         opts.set_sync(sync);
-        self.db.write_opt(wb, &opts).map_err(|e| db_error("write", e))?;
+        if sync {
+            self.lost.fsync(|| self.db.write_opt(wb, &opts)).map_err(|e| {
+                // Whether the batch reached the disk is unknown: nothing may build on it.
+                self.lost.record("a synced write of the WAL", &e);
+                CairnError::io(format!("metadata store: write: {e}"))
+            })?;
+        } else {
+            self.db.write_opt(wb, &opts).map_err(|e| db_error("write", e))?;
+        }
         if !sync {
             if let Some((syncer, _)) = &self.syncer {
                 syncer.mark_dirty();
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+impl RocksStore {
+    /// Make every fsync from now on fail (tests of the fail-stop).
+    pub(crate) fn fail_fsyncs(&self) {
+        self.lost.inject.store(true, Ordering::SeqCst);
     }
 }

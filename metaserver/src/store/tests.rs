@@ -127,3 +127,73 @@ fn commit_mode_group_commits_in_the_background_and_closes_cleanly() {
     assert_eq!(store.get(Cf::Inodes, b"now").unwrap(), Some(b"2".to_vec()));
     assert_eq!(store.background_syncs(), 0, "no group-commit thread when every write syncs");
 }
+
+fn put(store: &RocksStore, key: &[u8], durable: bool) -> Result<()> {
+    let mut b = Batch::new();
+    b.put(Cf::Inodes, key.to_vec(), b"v".to_vec());
+    if durable {
+        b.set_durable();
+    }
+    store.write(b)
+}
+
+fn lost(store: &RocksStore) -> u64 {
+    store.properties().iter().find(|(n, _)| *n == "durability_lost").unwrap().1
+}
+
+#[test]
+fn a_failed_group_commit_fsync_stops_every_later_change_until_reopened() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = RocksStore::open(dir.path(), SyncMode::Commit).unwrap();
+        put(&store, b"before", false).unwrap();
+        store.sync().unwrap();
+        assert_eq!((lost(&store), store.durability_lost()), (0, None));
+        store.fail_fsyncs();
+        // Answered before its fsync (Commit mode); the thread's fsync then fails.
+        put(&store, b"unsynced", false).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while store.durability_lost().is_none() {
+            assert!(std::time::Instant::now() < deadline, "the failed background fsync was not noticed");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let reason = store.durability_lost().unwrap();
+        assert!(reason.contains("group-commit fsync"), "{reason}");
+        assert_eq!(lost(&store), 1);
+        // Every later change and sync is refused with an I/O error naming why; reads go on.
+        for durable in [false, true] {
+            let e = put(&store, b"after", durable).unwrap_err();
+            assert_eq!(e.kind(), cairn_common::ErrorKind::Io, "{e}");
+            assert!(e.message().contains("refuses changes since the group-commit fsync"), "{e}");
+        }
+        assert!(store.sync().is_err());
+        assert_eq!(store.get(Cf::Inodes, b"before").unwrap(), Some(b"v".to_vec()));
+        assert_eq!(store.get(Cf::Inodes, b"after").unwrap(), None);
+    }
+    // A reopened store (a restarted metaserver) writes again.
+    let store = RocksStore::open(dir.path(), SyncMode::Commit).unwrap();
+    assert_eq!(store.durability_lost(), None);
+    put(&store, b"after", true).unwrap();
+    assert_eq!(store.get(Cf::Inodes, b"before").unwrap(), Some(b"v".to_vec()));
+}
+
+#[test]
+fn a_failed_synced_write_or_sync_stops_later_changes_in_every_mode() {
+    for mode in [SyncMode::Always, SyncMode::Commit] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open(dir.path(), mode).unwrap();
+        store.fail_fsyncs();
+        let e = put(&store, b"durable", true).unwrap_err();
+        assert_eq!(e.kind(), cairn_common::ErrorKind::Io, "{mode:?}: {e}");
+        assert!(store.durability_lost().unwrap().contains("synced write"), "{mode:?}");
+        assert!(put(&store, b"plain", false).is_err(), "{mode:?}: a change after the failure");
+    }
+    // An explicit sync (what GC does before deleting shards) that fails stops the store too.
+    let dir = tempfile::tempdir().unwrap();
+    let store = RocksStore::open(dir.path(), SyncMode::Commit).unwrap();
+    put(&store, b"queued", false).unwrap();
+    store.fail_fsyncs();
+    let e = store.sync().unwrap_err();
+    assert_eq!(e.kind(), cairn_common::ErrorKind::Io, "{e}");
+    assert!(put(&store, b"next", false).is_err());
+}
