@@ -97,7 +97,7 @@ pub async fn serve(
     let service = ChunkServer::from_arc(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let served = tonic::transport::Server::builder()
+    let served = wire::grpc_server()
         .layer(cairn_common::metrics::RpcMetricsLayer::new("chunk"))
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, shutdown)

@@ -19,6 +19,10 @@ pub const RPC_REQUESTS: &str = "cairn_rpc_requests_total";
 /// Time to answer a gRPC request, by `service` and `method` (histogram, seconds).
 pub const RPC_SECONDS: &str = "cairn_rpc_request_seconds";
 
+/// Connections a server closed as soon as it accepted them, by `service` and `limit` (`total`:
+/// the server had as many open as it allows; `peer`: that address had) (counter).
+pub const CONNECTIONS_REFUSED: &str = "cairn_rpc_connections_refused_total";
+
 /// Latency buckets, seconds: 50 µs to 30 s.
 const LATENCY_BUCKETS: [f64; 16] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
@@ -119,6 +123,11 @@ where
             reply
         })
     }
+}
+
+/// Count a connection refused for being over a server's limits (see [`crate::wire::Limits`]).
+pub fn record_refused_connection(service: &'static str, limit: &'static str) {
+    metrics::counter!(CONNECTIONS_REFUSED, "service" => service, "limit" => limit).increment(1);
 }
 
 /// Count and time one request answered over the wire protocol, under the same names as gRPC's.

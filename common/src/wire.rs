@@ -26,6 +26,15 @@
 //! so the caller gets exactly the error the server raised, as through gRPC. A frame longer than
 //! [`crate::MAX_MESSAGE_BYTES`] or a bad magic closes the connection; an unknown method or a body
 //! that does not decode is an error reply and the connection stays usable.
+//!
+//! **Limits** ([`Limits`]): what a peer can make a server hold is bounded before anything is
+//! allocated. A header reserves at most [`EAGER_ALLOC`] (a longer frame's buffer grows as its
+//! bytes arrive); bulk bytes sent to a method without a bulk part are read past, unkept;
+//! connections are counted from accept to close (wire and gRPC alike) and refused beyond a total
+//! and a per-address number; a connection idle between requests, a request whose bytes stop
+//! coming and a reply its peer does not take are cut off after their timeouts; keepalive probes
+//! find vanished peers; a stopping server gives its connections [`SHUTDOWN_GRACE`], then cuts
+//! them. gRPC connections get HTTP/2 keepalive and a stream limit ([`grpc_server`]).
 
 use std::future::Future;
 use std::io::IoSlice;
@@ -35,7 +44,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::{CairnError, ErrorKind, Result, MAX_MESSAGE_BYTES};
@@ -46,11 +55,21 @@ pub const MAGIC: [u8; 8] = *b"CAIRNW\x00\x01";
 pub const IDLE_PER_SERVER: usize = 32;
 /// Bytes of a frame header.
 pub const HEADER: usize = 12;
+/// A client does not reuse a connection idle this long: well before the server's idle timeout
+/// ([`Limits::idle`]) closes it, so a request never races the server's close.
+const CLIENT_IDLE: Duration = Duration::from_secs(60);
+/// Bytes of a frame allocated when its header arrives; a longer frame's buffer grows as its
+/// bytes arrive, so a header alone cannot make the server reserve more than this.
+const EAGER_ALLOC: usize = 4 << 20;
+/// How long a stopping server lets its connections finish the request in hand.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 const STATUS_OK: u8 = 0;
 const STATUS_ERROR: u8 = 1;
 
 /// A protobuf message that may travel with a raw bulk part (shard data).
 pub trait Message: prost::Message + Default + Send + 'static {
+    /// Whether the message has a bulk field (a request without one is sent no bulk bytes).
+    const BULK: bool = false;
     /// Move the bulk field out before the message is encoded.
     fn take_bulk(&mut self) -> Bytes {
         Bytes::new()
@@ -138,6 +157,7 @@ plain_messages!(
 macro_rules! bulk_message {
     ($t:ident, $field:ident) => {
         impl Message for cairn_proto::$t {
+            const BULK: bool = true;
             fn take_bulk(&mut self) -> Bytes {
                 std::mem::take(&mut self.$field)
             }
@@ -169,6 +189,11 @@ pub trait Handler: Send + Sync + 'static {
     fn service(&self) -> &'static str;
     /// The name of a method id (for metrics), or `None` when it is not one of this service's.
     fn method_name(&self, method: u16) -> Option<&'static str>;
+    /// Whether the method's request has a bulk part (shard data): the server reads a frame's
+    /// bulk bytes into memory only for these, and discards them unread for any other.
+    fn accepts_bulk(&self, _method: u16) -> bool {
+        false
+    }
     /// Decode, answer and encode one request.
     fn answer(&self, method: u16, body: Bytes, bulk: Bytes) -> AnswerFuture<'_>;
 }
@@ -222,6 +247,12 @@ macro_rules! service {
                     match method {
                         $($id => Some($name),)*
                         _ => None,
+                    }
+                }
+                fn accepts_bulk(&self, method: u16) -> bool {
+                    match method {
+                        $($id => <p::$req as Message>::BULK,)*
+                        _ => false,
                     }
                 }
                 fn answer(&self, method: u16, body: Bytes, bulk: Bytes) -> AnswerFuture<'_> {
@@ -302,7 +333,8 @@ pub struct WireClient {
     addr: String,
     connect_timeout: Duration,
     timeout: Duration,
-    idle: Mutex<Vec<TcpStream>>,
+    /// Idle connections with when each was last used.
+    idle: Mutex<Vec<(TcpStream, Instant)>>,
 }
 
 impl WireClient {
@@ -371,11 +403,11 @@ impl WireClient {
     }
 
     /// An idle connection the server has not closed meanwhile (a restarted server closed all of
-    /// them; reusing one would fail the request).
+    /// them; reusing one would fail the request), nor is about to close for being idle.
     fn take_idle(&self) -> Option<TcpStream> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some(conn) = idle.pop() {
-            if still_open(&conn) {
+        while let Some((conn, used)) = idle.pop() {
+            if used.elapsed() < CLIENT_IDLE && still_open(&conn) {
                 return Some(conn);
             }
         }
@@ -385,7 +417,7 @@ impl WireClient {
     fn put_back(&self, conn: TcpStream) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         if idle.len() < IDLE_PER_SERVER {
-            idle.push(conn);
+            idle.push((conn, Instant::now()));
         }
     }
 }
@@ -430,10 +462,8 @@ async fn write_frame(conn: &mut TcpStream, head: &[u8], bulk: &[u8]) -> std::io:
     conn.write_all(bulk).await
 }
 
-/// Read a frame's header and its body and bulk into one buffer (no zeroing, no copy after).
-async fn read_frame(conn: &mut TcpStream) -> std::io::Result<([u8; HEADER], Bytes, Bytes)> {
-    let mut header = [0u8; HEADER];
-    conn.read_exact(&mut header).await?;
+/// A frame header's two lengths, refused above [`MAX_MESSAGE_BYTES`] each.
+fn frame_lengths(header: &[u8; HEADER]) -> std::io::Result<(usize, usize)> {
     let body_len = u32::from_le_bytes(header[0..4].try_into().unwrap()) as usize;
     let bulk_len = u32::from_le_bytes(header[4..8].try_into().unwrap()) as usize;
     if body_len > MAX_MESSAGE_BYTES || bulk_len > MAX_MESSAGE_BYTES {
@@ -442,15 +472,32 @@ async fn read_frame(conn: &mut TcpStream) -> std::io::Result<([u8; HEADER], Byte
             format!("frame of {} bytes, more than the {MAX_MESSAGE_BYTES} allowed", body_len + bulk_len),
         ));
     }
-    let total = body_len + bulk_len;
-    let mut buf = BytesMut::with_capacity(total);
+    Ok((body_len, bulk_len))
+}
+
+/// Read `total` bytes into one buffer (no zeroing, no copy after for frames up to
+/// [`EAGER_ALLOC`]; a longer one's buffer doubles as its bytes arrive).
+async fn read_exact_bytes<S: AsyncRead + Unpin>(conn: &mut S, total: usize) -> std::io::Result<BytesMut> {
+    let mut buf = BytesMut::with_capacity(total.min(EAGER_ALLOC));
     while buf.len() < total {
-        let mut limited = (&mut *conn).take((total - buf.len()) as u64);
+        if buf.len() == buf.capacity() {
+            buf.reserve((total - buf.len()).min(buf.len()));
+        }
+        let room = (buf.capacity() - buf.len()).min(total - buf.len());
+        let mut limited = (&mut *conn).take(room as u64);
         if limited.read_buf(&mut buf).await? == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
     }
-    let mut body = buf.freeze();
+    Ok(buf)
+}
+
+/// Read a frame's header and its body and bulk into one buffer.
+async fn read_frame(conn: &mut TcpStream) -> std::io::Result<([u8; HEADER], Bytes, Bytes)> {
+    let mut header = [0u8; HEADER];
+    conn.read_exact(&mut header).await?;
+    let (body_len, bulk_len) = frame_lengths(&header)?;
+    let mut body = read_exact_bytes(conn, body_len + bulk_len).await?.freeze();
     let bulk = body.split_off(body_len);
     Ok((header, body, bulk))
 }
@@ -460,22 +507,186 @@ async fn read_reply(conn: &mut TcpStream) -> std::io::Result<(u8, u8, Bytes, Byt
     Ok((header[8], header[9], body, bulk))
 }
 
-/// Serve `listener` until `shutdown` completes: connections that open with [`MAGIC`] are
-/// answered by `handler`, every other one is handed to the returned stream, which a tonic
-/// server takes as its incoming connections (`serve_with_incoming_shutdown`).
-///
-/// The returned handle finishes once the listener is closed and every wire connection has
-/// ended, that is once nothing here holds `handler` any more: a server awaits it before it
-/// returns, so what the handler owns (a database lock, say) is released by then.
+/// What a server allows its peers, so that no peer can exhaust it: connections at once (wire
+/// and gRPC alike, counted from accept to close), in total and from one IP address; how long a
+/// wire connection may sit idle between requests; and how long the rest of a request may take
+/// to arrive once its header did, and a reply to be taken by the peer (a slowloris, or a client
+/// that stopped reading, is disconnected).
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub connections: usize,
+    pub connections_per_peer: usize,
+    pub idle: Duration,
+    pub transfer: Duration,
+}
+
+impl Default for Limits {
+    /// 4,096 connections, 1,024 from one address (a client's pool per server is 32 idle, more
+    /// while busy; a host may run several mounts), 5 minutes idle, 60 s per transfer (a 64 MiB
+    /// shard at ~1 MiB/s).
+    fn default() -> Limits {
+        Limits {
+            connections: 4096,
+            connections_per_peer: 1024,
+            idle: Duration::from_secs(300),
+            transfer: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Connections open now, in total and by peer address.
+#[derive(Default)]
+struct Admission {
+    open: Mutex<(usize, std::collections::HashMap<std::net::IpAddr, usize>)>,
+}
+
+/// One admitted connection; dropping it (when the connection closes) frees its place.
+struct Permit {
+    admission: Arc<Admission>,
+    peer: std::net::IpAddr,
+}
+
+impl Admission {
+    /// A place for a connection from `peer`, or why there is none.
+    fn admit(
+        self: &Arc<Self>,
+        peer: std::net::IpAddr,
+        limits: &Limits,
+    ) -> std::result::Result<Permit, &'static str> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if open.0 >= limits.connections {
+            return Err("total");
+        }
+        let from_peer = open.1.entry(peer).or_default();
+        if *from_peer >= limits.connections_per_peer {
+            return Err("peer");
+        }
+        *from_peer += 1;
+        open.0 += 1;
+        Ok(Permit { admission: self.clone(), peer })
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut open = self.admission.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.0 -= 1;
+        if let std::collections::hash_map::Entry::Occupied(mut e) = open.1.entry(self.peer) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
+}
+
+/// A gRPC connection handed to tonic, holding its place among the server's connections until
+/// tonic drops it.
+pub struct Counted {
+    conn: TcpStream,
+    _permit: Permit,
+}
+
+impl tokio::io::AsyncRead for Counted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.conn).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Counted {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.conn).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.conn).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.conn.is_write_vectored()
+    }
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.conn).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.conn).poll_shutdown(cx)
+    }
+}
+
+impl tonic::transport::server::Connected for Counted {
+    type ConnectInfo = <TcpStream as tonic::transport::server::Connected>::ConnectInfo;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.conn.connect_info()
+    }
+}
+
+/// Keepalive probes on a server's connection, so a peer that vanished (a powered-off host, a
+/// cut cable) is noticed within a few minutes and its connection freed.
+fn keepalive(conn: &TcpStream) {
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(60))
+        .with_interval(Duration::from_secs(10))
+        .with_retries(6);
+    let _ = socket2::SockRef::from(conn).set_tcp_keepalive(&probes);
+}
+
+/// A tonic server builder with the keepalive and per-connection limits every Cairn server
+/// uses on its gRPC connections (the wire protocol's are in [`Limits`]).
+pub fn grpc_server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .max_concurrent_streams(Some(256))
+        .http2_max_pending_accept_reset_streams(Some(64))
+}
+
+/// Serve `listener` until `shutdown` completes, with the default [`Limits`]: see [`serve_with`].
 pub fn serve(
     listener: TcpListener,
     handler: Arc<dyn Handler>,
     shutdown: tokio::sync::watch::Receiver<bool>,
-) -> (tokio_stream::wrappers::ReceiverStream<std::io::Result<TcpStream>>, tokio::task::JoinHandle<()>) {
+) -> (tokio_stream::wrappers::ReceiverStream<std::io::Result<Counted>>, tokio::task::JoinHandle<()>) {
+    serve_with(listener, handler, shutdown, Limits::default())
+}
+
+/// Serve `listener` until `shutdown` completes: connections that open with [`MAGIC`] are
+/// answered by `handler`, every other one is handed to the returned stream, which a tonic
+/// server takes as its incoming connections (`serve_with_incoming_shutdown`). A connection
+/// beyond `limits` is closed as soon as it is accepted (and counted in
+/// `cairn_rpc_connections_refused_total`).
+///
+/// The returned handle finishes once the listener is closed and every wire connection has
+/// ended, that is once nothing here holds `handler` any more: a server awaits it before it
+/// returns, so what the handler owns (a database lock, say) is released by then. Connections
+/// get [`SHUTDOWN_GRACE`] to finish the request in hand; then they are cut.
+pub fn serve_with(
+    listener: TcpListener,
+    handler: Arc<dyn Handler>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    limits: Limits,
+) -> (tokio_stream::wrappers::ReceiverStream<std::io::Result<Counted>>, tokio::task::JoinHandle<()>) {
     let (grpc, incoming) = tokio::sync::mpsc::channel(64);
+    let admission = Arc::new(Admission::default());
     let accepting = tokio::spawn(async move {
         let mut stop = shutdown.clone();
         let mut connections = tokio::task::JoinSet::new();
+        let mut last_refusal_logged: Option<Instant> = None;
         loop {
             let accepted = tokio::select! {
                 a = listener.accept() => a,
@@ -483,8 +694,8 @@ pub fn serve(
                 // Reap finished connections as they end, so the set stays small.
                 Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             };
-            let conn = match accepted {
-                Ok((conn, _)) => conn,
+            let (conn, peer) = match accepted {
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors and the like: wait, do not spin.
                     tracing::warn!("accept: {e}");
@@ -492,17 +703,37 @@ pub fn serve(
                     continue;
                 }
             };
+            let permit = match admission.admit(peer.ip(), &limits) {
+                Ok(permit) => permit,
+                Err(which) => {
+                    crate::metrics::record_refused_connection(handler.service(), which);
+                    if last_refusal_logged.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                        last_refusal_logged = Some(Instant::now());
+                        tracing::warn!(
+                            %peer,
+                            "refusing connections: {} ({} in total, {} from one address allowed)",
+                            if which == "peer" { "too many from this address" } else { "too many open" },
+                            limits.connections,
+                            limits.connections_per_peer
+                        );
+                    }
+                    drop(conn);
+                    continue;
+                }
+            };
             let _ = conn.set_nodelay(true);
-            let (handler, grpc, mut stop) = (handler.clone(), grpc.clone(), shutdown.clone());
+            keepalive(&conn);
+            let (handler, grpc, mut stop, limits) =
+                (handler.clone(), grpc.clone(), shutdown.clone(), limits.clone());
             connections.spawn(async move {
                 let magic = tokio::select! {
                     m = opens_with_magic(&conn) => m,
                     _ = stop.wait_for(|s| *s) => return,
                 };
                 match magic {
-                    Ok(true) => serve_connection(conn, handler, stop).await,
+                    Ok(true) => serve_connection(conn, handler, stop, &limits).await,
                     Ok(false) => {
-                        let _ = grpc.send(Ok(conn)).await;
+                        let _ = grpc.send(Ok(Counted { conn, _permit: permit })).await;
                     }
                     Err(_) => {}
                 }
@@ -511,8 +742,15 @@ pub fn serve(
         drop(listener);
         drop(handler);
         drop(grpc);
-        // Each connection ends at its next frame boundary once `stop` is set.
-        while connections.join_next().await.is_some() {}
+        // Each connection ends at its next frame boundary once `stop` is set; one whose peer
+        // does not take its reply is cut after the grace.
+        let drained =
+            tokio::time::timeout(SHUTDOWN_GRACE, async { while connections.join_next().await.is_some() {} })
+                .await;
+        if drained.is_err() {
+            connections.abort_all();
+            while connections.join_next().await.is_some() {}
+        }
     });
     (tokio_stream::wrappers::ReceiverStream::new(incoming), accepting)
 }
@@ -557,20 +795,45 @@ async fn serve_connection(
     mut conn: TcpStream,
     handler: Arc<dyn Handler>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
+    limits: &Limits,
 ) {
     let mut magic = [0u8; MAGIC.len()];
     if conn.read_exact(&mut magic).await.is_err() {
         return;
     }
     loop {
-        let frame = tokio::select! {
-            f = read_frame(&mut conn) => f,
+        // Between requests: idle at most `limits.idle`.
+        let mut header = [0u8; HEADER];
+        let started = tokio::select! {
+            r = tokio::time::timeout(limits.idle, conn.read_exact(&mut header)) => r,
             _ = shutdown.wait_for(|s| *s) => return,
         };
-        let Ok((header, body, bulk)) = frame else { return };
+        let Ok(Ok(_)) = started else { return };
+        let Ok((body_len, bulk_len)) = frame_lengths(&header) else { return };
         let method = u16::from_le_bytes([header[8], header[9]]);
+        // The rest of the request within `limits.transfer`; bulk bytes only for a method that
+        // takes them (others are read past, unkept, and answered with an error).
+        let keep_bulk = handler.accepts_bulk(method);
+        let received = tokio::time::timeout(limits.transfer, async {
+            let kept = if keep_bulk { body_len + bulk_len } else { body_len };
+            let mut body = read_exact_bytes(&mut conn, kept).await?.freeze();
+            let bulk = body.split_off(body_len);
+            if !keep_bulk && bulk_len > 0 {
+                let skipped =
+                    tokio::io::copy(&mut (&mut conn).take(bulk_len as u64), &mut tokio::io::sink()).await?;
+                if skipped < bulk_len as u64 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+            }
+            Ok::<_, std::io::Error>((body, bulk))
+        })
+        .await;
+        let Ok(Ok((body, bulk))) = received else { return };
         let started = Instant::now();
         let answer = match handler.method_name(method) {
+            Some(_) if bulk_len > 0 && !keep_bulk => {
+                Err(CairnError::invalid("a bulk part for a message that has none"))
+            }
             Some(_) => handler.answer(method, body, bulk).await,
             None => Err(CairnError::new(
                 ErrorKind::NotSupported,
@@ -595,8 +858,10 @@ async fn serve_connection(
         if write_header(&mut head, body_len, bulk.len(), &[status, kind], 0).is_err() {
             return;
         }
-        if write_frame(&mut conn, &head, &bulk).await.is_err() {
-            return;
+        // A peer that does not take its reply within `limits.transfer` is cut off.
+        match tokio::time::timeout(limits.transfer, write_frame(&mut conn, &head, &bulk)).await {
+            Ok(Ok(())) => {}
+            _ => return,
         }
     }
 }

@@ -201,7 +201,7 @@ async fn serve_replicated(
         .max_decoding_message_size(cairn_common::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(cairn_common::MAX_MESSAGE_BYTES);
     let server = tokio::spawn(
-        tonic::transport::Server::builder()
+        wire::grpc_server()
             .layer(cairn_common::metrics::RpcMetricsLayer::new("meta"))
             .add_service(grpc)
             .serve_with_incoming_shutdown(incoming, shutdown),
@@ -383,7 +383,7 @@ pub async fn serve_with(
     let grpc = MetaServer::from_arc(service.clone())
         .max_decoding_message_size(cairn_common::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(cairn_common::MAX_MESSAGE_BYTES);
-    let result = tonic::transport::Server::builder()
+    let result = wire::grpc_server()
         .layer(cairn_common::metrics::RpcMetricsLayer::new("meta"))
         .add_service(grpc)
         .serve_with_incoming_shutdown(incoming, shutdown)

@@ -13,6 +13,9 @@ impl Handler for Fake {
     fn method_name(&self, method: u16) -> Option<&'static str> {
         (1..=4).contains(&method).then_some("Fake")
     }
+    fn accepts_bulk(&self, method: u16) -> bool {
+        method == 2
+    }
     fn answer(&self, method: u16, body: Bytes, bulk: Bytes) -> AnswerFuture<'_> {
         Box::pin(async move {
             match method {
@@ -51,16 +54,53 @@ impl Handler for Fake {
     }
 }
 
-async fn start() -> (
-    String,
-    tokio::sync::watch::Sender<bool>,
-    tokio_stream::wrappers::ReceiverStream<std::io::Result<TcpStream>>,
-) {
+type Others = tokio_stream::wrappers::ReceiverStream<std::io::Result<Counted>>;
+
+async fn start() -> (String, tokio::sync::watch::Sender<bool>, Others) {
+    let (addr, stop, others, _) = start_with(Limits::default()).await;
+    (addr, stop, others)
+}
+
+async fn start_with(
+    limits: Limits,
+) -> (String, tokio::sync::watch::Sender<bool>, Others, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let (others, _accepting) = serve(listener, Arc::new(Fake), stopped);
-    (addr, stop, others)
+    let (others, accepting) = serve_with(listener, Arc::new(Fake), stopped, limits);
+    (addr, stop, others, accepting)
+}
+
+/// A raw wire connection to `addr` from `local` (any 127.x address), magic sent.
+async fn raw(addr: &str, local: &str) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{local}:0").parse().unwrap()).unwrap();
+    let mut conn = socket.connect(addr.parse().unwrap()).await.unwrap();
+    conn.write_all(&MAGIC).await.unwrap();
+    conn
+}
+
+/// Whether the server closed `conn` within `within` (it reads end of file, or is reset).
+async fn closed_within(conn: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, conn.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+        }
+    }
+}
+
+fn short(connections: usize, per_peer: usize) -> Limits {
+    Limits {
+        connections,
+        connections_per_peer: per_peer,
+        idle: Duration::from_millis(600),
+        transfer: Duration::from_millis(300),
+    }
 }
 
 fn client(addr: &str) -> WireClient {
@@ -162,7 +202,7 @@ async fn a_restarted_server_is_reached_on_a_new_connection() {
     // The server closes its connections; once its pooled connection reads as closed, a call to
     // the restarted server goes over a fresh one.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while c.idle.lock().unwrap().iter().any(still_open) {
+    while c.idle.lock().unwrap().iter().any(|(conn, _)| still_open(conn)) {
         assert!(Instant::now() < deadline, "the pooled connection never saw the close");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -207,4 +247,138 @@ async fn concurrent_calls_each_get_their_own_answer() {
         call.await.unwrap();
     }
     assert!(c.idle.lock().unwrap().len() <= IDLE_PER_SERVER);
+}
+
+#[tokio::test]
+async fn a_frame_longer_than_the_eager_allocation_arrives_whole() {
+    let (addr, _stop, _others) = start().await;
+    let c = client(&addr);
+    let data: Vec<u8> = (0..(2 * EAGER_ALLOC) + 4097).map(|i| (i % 253) as u8).collect();
+    let sum: u64 = data.iter().map(|b| *b as u64).sum();
+    let reply: p::WriteShardReply =
+        c.call(2, p::WriteShardRequest { id: None, data: Bytes::from(data.clone()) }).await.unwrap();
+    assert_eq!(reply.tier, format!("{} {sum}", data.len()));
+}
+
+#[tokio::test]
+async fn bulk_bytes_for_a_method_without_them_are_read_past_unkept() {
+    let (addr, _stop, _others) = start().await;
+    let mut conn = raw(&addr, "127.0.0.1").await;
+    // Method 1 takes no bulk part: 8 MiB of it are skipped, not buffered, and refused.
+    let mut head = vec![0; HEADER];
+    write_header(&mut head, 0, 8 << 20, &1u16.to_le_bytes(), 0).unwrap();
+    write_frame(&mut conn, &head, &vec![7u8; 8 << 20]).await.unwrap();
+    let (status, kind, message, _) = read_reply(&mut conn).await.unwrap();
+    assert_eq!((status, ErrorKind::from_index(kind)), (STATUS_ERROR, Some(ErrorKind::InvalidArgument)));
+    assert!(String::from_utf8_lossy(&message).contains("bulk part"));
+    // The connection is still in step.
+    let req = p::ReadShardRequest { id: None, offset: 3, len: 2 };
+    let mut head = vec![0; HEADER];
+    prost::Message::encode(&req, &mut head).unwrap();
+    let body_len = head.len() - HEADER;
+    write_header(&mut head, body_len, 0, &1u16.to_le_bytes(), 0).unwrap();
+    write_frame(&mut conn, &head, &[]).await.unwrap();
+    let (status, _, _, bulk) = read_reply(&mut conn).await.unwrap();
+    assert_eq!((status, &bulk[..]), (STATUS_OK, &b"xx"[..]));
+}
+
+#[tokio::test]
+async fn a_slow_or_stalled_request_and_an_idle_connection_are_closed() {
+    let (addr, _stop, _others, _) = start_with(short(100, 100)).await;
+    // A header promising 1 MiB, then a trickle that stops: cut after `transfer`.
+    let mut slow = raw(&addr, "127.0.0.1").await;
+    let mut head = vec![0; HEADER];
+    write_header(&mut head, 0, 1 << 20, &2u16.to_le_bytes(), 0).unwrap();
+    slow.write_all(&head).await.unwrap();
+    slow.write_all(&[1; 100]).await.unwrap();
+    let started = Instant::now();
+    assert!(closed_within(&mut slow, Duration::from_secs(5)).await, "a stalled request is cut off");
+    assert!(started.elapsed() >= Duration::from_millis(250), "{:?}", started.elapsed());
+    // A connection that sends nothing after the magic: closed after `idle`.
+    let mut idle = raw(&addr, "127.0.0.1").await;
+    let started = Instant::now();
+    assert!(closed_within(&mut idle, Duration::from_secs(5)).await, "an idle connection is closed");
+    assert!(started.elapsed() >= Duration::from_millis(500), "{:?}", started.elapsed());
+    // Meanwhile and after, a real client is served.
+    let c = client(&addr);
+    c.call::<_, p::ReadShardReply>(1, p::ReadShardRequest { id: None, offset: 0, len: 5 }).await.unwrap();
+}
+
+/// A raw request for a 32 MiB shard read: more than the socket buffers hold.
+fn big_read() -> Vec<u8> {
+    let req = p::ReadShardRequest { id: None, offset: 0, len: 32 << 20 };
+    let mut head = vec![0; HEADER];
+    prost::Message::encode(&req, &mut head).unwrap();
+    let body_len = head.len() - HEADER;
+    write_header(&mut head, body_len, 0, &1u16.to_le_bytes(), 0).unwrap();
+    head
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_cut_off() {
+    let (addr, _stop, _others, _) = start_with(short(100, 100)).await;
+    let mut greedy = raw(&addr, "127.0.0.1").await;
+    greedy.write_all(&big_read()).await.unwrap();
+    // Its reply is not taken: the server cuts it once `transfer` passes, so what can be read
+    // afterwards is only what the kernel buffered, not the whole reply.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), greedy.read(&mut buf)).await {
+            Err(_) => panic!("the connection was neither cut nor finished"),
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => got += n,
+        }
+    }
+    assert!(got < 32 << 20, "the whole reply arrived ({got} bytes): the server waited for the reader");
+}
+
+#[tokio::test]
+async fn a_stopping_server_does_not_wait_long_for_a_client_that_stopped_reading() {
+    let limits = Limits { transfer: Duration::from_secs(120), ..Limits::default() };
+    let (addr, stop, _others, accepting) = start_with(limits).await;
+    let mut stuck = raw(&addr, "127.0.0.1").await;
+    stuck.write_all(&big_read()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.send(true).unwrap();
+    let started = Instant::now();
+    tokio::time::timeout(SHUTDOWN_GRACE + Duration::from_secs(5), accepting).await.unwrap().unwrap();
+    let took = started.elapsed();
+    assert!(took >= SHUTDOWN_GRACE - Duration::from_millis(100), "the grace was not given: {took:?}");
+    assert!(took < SHUTDOWN_GRACE + Duration::from_secs(2), "{took:?}");
+    drop(stuck);
+}
+
+#[tokio::test]
+async fn connections_beyond_the_limits_are_closed_and_others_still_served() {
+    let (addr, _stop, _others, _) =
+        start_with(Limits { connections_per_peer: 3, connections: 5, ..Limits::default() }).await;
+    // Three from 127.0.0.1 are admitted and served; the fourth is closed at once.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(raw(&addr, "127.0.0.1").await);
+    }
+    let mut fourth = raw(&addr, "127.0.0.1").await;
+    assert!(closed_within(&mut fourth, Duration::from_secs(5)).await, "the fourth from one address");
+    // Another address still gets in, up to the total of 5.
+    let mut second = [raw(&addr, "127.0.0.2").await, raw(&addr, "127.0.0.2").await];
+    let mut sixth = raw(&addr, "127.0.0.3").await;
+    assert!(closed_within(&mut sixth, Duration::from_secs(5)).await, "the sixth in total");
+    for conn in &mut second {
+        assert!(!closed_within(conn, Duration::from_millis(200)).await, "admitted ones stay open");
+    }
+    // Once some close, new ones are admitted and served again.
+    held.clear();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match client(&addr)
+            .call::<_, p::ReadShardReply>(1, p::ReadShardRequest { id: None, offset: 0, len: 1 })
+            .await
+        {
+            Ok(r) => break assert_eq!(r.data.len(), 1),
+            Err(e) => assert!(Instant::now() < deadline, "never admitted again: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
