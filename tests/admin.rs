@@ -259,6 +259,26 @@ fn mount_helper_background_mount_and_umount() {
     assert_eq!(sha256(&fs::read(dir.join("via-helper")).unwrap()), sha256(&data));
     let e = fs::write(dir.join("new"), b"x").unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EROFS));
+    // Mounts ignore setuid bits and device nodes unless asked (a setuid-root binary planted
+    // through another client host must not run as root here).
+    let flags = mount_flags(&dir);
+    assert!(["ro", "nosuid", "nodev"].iter().all(|f| flags.iter().any(|g| g == f)), "{flags:?}");
+    assert!(!flags.contains(&"noexec".to_string()), "{flags:?}");
+    assert!(cluster.cli(&["umount", "--lazy", dir.to_str().unwrap()]).status.success());
+    wait_gone(pid);
+
+    // Asked for: setuid bits and devices honoured, nothing executed.
+    let out = Command::new(CAIRN)
+        .args(["mount", "--background", "--suid", "--dev", "--noexec", "--meta", &cluster.meta_addr, "--log"])
+        .arg(&log)
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pid = daemon_pid(&out.stdout);
+    let flags = mount_flags(&dir);
+    assert!(flags.contains(&"noexec".to_string()), "{flags:?}");
+    assert!(!flags.iter().any(|f| f == "nosuid" || f == "nodev" || f == "ro"), "{flags:?}");
     assert!(cluster.cli(&["umount", "--lazy", dir.to_str().unwrap()]).status.success());
     wait_gone(pid);
 
@@ -317,4 +337,16 @@ fn servers_take_every_setting_from_env_and_flags_and_name_bad_ones() {
     });
     assert_eq!(status["ec"], "2+1", "{status}");
     assert!(dir.path().join("meta").is_dir());
+}
+
+/// The mount options the kernel shows for the mount at `dir` (`/proc/self/mounts`).
+fn mount_flags(dir: &Path) -> Vec<String> {
+    let dir = dir.canonicalize().unwrap();
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+    let line = mounts
+        .lines()
+        .rev()
+        .find(|l| l.split(' ').nth(1) == Some(dir.to_str().unwrap()))
+        .unwrap_or_else(|| panic!("{} is not mounted:\n{mounts}", dir.display()));
+    line.split(' ').nth(3).unwrap().split(',').map(str::to_string).collect()
 }

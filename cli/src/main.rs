@@ -136,6 +136,16 @@ enum Command {
         /// Refuse every change (EROFS): for datasets that jobs only read.
         #[arg(long, env = "CAIRN_MOUNT_READ_ONLY")]
         read_only: bool,
+        /// Honour setuid and setgid bits of the mount's files (default nosuid: a setuid-root
+        /// binary planted through any client host must not run as root on this one).
+        #[arg(long)]
+        suid: bool,
+        /// Let device nodes on the mount be opened as devices (default nodev).
+        #[arg(long)]
+        dev: bool,
+        /// Refuse to execute the mount's files.
+        #[arg(long)]
+        noexec: bool,
         /// Run as a daemon and return once the mount is ready.
         #[arg(long)]
         background: bool,
@@ -406,6 +416,9 @@ fn main() -> ExitCode {
             write_wait_ms,
             metrics,
             read_only,
+            suid,
+            dev,
+            noexec,
             background,
             log,
         } => {
@@ -419,6 +432,9 @@ fn main() -> ExitCode {
                 write_wait_ms,
                 metrics,
                 read_only,
+                suid,
+                dev,
+                exec: !noexec,
                 log,
             };
             if background {

@@ -26,6 +26,10 @@ pub struct MountArgs {
     pub write_wait_ms: u64,
     pub metrics: Option<String>,
     pub read_only: bool,
+    /// `suid`, `dev`, `exec` as mount(8) has them (defaults: nosuid, nodev, exec).
+    pub suid: bool,
+    pub dev: bool,
+    pub exec: bool,
     /// Where a background mount writes its log.
     pub log: Option<PathBuf>,
 }
@@ -43,6 +47,9 @@ impl MountArgs {
             allow_other: unsafe { libc::geteuid() } == 0,
             metrics: self.metrics,
             read_only: self.read_only,
+            suid: self.suid,
+            dev: self.dev,
+            exec: self.exec,
             commit_interval: Duration::from_millis(self.commit_interval_ms),
             write_wait: Duration::from_millis(self.write_wait_ms),
         }
@@ -70,6 +77,15 @@ impl MountArgs {
         }
         if self.read_only {
             args.push("--read-only".into());
+        }
+        if self.suid {
+            args.push("--suid".into());
+        }
+        if self.dev {
+            args.push("--dev".into());
+        }
+        if !self.exec {
+            args.push("--noexec".into());
         }
         args.push(self.mountpoint.clone().into_os_string());
         args
@@ -262,6 +278,9 @@ pub fn parse_helper_args(args: &[String]) -> Result<MountArgs> {
         write_wait_ms: cairn_client::DEFAULT_WRITE_WAIT_MS,
         metrics: None,
         read_only,
+        suid: false,
+        dev: false,
+        exec: true,
         log: None,
     };
     for opt in options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
@@ -283,9 +302,14 @@ pub fn parse_helper_args(args: &[String]) -> Result<MountArgs> {
             "log" => parsed.log = value.map(PathBuf::from),
             "ro" => parsed.read_only = true,
             "rw" => parsed.read_only = false,
+            "suid" => parsed.suid = true,
+            "nosuid" => parsed.suid = false,
+            "dev" => parsed.dev = true,
+            "nodev" => parsed.dev = false,
+            "exec" => parsed.exec = true,
+            "noexec" => parsed.exec = false,
             "defaults" | "_netdev" | "auto" | "noauto" | "nofail" | "user" | "nouser" | "users" | "owner"
-            | "exec" | "noexec" | "suid" | "nosuid" | "dev" | "nodev" | "atime" | "noatime" | "relatime"
-            | "async" | "sync" => {}
+            | "atime" | "noatime" | "relatime" | "async" | "sync" => {}
             k if k.starts_with("x-") || k == "comment" => {}
             _ => return Err(CairnError::invalid(format!("unknown mount option {opt:?}"))),
         }
@@ -343,6 +367,9 @@ mod tests {
             write_wait_ms: 12,
             metrics: Some("h:2".into()),
             read_only: true,
+            suid: true,
+            dev: true,
+            exec: false,
             log: None,
         };
         let args: Vec<String> = a.foreground_args().into_iter().map(|s| s.into_string().unwrap()).collect();
@@ -365,8 +392,35 @@ mod tests {
                 "--metrics",
                 "h:2",
                 "--read-only",
+                "--suid",
+                "--dev",
+                "--noexec",
                 "/m"
             ])
         );
+    }
+
+    #[test]
+    fn mounts_are_nosuid_and_nodev_unless_asked() {
+        let a = parse_helper_args(&strings(&["10.0.0.1:9400", "/mnt", "-o", "rw,_netdev"])).unwrap();
+        assert_eq!((a.suid, a.dev, a.exec), (false, false, true));
+        let o = a.clone().into_options();
+        assert_eq!((o.suid, o.dev, o.exec), (false, false, true));
+        // `defaults` (rw,suid,dev,exec,auto,nouser,async in mount(8)) does not turn them on:
+        // only naming them does, and the last of a pair wins.
+        let a = parse_helper_args(&strings(&["10.0.0.1:9400", "/mnt", "-o", "defaults,suid,dev,noexec"]))
+            .unwrap();
+        assert_eq!((a.suid, a.dev, a.exec), (true, true, false));
+        let a = parse_helper_args(&strings(&[
+            "10.0.0.1:9400",
+            "/mnt",
+            "-o",
+            "suid,nosuid,dev,nodev,noexec,exec",
+        ]))
+        .unwrap();
+        assert_eq!((a.suid, a.dev, a.exec), (false, false, true));
+        // The daemon a background mount starts gets the same.
+        let fg: Vec<String> = a.foreground_args().into_iter().map(|s| s.into_string().unwrap()).collect();
+        assert!(!fg.iter().any(|f| ["--suid", "--dev", "--noexec"].contains(&f.as_str())), "{fg:?}");
     }
 }

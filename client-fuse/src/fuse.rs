@@ -38,6 +38,14 @@ pub struct MountOptions {
     pub metrics: Option<String>,
     /// Mount read-only: the kernel refuses every change with EROFS.
     pub read_only: bool,
+    /// Honour setuid/setgid bits when the mount's files are executed (off by default: any
+    /// client host's root, or anyone who can act as root on one, could otherwise plant a
+    /// setuid-root binary that runs as root on every other host mounting the cluster).
+    pub suid: bool,
+    /// Let device nodes on the mount be opened as devices (off by default, for the same reason).
+    pub dev: bool,
+    /// Let the mount's files be executed (on by default).
+    pub exec: bool,
     /// Write-back: how old an open file's oldest uncommitted change may get before it is
     /// committed in the background (zero: only close and fsync commit).
     pub commit_interval: Duration,
@@ -89,8 +97,9 @@ pub fn mount(opts: MountOptions) -> Result<()> {
         MountOption::Subtype("cairn".into()),
         MountOption::DefaultPermissions,
         MountOption::NoAtime,
-        MountOption::Dev,
-        MountOption::Suid,
+        if opts.dev { MountOption::Dev } else { MountOption::NoDev },
+        if opts.suid { MountOption::Suid } else { MountOption::NoSuid },
+        if opts.exec { MountOption::Exec } else { MountOption::NoExec },
     ];
     if opts.read_only {
         config.mount_options.push(MountOption::RO);
