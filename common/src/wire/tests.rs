@@ -382,3 +382,43 @@ async fn connections_beyond_the_limits_are_closed_and_others_still_served() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test]
+async fn frames_are_checked_as_the_fuzz_target_reads_them() {
+    let frame = |method: u16, body: &[u8], bulk: &[u8]| {
+        let mut f = vec![0; HEADER];
+        write_header(&mut f, body.len(), bulk.len(), &method.to_le_bytes(), 0).unwrap();
+        f.extend_from_slice(body);
+        f.extend_from_slice(bulk);
+        f
+    };
+    let lookup = prost::Message::encode_to_vec(&p::LookupRequest { parent: 1, name: b"a".to_vec() });
+    let write = prost::Message::encode_to_vec(&p::WriteShardRequest {
+        id: None,
+        data: Bytes::from_static(b"in body"),
+    });
+    assert!(meta::check_request(meta::ids::lookup, lookup.clone().into(), Bytes::new()).is_ok());
+    assert!(chunk::check_request(chunk::ids::write_shard, write.clone().into(), Bytes::new()).is_ok());
+    // Shard data both in the body and in the bulk part is refused, as the server refuses it.
+    let e = chunk::check_request(chunk::ids::write_shard, write.clone().into(), Bytes::from_static(b"x"));
+    assert_eq!(e.unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert!(meta::check_request(999, Bytes::new(), Bytes::new()).is_err());
+    // Two whole frames, then one cut short: two are read.
+    let mut stream = frame(meta::ids::lookup, &lookup, &[]);
+    stream.extend(frame(chunk::ids::write_shard, &[], b"bulk"));
+    stream.extend(&frame(meta::ids::lookup, &lookup, &[])[..HEADER + 1]);
+    assert_eq!(check_frames(&stream, false).await, 2);
+    // A reply: its type chosen by the header's last two bytes; an error reply is the server's error.
+    let mut reply = frame(0, b"gone", &[]);
+    reply[8] = STATUS_ERROR;
+    reply[9] = ErrorKind::NotFound.index();
+    assert_eq!(check_frames(&reply, true).await, 1);
+    let e = meta::check_reply(
+        meta::ids::lookup,
+        STATUS_ERROR,
+        ErrorKind::NotFound.index(),
+        "gone".into(),
+        Bytes::new(),
+    );
+    assert_eq!(e.unwrap_err().kind(), ErrorKind::NotFound);
+}
