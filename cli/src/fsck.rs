@@ -44,6 +44,8 @@ pub struct Options {
     /// Read every block and check it against its checksum (otherwise: presence and length).
     pub verify: bool,
     pub repair: bool,
+    /// With `repair`: also delete shards of inode numbers the namespace never handed out.
+    pub delete_foreign: bool,
     /// `fsck`: also the namespace and unreferenced shards.
     pub fsck: bool,
     pub json: bool,
@@ -189,7 +191,9 @@ pub async fn run(opts: Options) -> Result<u8> {
 
     let leftover = if opts.fsck {
         bar.set_message("looking for shards no file references");
-        Some(conn.reconcile(p::ReconcileRequest { dry_run: !opts.repair }).await?)
+        let req =
+            p::ReconcileRequest { dry_run: !opts.repair, delete_foreign: opts.repair && opts.delete_foreign };
+        Some(conn.reconcile(req).await?)
     } else {
         None
     };
@@ -226,7 +230,8 @@ pub async fn run(opts: Options) -> Result<u8> {
             })),
             "unreferenced_shards": leftover.as_ref().map(|r| json!({
                 "checked": r.checked, "stale": r.stale, "stale_bytes": r.stale_bytes,
-                "deleted": r.deleted, "errors": r.errors,
+                "deleted": r.deleted, "errors": r.errors, "foreign": r.foreign,
+                "foreign_bytes": r.foreign_bytes, "foreign_nodes": r.foreign_nodes,
             })),
             "seconds": seconds, "exit": exit,
         });
@@ -287,6 +292,24 @@ pub async fn run(opts: Options) -> Result<u8> {
                     format!("{} deleted", r.deleted)
                 } else {
                     "not data; the metaserver deletes them, or run with --repair".into()
+                }
+            );
+        }
+        if r.foreign > 0 {
+            let on: Vec<String> = r.foreign_nodes.iter().map(u32::to_string).collect();
+            println!(
+                "  FOREIGN shards: {} ({}) on chunkservers {} belong to inode numbers this namespace \
+                 never handed out: is the metaserver running on an older backup or another copy of \
+                 its data directory? {}",
+                r.foreign,
+                human(r.foreign_bytes),
+                on.join(", "),
+                if opts.repair && opts.delete_foreign {
+                    "Deleted, as asked (--delete-foreign).".to_string()
+                } else {
+                    "They are kept; `cairn fsck --repair --delete-foreign` deletes them once you are \
+                     sure they are not data."
+                        .to_string()
                 }
             );
         }

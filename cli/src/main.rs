@@ -266,6 +266,11 @@ enum Command {
         /// shards.
         #[arg(long)]
         repair: bool,
+        /// With --repair: also delete shards of inode numbers the namespace never handed out
+        /// (kept otherwise: they mean the namespace is older than the data, e.g. a metaserver
+        /// restored from a backup).
+        #[arg(long, requires = "repair")]
+        delete_foreign: bool,
         /// Check shards are present with the right length, without reading them.
         #[arg(long)]
         no_verify: bool,
@@ -495,16 +500,31 @@ fn main() -> ExitCode {
         }
         Command::Scrub { path, all: _, meta, json } => {
             let shown = path.clone();
-            let opts = fsck::Options { path, meta, verify: true, repair: true, fsck: false, json };
+            let opts = fsck::Options {
+                path,
+                meta,
+                verify: true,
+                repair: true,
+                delete_foreign: false,
+                fsck: false,
+                json,
+            };
             let result = runtime().and_then(|rt| rt.block_on(fsck::run(opts)));
             return exit_code(result.map_err(|e| match &shown {
                 Some(path) => tree::explain_not_found(path, e),
                 None => e,
             }));
         }
-        Command::Fsck { repair, no_verify, meta, json } => {
-            let opts =
-                fsck::Options { path: None, meta: Some(meta), verify: !no_verify, repair, fsck: true, json };
+        Command::Fsck { repair, delete_foreign, no_verify, meta, json } => {
+            let opts = fsck::Options {
+                path: None,
+                meta: Some(meta),
+                verify: !no_verify,
+                repair,
+                delete_foreign,
+                fsck: true,
+                json,
+            };
             return exit_code(runtime().and_then(|rt| rt.block_on(fsck::run(opts))));
         }
         Command::Node(cmd) => runtime().and_then(|rt| {

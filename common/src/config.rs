@@ -64,6 +64,12 @@ pub struct MetaConfig {
     /// Shards no file references (crashed writers, stale copies) are deleted once older than
     /// this. Keep it well above `client_lease_ms`: a writer cut off for longer may still commit.
     pub orphan_grace_ms: u64,
+    /// Shards of inodes the namespace no longer has (unlinked files whose garbage collection
+    /// missed a node) are deleted only once older than this, longer than `orphan_grace_ms`:
+    /// a namespace that lost recent changes (restored from a backup) must not take the data
+    /// with it before an operator notices. Shards of inode numbers the namespace never handed
+    /// out are never deleted on their own (`cairn fsck --repair --delete-foreign`).
+    pub unknown_inode_grace_ms: u64,
     /// How often every chunkserver's shards are reconciled with the namespace (also whenever a
     /// chunkserver comes back).
     pub reconcile_interval_ms: u64,
@@ -105,6 +111,7 @@ impl Default for MetaConfig {
             rebuild_after_ms: 600_000,
             repair_rate_bytes: 100 << 20,
             orphan_grace_ms: 3_600_000,
+            unknown_inode_grace_ms: 7 * 24 * 3_600_000,
             reconcile_interval_ms: 3_600_000,
             metrics_listen: None,
             replicas: Vec::new(),

@@ -211,26 +211,42 @@ async fn reconcile_deletes_only_unreferenced_old_shards() {
         entry(not_here, version, old),      // a copy the placement puts elsewhere
         entry(here, (9u64 << 32) | 5, old), // uncommitted, writer 9 has no session
         entry(here, (9u64 << 32) | 6, 10),  // the same, but too young
+        // An inode number handed out before and gone: stale past the unknown-inode grace.
         ShardEntry {
             id: Some(cairn_proto::ShardId { ino: 999, stripe: 0, index: 0, version }),
             bytes: 7,
             age_ms: old,
         },
+        // One this namespace never handed out: foreign, kept unless asked.
+        ShardEntry {
+            id: Some(cairn_proto::ShardId { ino: ns.inos_reserved_end() + 10, stripe: 0, index: 0, version }),
+            bytes: 11,
+            age_ms: old,
+        },
     ];
+    assert!(999 < ns.inos_reserved_end());
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     let repair = crate::repair::Repair::new(ns.clone(), std::time::Duration::from_secs(60), 1 << 20)
-        .with_orphan_grace(std::time::Duration::from_secs(30));
-    let dry = repair.reconcile(true).await;
-    assert_eq!((dry.checked, dry.stale, dry.deleted), (5, 3, 0), "{dry:?}");
+        .with_orphan_grace(std::time::Duration::from_secs(30))
+        .with_unknown_inode_grace(std::time::Duration::from_secs(50));
+    let dry = repair.reconcile(true, false).await;
+    assert_eq!((dry.checked, dry.stale, dry.deleted, dry.foreign), (6, 3, 0, 1), "{dry:?}");
     assert!(fake.deleted.lock().is_empty());
-    let done = repair.reconcile(false).await;
+    let done = repair.reconcile(false, false).await;
     assert_eq!((done.stale, done.deleted, done.stale_bytes), (3, 3, 207), "{done:?}");
+    assert_eq!((done.foreign, done.foreign_bytes, done.foreign_nodes.clone()), (1, 11, vec![a]), "{done:?}");
     let mut deleted: Vec<(u64, u32, u64)> =
         fake.deleted.lock().iter().map(|d| (d.ino, d.index, d.version)).collect();
     deleted.sort();
     let mut want =
         vec![(inode.ino, not_here, version), (inode.ino, here, (9u64 << 32) | 5), (999, 0, version)];
     want.sort();
-    assert_eq!(deleted, want);
+    assert_eq!(deleted, want, "the foreign shard is kept");
     assert_eq!(ns.repair_state().lock().stale_shards_deleted, 3);
+    assert_eq!(ns.repair_state().lock().foreign_shards, 1);
+    // Asked to, it goes too (the fake still lists everything it was given).
+    let asked = repair.reconcile(false, true).await;
+    assert_eq!((asked.foreign, asked.deleted), (1, 4), "{asked:?}");
+    assert!(fake.deleted.lock().iter().any(|d| d.ino == ns.inos_reserved_end() + 10));
+    assert_eq!(ns.repair_state().lock().foreign_shards, 0);
 }

@@ -87,6 +87,15 @@ pub fn assess(nodes: &[NodeInfo], repair: &RepairState, durability_lost: Option<
     if repair.bytes_to_rebuild > 0 {
         warnings.push(format!("{} to rebuild", human(repair.bytes_to_rebuild)));
     }
+    if repair.foreign_shards > 0 {
+        let on: Vec<String> = repair.foreign_nodes.iter().map(u32::to_string).collect();
+        warnings.push(format!(
+            "{} of inodes this namespace never created, on chunkservers {} (kept: an older backup \
+             of the namespace? see `cairn fsck`)",
+            plural(repair.foreign_shards, "shard"),
+            on.join(", ")
+        ));
+    }
     let full: Vec<&NodeInfo> = nodes.iter().filter(|n| n.up && n.full).collect();
     if !full.is_empty() {
         warnings.push(format!("{} full ({})", plural(full.len() as u64, "chunkserver"), ids(&full)));
@@ -164,6 +173,20 @@ mod tests {
             h.line(),
             "HEALTH_ERR: 3 stripes unreadable until chunkservers return (in 1 file), \
              1 chunkserver down (1), 1.0 KiB to rebuild, 1 chunkserver full (2)"
+        );
+    }
+
+    #[test]
+    fn foreign_shards_warn_and_name_their_chunkservers() {
+        let repair = RepairState { foreign_shards: 12, foreign_nodes: vec![2, 5], ..Default::default() };
+        let h = assess(&[node(2, true, None), node(5, true, None)], &repair, None);
+        assert_eq!(h.level, Level::Warn);
+        assert!(
+            h.line().starts_with(
+                "HEALTH_WARN: 12 shards of inodes this namespace never created, on chunkservers 2, 5"
+            ),
+            "{}",
+            h.line()
         );
     }
 

@@ -153,6 +153,7 @@ pub async fn serve(
         rebuild_after: Duration::from_millis(config.rebuild_after_ms),
         repair_rate_bytes: config.repair_rate_bytes,
         orphan_grace: Duration::from_millis(config.orphan_grace_ms),
+        unknown_inode_grace: Duration::from_millis(config.unknown_inode_grace_ms),
         reconcile_interval: Duration::from_millis(config.reconcile_interval_ms),
     };
     if !config.replicas.is_empty() {
@@ -264,7 +265,8 @@ fn start_background(ns: Arc<Namespace>, background: Background) -> (service::Ser
     let reaper = tokio::spawn(reap_sessions(ns.clone()));
     let repair = Arc::new(
         repair::Repair::new(ns.clone(), background.rebuild_after, background.repair_rate_bytes)
-            .with_orphan_grace(background.orphan_grace),
+            .with_orphan_grace(background.orphan_grace)
+            .with_unknown_inode_grace(background.unknown_inode_grace),
     );
     let repairing = tokio::spawn(repair.clone().run(Duration::from_secs(2), background.reconcile_interval));
     let published = tokio::spawn(metrics::publish(ns.clone(), Duration::from_secs(5)));
@@ -340,6 +342,7 @@ pub struct Background {
     pub rebuild_after: Duration,
     pub repair_rate_bytes: u64,
     pub orphan_grace: Duration,
+    pub unknown_inode_grace: Duration,
     pub reconcile_interval: Duration,
 }
 
@@ -351,6 +354,7 @@ impl Default for Background {
             rebuild_after: Duration::from_millis(c.rebuild_after_ms),
             repair_rate_bytes: c.repair_rate_bytes,
             orphan_grace: Duration::from_millis(c.orphan_grace_ms),
+            unknown_inode_grace: Duration::from_millis(c.unknown_inode_grace_ms),
             reconcile_interval: Duration::from_millis(c.reconcile_interval_ms),
         }
     }

@@ -15,6 +15,14 @@
 //! Nothing younger than `orphan_grace` is touched, whatever the verdict: that covers writes in
 //! flight and clients that come back after a partition. Runs under the repair's lock, so never
 //! beside a rebuild whose targets are not referenced yet.
+//!
+//! A namespace that is older than the data (a metaserver restored from a backup, or started on
+//! the wrong copy of its data directory within the same cluster) would judge the shards of every
+//! file created since as stale. So shards of inodes the namespace does not have are held to a
+//! separate, much longer grace (`unknown_inode_grace_ms`, a week), and shards of inode numbers the
+//! namespace never handed out (at or above its durable inode reservation) are **foreign**: never
+//! deleted unless an operator asks (`cairn fsck --repair --delete-foreign`), counted, logged and
+//! shown in `cairn status` until then.
 
 use std::time::Duration;
 
@@ -33,6 +41,10 @@ pub struct ReconcileReport {
     pub stale: u64,
     pub stale_bytes: u64,
     pub deleted: u64,
+    /// Shards of inode numbers this namespace never handed out, and where they are.
+    pub foreign: u64,
+    pub foreign_bytes: u64,
+    pub foreign_nodes: Vec<u32>,
     /// Chunkservers that could not be listed or cleaned, one line each.
     pub errors: Vec<String>,
 }
@@ -44,17 +56,40 @@ pub enum Verdict {
     /// Young, or its writer may still commit: left alone for now.
     Pending,
     Stale,
+    /// Of an inode number this namespace never handed out: kept unless an operator asks.
+    Foreign,
 }
 
 impl Repair {
-    /// Judge every shard of every up chunkserver; delete the stale ones unless `dry_run`.
-    pub async fn reconcile(&self, dry_run: bool) -> ReconcileReport {
+    /// Judge every shard of every up chunkserver; delete the stale ones (and the foreign ones
+    /// when `delete_foreign`) unless `dry_run`.
+    pub async fn reconcile(&self, dry_run: bool, delete_foreign: bool) -> ReconcileReport {
         let _running = self.running.lock().await;
         let mut report = ReconcileReport::default();
         for (id, node) in self.nodes().into_iter().filter(|(_, n)| n.up) {
-            if let Err(e) = self.reconcile_node(id, &node.addr, dry_run, &mut report).await {
+            let foreign_before = report.foreign;
+            if let Err(e) = self.reconcile_node(id, &node.addr, dry_run, delete_foreign, &mut report).await {
                 report.errors.push(format!("chunkserver {id} ({}): {}", node.addr, e.message()));
             }
+            if report.foreign > foreign_before {
+                report.foreign_nodes.push(id);
+            }
+        }
+        {
+            let mut state = self.ns.repair_state().lock();
+            let deleted_foreign = delete_foreign && !dry_run;
+            state.foreign_shards = if deleted_foreign { 0 } else { report.foreign };
+            state.foreign_nodes = if deleted_foreign { Vec::new() } else { report.foreign_nodes.clone() };
+        }
+        if report.foreign > 0 && !delete_foreign {
+            tracing::warn!(
+                shards = report.foreign,
+                bytes = report.foreign_bytes,
+                nodes = ?report.foreign_nodes,
+                "chunkservers hold shards of inode numbers this namespace never handed out: is this \
+                 metaserver running on an older backup or another copy of its data directory? They \
+                 are kept; `cairn fsck --repair --delete-foreign` deletes them"
+            );
         }
         if report.deleted > 0 {
             self.ns.repair_state().lock().stale_shards_deleted += report.deleted;
@@ -72,6 +107,7 @@ impl Repair {
         node: u32,
         addr: &str,
         dry_run: bool,
+        delete_foreign: bool,
         report: &mut ReconcileReport,
     ) -> Result<()> {
         let mut client = self.chunk_client(addr)?;
@@ -87,10 +123,20 @@ impl Repair {
                 let Some(id) = entry.id.as_ref() else { continue };
                 let id = ShardId::from(id);
                 report.checked += 1;
-                if self.verdict(node, &id, Duration::from_millis(entry.age_ms))? == Verdict::Stale {
-                    report.stale += 1;
-                    report.stale_bytes += entry.bytes;
-                    stale.push(cairn_proto::ShardId::from(id));
+                match self.verdict(node, &id, Duration::from_millis(entry.age_ms))? {
+                    Verdict::Stale => {
+                        report.stale += 1;
+                        report.stale_bytes += entry.bytes;
+                        stale.push(cairn_proto::ShardId::from(id));
+                    }
+                    Verdict::Foreign => {
+                        report.foreign += 1;
+                        report.foreign_bytes += entry.bytes;
+                        if delete_foreign {
+                            stale.push(cairn_proto::ShardId::from(id));
+                        }
+                    }
+                    Verdict::Referenced | Verdict::Pending => {}
                 }
             }
             if !dry_run && !stale.is_empty() {
@@ -123,7 +169,16 @@ impl Repair {
         if age < self.orphan_grace {
             return Ok(Verdict::Pending);
         }
-        let Some(inode) = self.ns.find_inode(id.ino)? else { return Ok(Verdict::Stale) };
+        let Some(inode) = self.ns.find_inode(id.ino)? else {
+            if id.ino >= self.ns.inos_reserved_end() {
+                return Ok(Verdict::Foreign);
+            }
+            return Ok(if age < self.unknown_grace.max(self.orphan_grace) {
+                Verdict::Pending
+            } else {
+                Verdict::Stale
+            });
+        };
         let layout = inode.layout();
         if !inode.is_reg() || layout.validate().is_err() || id.index >= layout.width() {
             return Ok(Verdict::Stale);
@@ -173,8 +228,9 @@ mod tests {
         let stripe = StripeInfo { index: 0, version, len: 10, written_len: 10, missing: 0 };
         ns.commit(ino, 10, &[stripe], Some(&Timespec { sec: 1, nsec: 0 })).unwrap();
         std::thread::sleep(Duration::from_millis(5));
-        let repair =
-            Repair::new(ns.clone(), Duration::from_secs(60), 1 << 20).with_orphan_grace(Duration::ZERO);
+        let repair = Repair::new(ns.clone(), Duration::from_secs(60), 1 << 20)
+            .with_orphan_grace(Duration::ZERO)
+            .with_unknown_inode_grace(Duration::from_secs(100));
         let old = Duration::from_secs(10);
         let layout = Layout::new(2, 1, 4096).unwrap();
         let home = |i: u32| placement[layout.position(0, i)];
@@ -189,9 +245,23 @@ mod tests {
         // ... but kept while that writer is alive.
         ns.sessions().heartbeat(9, None);
         assert_eq!(repair.verdict(home(0), &id(0, uncommitted), old).unwrap(), Verdict::Pending);
-        // A file that is gone.
-        let gone = ShardId { ino: ino + 1000, stripe: 0, index: 0, version };
-        assert_eq!(repair.verdict(home(0), &gone, old).unwrap(), Verdict::Stale);
+        // A file that is gone (an inode number handed out before, no longer in the namespace):
+        // stale only past the longer grace for unknown inodes.
+        let new = NewEntry { parent: cairn_common::ROOT_INO, name: b"g", mode: 0o644, uid: 0, gid: 0 };
+        let (removed, _) = ns.create(&new, 0, false).unwrap();
+        ns.unlink(cairn_common::ROOT_INO, b"g").unwrap();
+        assert!(ns.find_inode(removed.ino).unwrap().is_none());
+        let gone = ShardId { ino: removed.ino, stripe: 0, index: 0, version };
+        assert_eq!(repair.verdict(home(0), &gone, old).unwrap(), Verdict::Pending);
+        assert_eq!(repair.verdict(home(0), &gone, Duration::from_secs(101)).unwrap(), Verdict::Stale);
+        // An inode number this namespace never handed out: foreign, whatever its age.
+        let foreign = ShardId { ino: ns.inos_reserved_end(), stripe: 0, index: 0, version };
+        assert_eq!(
+            repair.verdict(home(0), &foreign, Duration::from_secs(1 << 30)).unwrap(),
+            Verdict::Foreign
+        );
+        let far = ShardId { ino: ns.inos_reserved_end() + 5000, ..foreign };
+        assert_eq!(repair.verdict(home(0), &far, old).unwrap(), Verdict::Foreign);
         // Young shards are never judged.
         let strict =
             Repair::new(ns, Duration::from_secs(60), 1 << 20).with_orphan_grace(Duration::from_secs(60));

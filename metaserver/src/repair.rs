@@ -46,6 +46,10 @@ pub struct RepairState {
     pub drain_left: BTreeMap<u32, u64>,
     /// Unreferenced shards deleted by reconciliation since start.
     pub stale_shards_deleted: u64,
+    /// Shards of inode numbers this namespace never handed out, and the chunkservers holding
+    /// them, as of the last reconciliation (kept: see `reconcile.rs`).
+    pub foreign_shards: u64,
+    pub foreign_nodes: Vec<u32>,
     /// Stripes by how many more shards each can lose (`by_margin[j]`: can lose `j` more), as of
     /// the last pass, after what it healed. Unreadable stripes are not here.
     pub by_margin: Vec<u64>,
@@ -94,6 +98,8 @@ pub struct Repair {
     pub(crate) running: tokio::sync::Mutex<()>,
     /// Unreferenced shards younger than this are left alone.
     pub(crate) orphan_grace: Duration,
+    /// Shards of inodes the namespace no longer has are left alone while younger than this.
+    pub(crate) unknown_grace: Duration,
 }
 
 /// One node as the repair sees it.
@@ -127,7 +133,15 @@ impl Repair {
             channels: Channels::new(Duration::from_secs(2), Duration::from_secs(60)),
             running: tokio::sync::Mutex::new(()),
             orphan_grace: Duration::from_secs(3600),
+            unknown_grace: Duration::from_secs(7 * 24 * 3600),
         }
+    }
+
+    /// Leave shards of inodes the namespace no longer has alone while younger than `grace`
+    /// (default a week; never less than the orphan grace).
+    pub fn with_unknown_inode_grace(mut self, grace: Duration) -> Repair {
+        self.unknown_grace = grace;
+        self
     }
 
     /// Leave unreferenced shards younger than `grace` alone (default one hour).
@@ -155,7 +169,7 @@ impl Repair {
             was_up = now_up;
             if rejoined || last_reconcile.elapsed() >= reconcile_every {
                 last_reconcile = Instant::now();
-                let report = self.reconcile(false).await;
+                let report = self.reconcile(false, false).await;
                 if report.deleted > 0 || !report.errors.is_empty() {
                     tracing::info!(
                         stale = report.stale,

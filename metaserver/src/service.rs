@@ -697,13 +697,17 @@ impl Meta for MetaService {
     }
 
     async fn reconcile(&self, req: Request<ReconcileRequest>) -> Result<Response<ReconcileReply>, Status> {
-        let report = self.repair()?.reconcile(req.into_inner().dry_run).await;
+        let req = req.into_inner();
+        let report = self.repair()?.reconcile(req.dry_run, req.delete_foreign).await;
         Ok(Response::new(ReconcileReply {
             checked: report.checked,
             stale: report.stale,
             stale_bytes: report.stale_bytes,
             deleted: report.deleted,
             errors: report.errors,
+            foreign: report.foreign,
+            foreign_bytes: report.foreign_bytes,
+            foreign_nodes: report.foreign_nodes,
         }))
     }
 

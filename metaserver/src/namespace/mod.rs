@@ -263,6 +263,13 @@ impl Namespace {
             .collect()
     }
 
+    /// Inode numbers from here on were never handed out by this namespace (the durable end of
+    /// the reserved block): a shard of such an inode was written against another namespace, or a
+    /// later state of this one (this one restored from a backup).
+    pub fn inos_reserved_end(&self) -> u64 {
+        self.inos.lock().reserved_end
+    }
+
     /// A new inode number, never handed out before (also across restarts).
     fn alloc_ino(&self) -> Result<u64> {
         let mut a = self.inos.lock();
