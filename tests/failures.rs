@@ -666,3 +666,64 @@ fn a_metaserver_on_the_wrong_data_directory_is_not_joined() {
     };
     assert_eq!(sha256(&back), sha256(&data), "every byte is still there");
 }
+
+/// A metaserver restored from a backup older than some files: their shards are foreign to the
+/// restored namespace (inode numbers it never handed out). With an orphan grace of 0 the old
+/// reconciliation would have deleted them at once; now they are kept, reported, and deleted
+/// only when an operator asks.
+#[test]
+fn a_namespace_restored_from_an_older_backup_keeps_the_newer_files_shards() {
+    let mut cluster = Cluster::start_with(
+        std::path::Path::new("/tmp"),
+        6,
+        "4+2",
+        64,
+        &["--orphan-grace-ms", "0", "--client-lease-ms", "2000"],
+    );
+    let before = random_bytes(300_000, 1210);
+    fs::write(cluster.mnt.join("before"), &before).unwrap();
+    let backups = cluster.root.path().join("backups");
+    let out = cluster.cli(&["meta", "backup", backups.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let backup = fs::read_dir(&backups).unwrap().next().unwrap().unwrap().path();
+    let shards_before = cluster.shard_files().len();
+    // After a restart the namespace hands out inode numbers from a block the backup never had.
+    cluster.stop();
+    cluster.restart();
+    let after = random_bytes(300_000, 1211);
+    fs::write(cluster.mnt.join("after"), &after).unwrap();
+    let shards_after = cluster.shard_files().len();
+    assert!(shards_after >= shards_before + 6, "{shards_before} → {shards_after}");
+
+    // Every metaserver lost; the backup restored.
+    cluster.stop();
+    fs::remove_dir_all(cluster.data.join("meta/db")).unwrap();
+    let config = cluster.data.join("meta/meta.toml");
+    let out =
+        cluster.cli(&["meta", "restore", backup.to_str().unwrap(), "--config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    cluster.restart();
+    assert_eq!(sha256(&fs::read(cluster.mnt.join("before")).unwrap()), sha256(&before));
+    assert!(!cluster.mnt.join("after").exists(), "the backup is older than the file");
+
+    // Reconciliation with --repair judges them foreign and keeps them.
+    let (_, r) = cli_json(&cluster, &["fsck", "--repair"]);
+    let leftover = &r["unreferenced_shards"];
+    let foreign = (shards_after - shards_before) as u64;
+    assert_eq!(leftover["foreign"].as_u64(), Some(foreign), "{r}");
+    assert_eq!(leftover["deleted"].as_u64(), Some(0), "{r}");
+    assert_eq!(cluster.shard_files().len(), shards_after, "no shard was deleted");
+    let status = String::from_utf8_lossy(&cluster.cli(&["status"]).stdout).into_owned();
+    assert!(status.contains("HEALTH_WARN") && status.contains("never created"), "{status}");
+    let out = cluster.cli(&["fsck"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("FOREIGN shards") && text.contains("--delete-foreign"), "{text}");
+
+    // Asked to, fsck deletes them; the rest is untouched and the warning goes.
+    let (_, r) = cli_json(&cluster, &["fsck", "--repair", "--delete-foreign"]);
+    assert_eq!(r["unreferenced_shards"]["deleted"].as_u64(), Some(foreign), "{r}");
+    assert_eq!(cluster.shard_files().len(), shards_before);
+    assert_eq!(sha256(&fs::read(cluster.mnt.join("before")).unwrap()), sha256(&before));
+    let status = String::from_utf8_lossy(&cluster.cli(&["status"]).stdout).into_owned();
+    assert!(!status.contains("never created"), "{status}");
+}

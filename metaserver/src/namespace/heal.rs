@@ -95,6 +95,12 @@ impl Namespace {
 
     /// Shards found damaged (corrupt or gone): mark each missing in its stripe record if that
     /// version is still current, so the repair rebuilds it. Returns how many were marked.
+    ///
+    /// A report never takes a stripe past `m` missing shards: beyond that nothing could be
+    /// rebuilt, and marking would only stop readers from trying shards a mistaken or hostile
+    /// reporter named (reports are not authenticated yet). Such a report is refused and logged;
+    /// readers still verify every block they get, so a shard that is really damaged is not
+    /// returned either way.
     pub fn mark_damaged(&self, ids: &[cairn_common::ShardId]) -> Result<u32> {
         let mut marked = 0;
         for id in ids {
@@ -106,6 +112,17 @@ impl Namespace {
                     let Some(value) = self.store.get(Cf::Stripes, &key)? else { return Ok(false) };
                     let mut record: Stripe = schema::decode("stripe", &value)?;
                     if record.version != id.version || record.missing & (1 << id.index) != 0 {
+                        return Ok(false);
+                    }
+                    let Some(inode) = self.find_inode(id.ino)? else { return Ok(false) };
+                    let m = inode.layout().m;
+                    if (record.missing | 1 << id.index).count_ones() > m {
+                        tracing::warn!(
+                            shard = %id,
+                            missing = record.missing.count_ones(),
+                            m,
+                            "damage report refused: the stripe would have more than m shards missing"
+                        );
                         return Ok(false);
                     }
                     record.missing |= 1 << id.index;
