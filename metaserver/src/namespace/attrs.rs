@@ -14,6 +14,11 @@ pub const XATTR_REPLACE: u32 = 2;
 
 /// Largest number of xattrs listed (their names together stay far below the message limit).
 const XATTR_LIST_MAX: usize = 65536;
+/// What one inode's xattrs may hold, so no client can grow an inode without bound: their names
+/// (each with its NUL) fit in one `listxattr` buffer of Linux's XATTR_LIST_MAX (64 KiB), and
+/// names and values together in 4 MiB. A new xattr beyond either is `ENOSPC`, as on ext4.
+const XATTR_NAMES_BYTES_MAX: usize = 65536;
+const XATTR_TOTAL_BYTES_MAX: usize = 4 << 20;
 
 fn check_xattr_name(name: &[u8]) -> Result<()> {
     if name.is_empty() {
@@ -133,10 +138,43 @@ impl Namespace {
                 if flags & XATTR_REPLACE != 0 && !exists {
                     return Err(CairnError::new(ErrorKind::NoData, "no such xattr"));
                 }
+                self.check_xattr_room(ino, name, value, exists)?;
                 tx.batch.put(Cf::Xattrs, key, schema::encode(&XattrValue { value: value.to_vec() }));
                 tx.commit()
             },
         )
+    }
+
+    /// `ENOSPC` when setting `name` to `value` would take the inode's xattrs past
+    /// [`XATTR_NAMES_BYTES_MAX`] or [`XATTR_TOTAL_BYTES_MAX`] (a replaced value's old bytes do
+    /// not count).
+    fn check_xattr_room(&self, ino: u64, name: &[u8], value: &[u8], exists: bool) -> Result<()> {
+        let rows =
+            self.store.scan(Cf::Xattrs, &schema::ino_key(ino), &schema::prefix_end(ino), XATTR_LIST_MAX)?;
+        let (mut names, mut total) = (0usize, 0usize);
+        for (k, v) in &rows {
+            let other = schema::name_of(k);
+            if other == name {
+                continue;
+            }
+            names += other.len() + 1;
+            total += other.len() + v.len();
+        }
+        names += name.len() + 1;
+        total += name.len() + value.len();
+        if names > XATTR_NAMES_BYTES_MAX
+            || total > XATTR_TOTAL_BYTES_MAX
+            || (!exists && rows.len() >= XATTR_LIST_MAX)
+        {
+            return Err(CairnError::new(
+                ErrorKind::NoSpace,
+                format!(
+                    "no room for another extended attribute on inode {ino} ({} names, {total} bytes with this one)",
+                    rows.len() + usize::from(!exists)
+                ),
+            ));
+        }
+        Ok(())
     }
 
     pub fn list_xattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {

@@ -382,6 +382,37 @@ fn xattrs() {
 }
 
 #[test]
+fn an_inodes_xattrs_are_bounded_with_enospc() {
+    let ns = setup();
+    let f = file(&ns, ROOT_INO, "f");
+    // Names: 256 of 255 bytes (each with its NUL) fill one 64 KiB listxattr buffer.
+    let name = |i: usize| format!("user.{i:0>250}").into_bytes();
+    for i in 0..256 {
+        ns.set_xattr(f.ino, &name(i), b"v", 0).unwrap();
+    }
+    let e = ns.set_xattr(f.ino, &name(256), b"v", 0).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NoSpace, "{e}");
+    // Replacing one that is there still works; so does adding one after another goes.
+    ns.set_xattr(f.ino, &name(3), b"new value", XATTR_REPLACE).unwrap();
+    ns.remove_xattr(f.ino, &name(0)).unwrap();
+    ns.set_xattr(f.ino, &name(256), b"v", 0).unwrap();
+    assert_eq!(ns.list_xattr(f.ino).unwrap().len(), 256);
+    // Values: 4 MiB in all per inode.
+    let g = file(&ns, ROOT_INO, "g");
+    let big = vec![7u8; 65536];
+    let mut stored = 0;
+    while ns.set_xattr(g.ino, format!("user.big{stored}").as_bytes(), &big, 0).is_ok() {
+        stored += 1;
+        assert!(stored <= 64, "more than 4 MiB of xattrs on one inode");
+    }
+    assert_eq!(stored, 63, "63 values of 64 KiB with their names fit in 4 MiB");
+    // A small one still fits; replacing a value with one as large keeps the total; more does not fit.
+    ns.set_xattr(g.ino, b"user.small", b"x", 0).unwrap();
+    ns.set_xattr(g.ino, b"user.big0", &vec![1u8; 65536], XATTR_REPLACE).unwrap();
+    assert_eq!(kind(ns.set_xattr(g.ino, b"user.more", &big, 0)), ErrorKind::NoSpace);
+}
+
+#[test]
 fn readdir_pages_through_ten_thousand_entries() {
     let ns = setup();
     let d = dir(&ns, ROOT_INO, "big");
