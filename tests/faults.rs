@@ -23,6 +23,8 @@ use support::{eventually, kill9, random_bytes, restart_server, sha256, Cluster, 
 
 #[path = "faults/chunkservers.rs"]
 mod chunkservers;
+#[path = "faults/hostile.rs"]
+mod hostile;
 #[path = "faults/metaserver.rs"]
 mod metaserver;
 

@@ -115,6 +115,13 @@ pub async fn serve(
 /// Validate `config`, bind its listen address and serve until SIGINT or SIGTERM.
 pub async fn run(config: ChunkConfig) -> Result<()> {
     config.validate()?;
+    let open_files = cairn_common::rlimit::raise_open_files();
+    if open_files < 4096 + cairn_common::rlimit::RESERVED_FDS {
+        tracing::warn!(
+            open_files,
+            "a low open-file limit: fewer connections can be served (raise LimitNOFILE)"
+        );
+    }
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
         .map_err(|e| CairnError::from_io(&format!("cannot listen on {}", config.listen), &e))?;

@@ -11,6 +11,7 @@ pub mod failover;
 pub mod ids;
 pub mod layout;
 pub mod metrics;
+pub mod rlimit;
 pub mod space;
 pub mod telemetry;
 pub mod time;

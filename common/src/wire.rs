@@ -585,18 +585,25 @@ async fn read_reply(conn: &mut TcpStream) -> std::io::Result<(u8, u8, Bytes, Byt
 pub struct Limits {
     pub connections: usize,
     pub connections_per_peer: usize,
+    /// How long a new connection may take to send its first bytes (the wire magic, or a gRPC
+    /// client's preface), before it is told apart and served.
+    pub hello: Duration,
     pub idle: Duration,
     pub transfer: Duration,
 }
 
 impl Default for Limits {
     /// 4,096 connections, 1,024 from one address (a client's pool per server is 32 idle, more
-    /// while busy; a host may run several mounts), 5 minutes idle, 60 s per transfer (a 64 MiB
+    /// while busy; a host may run several mounts), both kept below this process's open-file
+    /// limit (less [`crate::rlimit::RESERVED_FDS`]); 5 minutes idle, 60 s per transfer (a 64 MiB
     /// shard at ~1 MiB/s).
     fn default() -> Limits {
+        let room = crate::rlimit::open_files().saturating_sub(crate::rlimit::RESERVED_FDS).max(64);
+        let connections = 4096.min(room as usize);
         Limits {
-            connections: 4096,
-            connections_per_peer: 1024,
+            connections,
+            connections_per_peer: 1024.min(connections),
+            hello: Duration::from_secs(10),
             idle: Duration::from_secs(300),
             transfer: Duration::from_secs(60),
         }
@@ -735,8 +742,9 @@ pub fn serve(
 }
 
 /// Serve `listener` until `shutdown` completes: connections that open with [`MAGIC`] are
-/// answered by `handler`, every other one is handed to the returned stream, which a tonic
-/// server takes as its incoming connections (`serve_with_incoming_shutdown`). A connection
+/// answered by `handler`, those that open with the HTTP/2 preface are handed to the returned
+/// stream, which a tonic server takes as its incoming connections
+/// (`serve_with_incoming_shutdown`), and any other is closed. A connection
 /// beyond `limits` is closed as soon as it is accepted (and counted in
 /// `cairn_rpc_connections_refused_total`).
 ///
@@ -795,16 +803,17 @@ pub fn serve_with(
             let (handler, grpc, mut stop, limits) =
                 (handler.clone(), grpc.clone(), shutdown.clone(), limits.clone());
             connections.spawn(async move {
-                let magic = tokio::select! {
-                    m = opens_with_magic(&conn) => m,
+                let opened = tokio::select! {
+                    h = tokio::time::timeout(limits.hello, hello(&conn)) => h,
                     _ = stop.wait_for(|s| *s) => return,
                 };
-                match magic {
-                    Ok(true) => serve_connection(conn, handler, stop, &limits).await,
-                    Ok(false) => {
+                match opened {
+                    Ok(Ok(Hello::Wire)) => serve_connection(conn, handler, stop, &limits).await,
+                    Ok(Ok(Hello::Grpc)) => {
                         let _ = grpc.send(Ok(Counted { conn, _permit: permit })).await;
                     }
-                    Err(_) => {}
+                    // Neither protocol, silent past `hello`, or gone: closed.
+                    Ok(Ok(Hello::Other)) | Ok(Err(_)) | Err(_) => {}
                 }
             });
         }
@@ -836,27 +845,48 @@ pub fn split_shutdown(
     })
 }
 
-/// Whether the connection's first bytes are [`MAGIC`]; decided at the first byte that differs,
-/// so a gRPC client (which writes its preface at once) is never kept waiting.
-async fn opens_with_magic(conn: &TcpStream) -> std::io::Result<bool> {
-    let mut buf = [0u8; MAGIC.len()];
-    let deadline = Instant::now() + Duration::from_secs(10);
+/// The first bytes of an HTTP/2 connection (a gRPC client's).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// What a new connection opened with.
+#[derive(Debug, PartialEq, Eq)]
+enum Hello {
+    /// [`MAGIC`]: the wire protocol.
+    Wire,
+    /// The whole HTTP/2 preface: gRPC.
+    Grpc,
+    /// Neither.
+    Other,
+}
+
+/// Tell a connection's protocol from its first bytes, without taking them: decided as soon as
+/// they can only be one or neither, so a gRPC client (which writes its preface at once) is
+/// never kept waiting. A connection whose first bytes are neither protocol's is not handed to
+/// anyone (nor kept open waiting for more). (The caller bounds how long this may take.)
+async fn hello(conn: &TcpStream) -> std::io::Result<Hello> {
+    let mut buf = [0u8; H2_PREFACE.len()];
+    let mut pause = Duration::from_millis(1);
     loop {
         let n = conn.peek(&mut buf).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
-        if buf[..n] != MAGIC[..n] {
-            return Ok(false);
+        let seen = &buf[..n];
+        let wire = seen[..n.min(MAGIC.len())] == MAGIC[..n.min(MAGIC.len())];
+        let grpc = H2_PREFACE.starts_with(seen);
+        if wire && n >= MAGIC.len() {
+            return Ok(Hello::Wire);
         }
-        if n == MAGIC.len() {
-            return Ok(true);
+        if grpc && n == H2_PREFACE.len() {
+            return Ok(Hello::Grpc);
         }
-        // Part of the magic so far: wait for the rest (peek does not consume, so poll).
-        if Instant::now() > deadline {
-            return Err(std::io::ErrorKind::TimedOut.into());
+        if !wire && !grpc {
+            return Ok(Hello::Other);
         }
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        // A beginning of one of them so far: wait for the rest (peek does not consume, so
+        // poll, less often the longer it takes).
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
     }
 }
 

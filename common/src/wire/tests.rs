@@ -98,6 +98,7 @@ fn short(connections: usize, per_peer: usize) -> Limits {
     Limits {
         connections,
         connections_per_peer: per_peer,
+        hello: Duration::from_millis(400),
         idle: Duration::from_millis(600),
         transfer: Duration::from_millis(300),
     }
@@ -178,15 +179,24 @@ async fn an_oversized_frame_or_a_bad_magic_closes_the_connection() {
     let mut buf = [0u8; 1];
     assert_eq!(conn.read(&mut buf).await.unwrap(), 0, "the server closes the connection");
 
-    // Anything else than the magic is someone else's protocol: handed on, not answered.
+    // The HTTP/2 preface is gRPC's: handed on, not answered.
     let mut other = TcpStream::connect(&addr).await.unwrap();
     other.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    other.write_all(b"\r\nSM\r\n\r\n").await.unwrap();
     use tokio_stream::StreamExt;
     let handed = tokio::time::timeout(Duration::from_secs(5), others.next()).await.unwrap().unwrap().unwrap();
     let mut preface = [0u8; 3];
     let mut handed = handed;
     handed.read_exact(&mut preface).await.unwrap();
     assert_eq!(&preface, b"PRI", "the other protocol's bytes are left unread for it");
+
+    // Bytes of neither protocol are closed at once, not handed on nor waited on.
+    let mut garbage = TcpStream::connect(&addr).await.unwrap();
+    garbage.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+    let started = Instant::now();
+    assert_eq!(garbage.read(&mut buf).await.unwrap_or(0), 0, "the server closes the connection");
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
 }
 
 #[tokio::test]
@@ -294,6 +304,14 @@ async fn a_slow_or_stalled_request_and_an_idle_connection_are_closed() {
     let started = Instant::now();
     assert!(closed_within(&mut slow, Duration::from_secs(5)).await, "a stalled request is cut off");
     assert!(started.elapsed() >= Duration::from_millis(250), "{:?}", started.elapsed());
+    // One that sends nothing at all, or half the magic: closed after `hello`.
+    for first in [&b""[..], &MAGIC[..3]] {
+        let mut silent = TcpStream::connect(&addr).await.unwrap();
+        silent.write_all(first).await.unwrap();
+        let started = Instant::now();
+        assert!(closed_within(&mut silent, Duration::from_secs(5)).await, "a silent connection is closed");
+        assert!(started.elapsed() >= Duration::from_millis(350), "{:?}", started.elapsed());
+    }
     // A connection that sends nothing after the magic: closed after `idle`.
     let mut idle = raw(&addr, "127.0.0.1").await;
     let started = Instant::now();

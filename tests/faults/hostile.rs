@@ -1,0 +1,123 @@
+//! Hostile peers on the servers' ports while a mount works: thousands of idle connections,
+//! slowloris senders, oversized and truncated frames, garbage, silent connections, and more
+//! connections from one address than a server admits. The servers stay up, refuse what is over
+//! their limits, and go on serving the legitimate mount.
+
+use super::*;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+const MAGIC: &[u8; 8] = b"CAIRNW\x00\x01";
+
+async fn connect_from(local: &str, to: std::net::SocketAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{local}:0").parse().unwrap()).unwrap();
+    socket.connect(to).await.unwrap_or_else(|e| panic!("connect to {to} from {local}: {e}"))
+}
+
+/// A frame header: body and bulk lengths, method.
+fn header(body: u32, bulk: u32, method: u16) -> Vec<u8> {
+    let mut h = Vec::with_capacity(12);
+    h.extend_from_slice(&body.to_le_bytes());
+    h.extend_from_slice(&bulk.to_le_bytes());
+    h.extend_from_slice(&method.to_le_bytes());
+    h.extend_from_slice(&0u16.to_le_bytes());
+    h
+}
+
+/// Whether the server closed `conn` within `within`.
+async fn closed(conn: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(tokio::time::timeout(within, conn.read(&mut buf)).await, Ok(Ok(0)) | Ok(Err(_)))
+}
+
+#[test]
+fn hostile_connections_do_not_stop_the_servers_serving_a_mount() {
+    let cluster = Cluster::start(6, "4+2", 64);
+    let meta: std::net::SocketAddr = cluster.meta_addr.parse().unwrap();
+    let chunk_node = cluster.nodes.iter().find(|n| n.role == "chunk").unwrap();
+    let chunk: std::net::SocketAddr = chunk_node.addr.parse().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let mut held = Vec::new();
+    let refused = rt.block_on(async {
+        // From 127.0.0.2: 900 idle wire connections to the metaserver, every tenth a slowloris
+        // (a header promising 64 MiB, 100 bytes, then nothing); 300 idle ones to a chunkserver.
+        for i in 0..900 {
+            let mut c = connect_from("127.0.0.2", meta).await;
+            c.write_all(MAGIC).await.unwrap();
+            if i % 10 == 0 {
+                c.write_all(&header(0, 64 << 20, 1)).await.unwrap();
+                c.write_all(&[1; 100]).await.unwrap();
+            }
+            held.push(c);
+        }
+        for _ in 0..300 {
+            let mut c = connect_from("127.0.0.2", chunk).await;
+            c.write_all(MAGIC).await.unwrap();
+            held.push(c);
+        }
+        // Garbage: a header over the frame limit, a frame cut short, bytes of no protocol, a
+        // connection that never says anything. Each is closed; none takes a server down.
+        let mut oversized = connect_from("127.0.0.2", meta).await;
+        oversized.write_all(MAGIC).await.unwrap();
+        oversized.write_all(&header(u32::MAX, u32::MAX, 1)).await.unwrap();
+        assert!(closed(&mut oversized, Duration::from_secs(5)).await, "an oversized frame is refused");
+        let mut cut = connect_from("127.0.0.2", chunk).await;
+        cut.write_all(MAGIC).await.unwrap();
+        cut.write_all(&header(10, 0, 1)[..7]).await.unwrap();
+        drop(cut);
+        let mut garbage = connect_from("127.0.0.2", meta).await;
+        garbage.write_all(b"GET / HTTP/1.1\r\n\r\n\x00\xff\x13").await.unwrap();
+        assert!(closed(&mut garbage, Duration::from_secs(2)).await, "garbage is closed at once");
+        let mut silent = connect_from("127.0.0.2", meta).await;
+        let mut half_preface = connect_from("127.0.0.2", chunk).await;
+        half_preface.write_all(b"PRI * HTTP/2.0").await.unwrap();
+        assert!(closed(&mut silent, Duration::from_secs(20)).await, "a silent connection is closed");
+        assert!(closed(&mut half_preface, Duration::from_secs(5)).await, "a stalled gRPC preface is closed");
+        // From 127.0.0.3: more connections than one address may hold (1,024); the rest are
+        // closed as soon as they are accepted.
+        let mut over = Vec::new();
+        for _ in 0..1100 {
+            let mut c = connect_from("127.0.0.3", meta).await;
+            let _ = c.write_all(MAGIC).await;
+            over.push(c);
+        }
+        // (A refused one has its end of file waiting by now.)
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut refused = 0;
+        for c in &mut over {
+            if closed(c, Duration::from_millis(1)).await {
+                refused += 1;
+            }
+        }
+        held.extend(over);
+        refused
+    });
+    assert_eq!(refused, 1100 - 1024, "connections over the per-address limit are closed, the others kept");
+
+    // Meanwhile the mount works: write, read back, list, stat.
+    let data = random_bytes(1_500_000, 1301);
+    fs::write(cluster.mnt.join("through-the-storm"), &data).unwrap();
+    assert_eq!(sha256(&fs::read(cluster.mnt.join("through-the-storm")).unwrap()), sha256(&data));
+    for i in 0..50 {
+        fs::write(cluster.mnt.join(format!("small-{i}")), format!("{i}")).unwrap();
+    }
+    let names: Vec<String> =
+        fs::read_dir(&cluster.mnt).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert_eq!(names.iter().filter(|n| n.starts_with("small-")).count(), 50, "{names:?}");
+    let out = cluster.cli(&["status"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    // The servers counted what they refused.
+    let meta_metrics =
+        cluster.nodes.iter().find(|n| n.role == "meta").and_then(|n| n.metrics.clone()).unwrap();
+    let text = support::scrape(&meta_metrics);
+    let counted = support::metric(&text, "cairn_rpc_connections_refused_total", &["limit=\"peer\""]);
+    assert_eq!(counted, Some(76.0), "{text}");
+    drop(held);
+    drop(rt);
+    // Every server is still there.
+    for node in &cluster.nodes {
+        assert_eq!(unsafe { libc::kill(node.pid as i32, 0) }, 0, "{} {} exited", node.role, node.id);
+    }
+}
