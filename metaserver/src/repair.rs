@@ -238,8 +238,13 @@ impl Repair {
         let nodes = self.nodes();
         let state = self.pass(&nodes).await?;
         let mut published = self.ns.repair_state().lock();
-        // Reconciliation may have counted deletions meanwhile.
-        let state = RepairState { stale_shards_deleted: published.stale_shards_deleted, ..state };
+        // Reconciliation's own findings are kept (it may have counted deletions meanwhile).
+        let state = RepairState {
+            stale_shards_deleted: published.stale_shards_deleted,
+            foreign_shards: published.foreign_shards,
+            foreign_nodes: std::mem::take(&mut published.foreign_nodes),
+            ..state
+        };
         *published = state.clone();
         Ok(state)
     }

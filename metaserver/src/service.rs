@@ -802,10 +802,20 @@ impl Meta for MetaService {
     type RaftBackupStream = tokio_stream::wrappers::ReceiverStream<Result<cairn_proto::BackupChunk, Status>>;
 
     async fn raft_backup(&self, _req: Request<Empty>) -> Result<Response<Self::RaftBackupStream>, Status> {
-        let raft = self.raft()?.clone();
-        let (applied_index, file, total_bytes) = tokio::task::spawn_blocking(move || raft.backup())
-            .await
-            .map_err(|e| CairnError::internal(e.to_string()))??;
+        let (applied_index, file, total_bytes) = if self.replicated {
+            let raft = self.raft()?.clone();
+            tokio::task::spawn_blocking(move || raft.backup())
+                .await
+                .map_err(|e| CairnError::internal(e.to_string()))??
+        } else {
+            // A lone metaserver: a checkpoint of its store, in the same format.
+            let ns = self.ns()?;
+            let (file, size) =
+                tokio::task::spawn_blocking(move || crate::raft::state::pack_lone(&**ns.store()))
+                    .await
+                    .map_err(|e| CairnError::internal(e.to_string()))??;
+            (0, file, size)
+        };
         let (send, receive) = tokio::sync::mpsc::channel(2);
         // Chunks are read on the blocking pool and sent as the receiver takes them; a receiver
         // that goes away ends the reading (the file, already unlinked, goes with it).

@@ -416,6 +416,36 @@ pub fn pack_copy(store: &SmStore) -> Result<(SnapshotMeta, File, u64)> {
     Ok((meta, file, size))
 }
 
+/// A lone metaserver's backup: a checkpoint of its namespace store packed in the same format
+/// (no Raft state: applied index 0), returned open and already unlinked, with its size. The
+/// checkpoint is made beside the store's directory (hard links: the same filesystem). Blocks.
+pub fn pack_lone(store: &dyn crate::store::MetaStore) -> Result<(File, u64)> {
+    let db = store.dir().ok_or_else(|| {
+        CairnError::new(cairn_common::ErrorKind::NotSupported, "this metadata store has no directory")
+    })?;
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let scratch = db.with_extension(format!("backup-{}-{n}", std::process::id()));
+    remove_dir_if_present(&scratch).map_err(io_context("cannot remove", &scratch))?;
+    fs::create_dir_all(&scratch).map_err(io_context("cannot create", &scratch))?;
+    let result = (|| -> Result<(File, u64)> {
+        let checkpoint = scratch.join("checkpoint");
+        store.checkpoint_into(&checkpoint)?;
+        let meta = SnapshotMeta {
+            last_log_id: None,
+            last_membership: StoredMembership::default(),
+            snapshot_id: format!("lone-{}", std::process::id()),
+        };
+        let out = scratch.join("namespace.backup");
+        pack(&checkpoint, &meta, &out).map_err(io_context("cannot write the backup", &out))?;
+        let file = File::open(&out).map_err(io_context("cannot open", &out))?;
+        let size = file.metadata().map_err(io_context("cannot read", &out))?.len();
+        Ok((file, size))
+    })();
+    let _ = fs::remove_dir_all(&scratch);
+    result
+}
+
 impl SmStore {
     /// Make `path` the current snapshot and delete the previous one.
     fn make_current(&self, meta: SnapshotMeta, path: PathBuf) {

@@ -163,6 +163,20 @@ pub trait MetaStore: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Write a consistent copy of the whole store, as a database, into `dir` (which must not
+    /// exist): what a lone metaserver's backup packs. Stores that cannot say so.
+    fn checkpoint_into(&self, dir: &std::path::Path) -> Result<()> {
+        Err(cairn_common::CairnError::new(
+            cairn_common::ErrorKind::NotSupported,
+            format!("this metadata store cannot be copied into {}", dir.display()),
+        ))
+    }
+
+    /// The directory the store keeps its files in, if it has one.
+    fn dir(&self) -> Option<std::path::PathBuf> {
+        None
+    }
+
     /// Why the store refuses changes, once an fsync failed (it fails stop: see `rocks.rs`).
     fn durability_lost(&self) -> Option<String> {
         None

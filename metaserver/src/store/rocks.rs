@@ -283,6 +283,14 @@ impl MetaStore for RocksStore {
         props
     }
 
+    fn checkpoint_into(&self, dir: &Path) -> Result<()> {
+        self.checkpoint(dir)
+    }
+
+    fn dir(&self) -> Option<std::path::PathBuf> {
+        Some(self.db.path().to_path_buf())
+    }
+
     fn durability_lost(&self) -> Option<String> {
         self.lost.reason.get().cloned()
     }
