@@ -705,14 +705,20 @@ fn a_namespace_restored_from_an_older_backup_keeps_the_newer_files_shards() {
     cluster.restart();
     assert_eq!(sha256(&fs::read(cluster.mnt.join("before")).unwrap()), sha256(&before));
     assert!(!cluster.mnt.join("after").exists(), "the backup is older than the file");
+    // A file created now gets an inode number none of the lost files had.
+    let fresh = random_bytes(300_000, 1212);
+    fs::write(cluster.mnt.join("fresh"), &fresh).unwrap();
+    let lost = shards_after - shards_before;
+    let total = cluster.shard_files().len();
+    assert!(total >= shards_after + 6, "{shards_after} → {total}");
 
     // Reconciliation with --repair judges them foreign and keeps them.
     let (_, r) = cli_json(&cluster, &["fsck", "--repair"]);
     let leftover = &r["unreferenced_shards"];
-    let foreign = (shards_after - shards_before) as u64;
+    let foreign = lost as u64;
     assert_eq!(leftover["foreign"].as_u64(), Some(foreign), "{r}");
     assert_eq!(leftover["deleted"].as_u64(), Some(0), "{r}");
-    assert_eq!(cluster.shard_files().len(), shards_after, "no shard was deleted");
+    assert_eq!(cluster.shard_files().len(), total, "no shard was deleted");
     // (Right after the restart the repair's first pass may still count the chunkservers down.)
     eventually(60, "status warns of the foreign shards", || {
         let status = String::from_utf8_lossy(&cluster.cli(&["status"]).stdout).into_owned();
@@ -725,8 +731,9 @@ fn a_namespace_restored_from_an_older_backup_keeps_the_newer_files_shards() {
     // Asked to, fsck deletes them; the rest is untouched and the warning goes.
     let (_, r) = cli_json(&cluster, &["fsck", "--repair", "--delete-foreign"]);
     assert_eq!(r["unreferenced_shards"]["deleted"].as_u64(), Some(foreign), "{r}");
-    assert_eq!(cluster.shard_files().len(), shards_before);
+    assert_eq!(cluster.shard_files().len(), total - lost);
     assert_eq!(sha256(&fs::read(cluster.mnt.join("before")).unwrap()), sha256(&before));
+    assert_eq!(sha256(&fs::read(cluster.mnt.join("fresh")).unwrap()), sha256(&fresh));
     let status = String::from_utf8_lossy(&cluster.cli(&["status"]).stdout).into_owned();
     assert!(!status.contains("never created"), "{status}");
 }

@@ -87,13 +87,24 @@ impl Scrub {
         }
         if !out.damaged.is_empty() {
             let req = ReportDamagedRequest { ids: out.damaged.iter().map(|id| (*id).into()).collect() };
-            self.meta
+            let reply = self
+                .meta
                 .call(|mut c| {
                     let req = req.clone();
                     async move { c.report_damaged(req).await }
                 })
                 .await?;
-            self.store.delete(&out.damaged).await?;
+            // Only what the records now count as missing goes: a refused report (the stripe
+            // would be past m missing) keeps the shard, whose other blocks may still be read.
+            let missing: Vec<ShardId> = reply.missing.iter().map(ShardId::from).collect();
+            let kept = out.damaged.len() - missing.len();
+            if kept > 0 {
+                tracing::warn!(
+                    kept,
+                    "scrub: damaged shards kept: the metaserver did not record them as missing"
+                );
+            }
+            self.store.delete(&missing).await?;
         }
         Ok(out)
     }

@@ -91,7 +91,7 @@ fake_meta! {
     release(ReleaseRequest) -> Empty;
     client_heartbeat(ClientHeartbeatRequest) -> ClientHeartbeatReply;
     lock(LockRequest) -> LockReply;
-    report_damaged(ReportDamagedRequest) -> Empty;
+    report_damaged(ReportDamagedRequest) -> ReportDamagedReply;
     list_stripes(ListStripesRequest) -> ListStripesReply;
     commit(CommitRequest) -> AttrReply;
     register_client(Empty) -> RegisterClientReply;

@@ -228,7 +228,7 @@ impl MetaConn {
     rpc!(register_client, p::Empty, p::RegisterClientReply);
     rpc!(list_nodes, p::Empty, p::ListNodesReply);
     rpc!(cluster_status, p::Empty, p::ClusterStatusReply);
-    rpc!(report_damaged, p::ReportDamagedRequest, p::Empty);
+    rpc!(report_damaged, p::ReportDamagedRequest, p::ReportDamagedReply);
     rpc!(repair_now, p::Empty, p::ClusterStatusReply);
     rpc!(check_namespace, p::CheckNamespaceRequest, p::CheckNamespaceReply);
     rpc!(reconcile, p::ReconcileRequest, p::ReconcileReply);

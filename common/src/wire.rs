@@ -143,6 +143,7 @@ plain_messages!(
     RemoveRequest,
     RenameReply,
     RenameRequest,
+    ReportDamagedReply,
     ReportDamagedRequest,
     SetAttrRequest,
     SetLayoutRequest,
@@ -325,7 +326,7 @@ service!(meta, "meta", cairn_proto::meta_server::Meta,
     26 heartbeat "Heartbeat" (HeartbeatRequest) -> HeartbeatReply;
     27 list_nodes "ListNodes" (Empty) -> ListNodesReply;
     28 cluster_status "ClusterStatus" (Empty) -> ClusterStatusReply;
-    29 report_damaged "ReportDamaged" (ReportDamagedRequest) -> Empty;
+    29 report_damaged "ReportDamaged" (ReportDamagedRequest) -> ReportDamagedReply;
     30 repair_now "RepairNow" (Empty) -> ClusterStatusReply;
     31 check_namespace "CheckNamespace" (CheckNamespaceRequest) -> CheckNamespaceReply;
     32 reconcile "Reconcile" (ReconcileRequest) -> ReconcileReply;
@@ -751,7 +752,9 @@ pub fn serve(
 /// The returned handle finishes once the listener is closed and every wire connection has
 /// ended, that is once nothing here holds `handler` any more: a server awaits it before it
 /// returns, so what the handler owns (a database lock, say) is released by then. Connections
-/// get [`SHUTDOWN_GRACE`] to finish the request in hand; then they are cut.
+/// get [`SHUTDOWN_GRACE`] to finish the request in hand; then they are cut (blocking work a cut
+/// request started, such as a store write on the blocking pool, still runs to its end and holds
+/// what it uses until then).
 pub fn serve_with(
     listener: TcpListener,
     handler: Arc<dyn Handler>,

@@ -248,5 +248,8 @@ async fn reconcile_deletes_only_unreferenced_old_shards() {
     let asked = repair.reconcile(false, true).await;
     assert_eq!((asked.foreign, asked.deleted), (1, 4), "{asked:?}");
     assert!(fake.deleted.lock().iter().any(|d| d.ino == ns.inos_reserved_end() + 10));
-    assert_eq!(ns.repair_state().lock().foreign_shards, 0);
+    // Two of the chunkservers could not be asked (nothing listens there): they may still hold
+    // foreign shards, so the count (and the warning) stays until a run reaches every one.
+    assert_eq!(asked.errors.len(), 2, "{asked:?}");
+    assert_eq!(ns.repair_state().lock().foreign_shards, 1);
 }

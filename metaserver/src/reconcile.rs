@@ -77,7 +77,8 @@ impl Repair {
         }
         {
             let mut state = self.ns.repair_state().lock();
-            let deleted_foreign = delete_foreign && !dry_run;
+            // (Foreign shards on a chunkserver that could not be cleaned are still there.)
+            let deleted_foreign = delete_foreign && !dry_run && report.errors.is_empty();
             state.foreign_shards = if deleted_foreign { 0 } else { report.foreign };
             state.foreign_nodes = if deleted_foreign { Vec::new() } else { report.foreign_nodes.clone() };
         }
@@ -170,7 +171,7 @@ impl Repair {
             return Ok(Verdict::Pending);
         }
         let Some(inode) = self.ns.find_inode(id.ino)? else {
-            if id.ino >= self.ns.inos_reserved_end() {
+            if self.ns.is_foreign_ino(id.ino) {
                 return Ok(Verdict::Foreign);
             }
             return Ok(if age < self.unknown_grace.max(self.orphan_grace) {

@@ -92,6 +92,9 @@ pub mod counter {
     pub const NEXT_NODE: &[u8] = b"next_node";
     /// The cluster id: 32 hex digits, the bytes themselves (not a `Counter`).
     pub const CLUSTER_ID: &[u8] = b"cluster_id";
+    /// Inode numbers that files lost with a restored backup may have used: pairs of big-endian
+    /// `from u64 ‖ to u64` (half-open ranges), one appended by each restore (not a `Counter`).
+    pub const FOREIGN_INOS: &[u8] = b"foreign_inos";
 }
 
 // ---------------------------------------------------------------- values

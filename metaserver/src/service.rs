@@ -653,13 +653,18 @@ impl Meta for MetaService {
         Ok(Response::new(ListNodesReply { nodes: nodes_with_progress(&*self.ns()?) }))
     }
 
-    async fn report_damaged(&self, req: Request<ReportDamagedRequest>) -> Result<Response<Empty>, Status> {
+    async fn report_damaged(
+        &self,
+        req: Request<ReportDamagedRequest>,
+    ) -> Result<Response<cairn_proto::ReportDamagedReply>, Status> {
         let ids: Vec<cairn_common::ShardId> = req.into_inner().ids.iter().map(Into::into).collect();
         if ids.len() > 100_000 {
             return Err(CairnError::invalid("too many shard ids in one report").into());
         }
-        self.run(move |ns| ns.mark_damaged(&ids)).await?;
-        Ok(Response::new(Empty {}))
+        let (_, missing) = self.run(move |ns| ns.mark_damaged(&ids)).await?;
+        Ok(Response::new(cairn_proto::ReportDamagedReply {
+            missing: missing.into_iter().map(Into::into).collect(),
+        }))
     }
 
     async fn cluster_status(&self, _req: Request<Empty>) -> Result<Response<ClusterStatusReply>, Status> {

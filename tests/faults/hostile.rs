@@ -34,6 +34,16 @@ async fn closed(conn: &mut TcpStream, within: Duration) -> bool {
 
 #[test]
 fn hostile_connections_do_not_stop_the_servers_serving_a_mount() {
+    // This test holds about 2,300 sockets, and the servers must be allowed their full limits
+    // (4,096 connections, 1,024 per address): both need an open-file limit well above that.
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+    if lim.rlim_max < 4096 + 256 {
+        eprintln!("skipped: the hard open-file limit is {} (needs 4,352)", lim.rlim_max);
+        return;
+    }
+    lim.rlim_cur = lim.rlim_max;
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
     let cluster = Cluster::start(6, "4+2", 64);
     let meta: std::net::SocketAddr = cluster.meta_addr.parse().unwrap();
     let chunk_node = cluster.nodes.iter().find(|n| n.role == "chunk").unwrap();

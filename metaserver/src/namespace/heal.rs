@@ -101,8 +101,12 @@ impl Namespace {
     /// reporter named (reports are not authenticated yet). Such a report is refused and logged;
     /// readers still verify every block they get, so a shard that is really damaged is not
     /// returned either way.
-    pub fn mark_damaged(&self, ids: &[cairn_common::ShardId]) -> Result<u32> {
+    ///
+    /// Returns how many it marked, and the reported shards the records now count as missing
+    /// (marked now or before): what the reporter may delete.
+    pub fn mark_damaged(&self, ids: &[cairn_common::ShardId]) -> Result<(u32, Vec<cairn_common::ShardId>)> {
         let mut marked = 0;
+        let mut missing = Vec::new();
         for id in ids {
             id.validate()?;
             let done = self.locked(
@@ -111,7 +115,11 @@ impl Namespace {
                     let key = schema::stripe_key(id.ino, id.stripe);
                     let Some(value) = self.store.get(Cf::Stripes, &key)? else { return Ok(false) };
                     let mut record: Stripe = schema::decode("stripe", &value)?;
-                    if record.version != id.version || record.missing & (1 << id.index) != 0 {
+                    if record.version != id.version {
+                        return Ok(false);
+                    }
+                    if record.missing & (1 << id.index) != 0 {
+                        missing.push(*id);
                         return Ok(false);
                     }
                     let Some(inode) = self.find_inode(id.ino)? else { return Ok(false) };
@@ -131,6 +139,7 @@ impl Namespace {
                     // Durable: the reporter deletes the damaged shard once this is answered.
                     tx.batch.set_durable();
                     tx.commit()?;
+                    missing.push(*id);
                     Ok(true)
                 },
             )?;
@@ -142,6 +151,6 @@ impl Namespace {
         if marked > 0 {
             self.note_degraded();
         }
-        Ok(marked)
+        Ok((marked, missing))
     }
 }

@@ -88,6 +88,8 @@ pub struct Namespace {
     locks: LockTable,
     rename_lock: Mutex<()>,
     inos: Mutex<InoAlloc>,
+    /// Inode ranges restores skipped (`counters/foreign_inos`).
+    foreign_inos: Vec<(u64, u64)>,
     stats: Vec<Mutex<Stats>>,
     stats_cursor: AtomicUsize,
     gc_epoch: u64,
@@ -106,6 +108,51 @@ pub(crate) fn stats_key(shard: usize) -> Vec<u8> {
     let mut k = counter::STATS_PREFIX.to_vec();
     k.extend_from_slice(format!("{shard:02}").as_bytes());
     k
+}
+
+/// Inode numbers a restore skips: more than a namespace ever hands out between a backup and the
+/// restore of it, so no number a lost file had is handed out again.
+pub const RESTORE_INO_GAP: u64 = 1 << 32;
+/// Client ids a restore skips (stripe versions carry the writer's id: none may repeat).
+pub const RESTORE_CLIENT_GAP: u64 = 1 << 20;
+
+/// Prepare a namespace just restored from a backup (in `store`, not serving) for the data that
+/// is newer than it: inode numbers and client ids jump past any the lost changes may have
+/// handed out, and the skipped inode range is recorded as foreign (`counters/foreign_inos`), so
+/// reconciliation keeps those shards until an operator deletes them.
+pub fn prepare_restored(store: &dyn MetaStore, batch: &mut Batch) -> Result<()> {
+    let from = read_counter(store, counter::INO_RESERVED)?.unwrap_or(ROOT_INO + 1).max(ROOT_INO + 1);
+    let to = from
+        .checked_add(RESTORE_INO_GAP)
+        .ok_or_else(|| CairnError::new(ErrorKind::NoSpace, "no inode numbers left to restore into"))?;
+    batch.put(Cf::Counters, counter::INO_RESERVED, schema::encode(&Counter { value: to }));
+    let client = read_counter(store, counter::NEXT_CLIENT)?.unwrap_or(1);
+    batch.put(
+        Cf::Counters,
+        counter::NEXT_CLIENT,
+        schema::encode(&Counter { value: client + RESTORE_CLIENT_GAP }),
+    );
+    let mut ranges = store.get(Cf::Counters, counter::FOREIGN_INOS)?.unwrap_or_default();
+    ranges.extend_from_slice(&from.to_be_bytes());
+    ranges.extend_from_slice(&to.to_be_bytes());
+    batch.put(Cf::Counters, counter::FOREIGN_INOS, ranges);
+    Ok(())
+}
+
+/// The ranges `prepare_restored` recorded.
+fn read_foreign_inos(store: &dyn MetaStore) -> Result<Vec<(u64, u64)>> {
+    let raw = store.get(Cf::Counters, counter::FOREIGN_INOS)?.unwrap_or_default();
+    if raw.len() % 16 != 0 {
+        return Err(CairnError::corrupt(
+            "counters/foreign_inos is not a list of ranges: the metadata is damaged",
+        ));
+    }
+    Ok(raw
+        .chunks(16)
+        .map(|c| {
+            (u64::from_be_bytes(c[..8].try_into().unwrap()), u64::from_be_bytes(c[8..].try_into().unwrap()))
+        })
+        .collect())
 }
 
 fn read_counter(store: &dyn MetaStore, key: &[u8]) -> Result<Option<u64>> {
@@ -198,12 +245,14 @@ impl Namespace {
         }
         store.write(batch)?;
         let next_client = read_counter(&*store, counter::NEXT_CLIENT)?.unwrap_or(1);
+        let foreign_inos = read_foreign_inos(&*store)?;
         Ok(Namespace {
             store,
             registry,
             locks: LockTable::new(),
             rename_lock: Mutex::new(()),
             inos: Mutex::new(InoAlloc { next: next_ino, reserved_end: next_ino }),
+            foreign_inos,
             stats,
             stats_cursor: AtomicUsize::new(0),
             gc_epoch,
@@ -268,6 +317,13 @@ impl Namespace {
     /// later state of this one (this one restored from a backup).
     pub fn inos_reserved_end(&self) -> u64 {
         self.inos.lock().reserved_end
+    }
+
+    /// Whether files of this namespace can never have had inode number `ino`: at or past the
+    /// reserved end, or in a range a restore skipped (see [`prepare_restored`]).
+    pub fn is_foreign_ino(&self, ino: u64) -> bool {
+        ino >= self.inos_reserved_end()
+            || self.foreign_inos.iter().any(|&(from, to)| (from..to).contains(&ino))
     }
 
     /// A new inode number, never handed out before (also across restarts).

@@ -595,3 +595,32 @@ fn check_finds_and_repairs_inconsistencies_and_keeps_data() {
     assert_eq!(ns.getattr(d.ino).unwrap().nlink, 2);
     assert_eq!(kind(ns.lookup(ROOT_INO, b"ghost")), ErrorKind::NotFound);
 }
+
+#[test]
+fn a_restored_namespace_skips_the_inode_numbers_and_client_ids_lost_changes_may_have_used() {
+    let store: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
+    let (end, client) = {
+        let ns = Namespace::open(store.clone(), layout(), Duration::from_secs(60)).unwrap();
+        dir(&ns, ROOT_INO, "kept");
+        (ns.inos_reserved_end(), ns.register_client().unwrap())
+    };
+    // What files created after the backup had: numbers from `end` on, clients from `client + 1`.
+    let mut batch = Batch::new();
+    prepare_restored(&*store, &mut batch).unwrap();
+    store.write(batch).unwrap();
+    let ns = Namespace::open(store.clone(), layout(), Duration::from_secs(60)).unwrap();
+    assert!(ns.is_foreign_ino(end) && ns.is_foreign_ino(end + 5000), "the skipped numbers are foreign");
+    assert!(!ns.is_foreign_ino(end - 1), "numbers the namespace had are not");
+    let new = dir(&ns, ROOT_INO, "new");
+    assert!(new.ino >= end + RESTORE_INO_GAP, "a new file gets a number no lost file had: {}", new.ino);
+    assert!(!ns.is_foreign_ino(new.ino));
+    assert!(ns.register_client().unwrap() as u64 > client as u64 + RESTORE_CLIENT_GAP - 1);
+    // A second restore adds its range; the first one stays.
+    let end2 = ns.inos_reserved_end();
+    drop(ns);
+    let mut batch = Batch::new();
+    prepare_restored(&*store, &mut batch).unwrap();
+    store.write(batch).unwrap();
+    let ns = Namespace::open(store, layout(), Duration::from_secs(60)).unwrap();
+    assert!(ns.is_foreign_ino(end) && ns.is_foreign_ino(end2));
+}

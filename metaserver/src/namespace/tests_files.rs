@@ -224,10 +224,15 @@ fn damage_reports_never_take_a_stripe_past_m_missing_shards() {
     ns.commit(f.ino, STRIPE, &[stripe(0, 5, STRIPE)], None).unwrap();
     let id = |index| cairn_common::ShardId { ino: f.ino, stripe: 0, index, version: 5 };
     // m = 1: the first report is taken, a second shard of the same stripe is refused.
-    assert_eq!(ns.mark_damaged(&[id(0)]).unwrap(), 1);
-    assert_eq!(ns.mark_damaged(&[id(1), id(2)]).unwrap(), 0);
+    assert_eq!(ns.mark_damaged(&[id(0)]).unwrap(), (1, vec![id(0)]));
+    // The refused ones are not among those the reporter may delete.
+    assert_eq!(ns.mark_damaged(&[id(1), id(2)]).unwrap(), (0, vec![]));
     assert_eq!(ns.stripe_record(f.ino, 0).unwrap().unwrap().missing, 0b001);
     // A report of another version, or of a shard already missing, changes nothing either.
-    assert_eq!(ns.mark_damaged(&[cairn_common::ShardId { version: 4, ..id(1) }, id(0)]).unwrap(), 0);
+    // (A shard already missing is reported back as missing: its reporter may delete it.)
+    assert_eq!(
+        ns.mark_damaged(&[cairn_common::ShardId { version: 4, ..id(1) }, id(0)]).unwrap(),
+        (0, vec![id(0)])
+    );
     assert_eq!(ns.stripe_record(f.ino, 0).unwrap().unwrap().missing, 0b001);
 }

@@ -503,6 +503,7 @@ pub fn restore(file: &Path, db: &Path, group: Option<(u64, &BTreeMap<u64, String
                     batch.delete(Cf::Raft, MEMBERSHIP);
                 }
             }
+            crate::namespace::prepare_restored(&store, &mut batch)?;
             store.write(batch)?;
         }
         Ok(index)

@@ -47,6 +47,10 @@ const GROUP_COMMIT_DELAY: std::time::Duration = std::time::Duration::from_millis
 #[derive(Default)]
 struct DurabilityLost {
     reason: std::sync::OnceLock<String>,
+    /// Held across every WAL flush (the group-commit thread's and [`MetaStore::sync`]'s) and
+    /// the recording of its failure, so no flush can run, and "succeed" without the pages a
+    /// failed one dropped, between a failure and its recording.
+    flushing: Mutex<()>,
     /// Tests make fsyncs fail with this (a failing disk cannot be made here: no device-mapper).
     #[cfg(test)]
     inject: std::sync::atomic::AtomicBool,
@@ -63,6 +67,17 @@ impl DurabilityLost {
             return Err("IO error: injected fsync failure".to_string());
         }
         op().map_err(|e| e.to_string())
+    }
+
+    /// A flush of the WAL (`what`, for the error): refused once durability was lost, and its
+    /// failure recorded before any other flush may start.
+    fn flush(&self, what: &str, db: &DB) -> Result<()> {
+        let _serial = self.flushing.lock();
+        self.check()?;
+        self.fsync(|| db.flush_wal(true)).map_err(|e| {
+            self.record(what, &e);
+            CairnError::io(format!("metadata store: {what}: {e}"))
+        })
     }
 
     fn record(&self, what: &str, e: &str) {
@@ -124,11 +139,10 @@ impl Syncer {
             // Let the changes of the next moment join this fsync.
             std::thread::sleep(GROUP_COMMIT_DELAY);
             self.state.lock().dirty = false;
-            let result = lost.fsync(|| db.flush_wal(true));
+            let result = lost.flush("the group-commit fsync of the WAL", db);
             self.syncs.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = result {
+            if result.is_err() {
                 // Nothing more to sync: every later write is refused.
-                lost.record("the group-commit fsync of the WAL", &e);
                 return;
             }
         }
@@ -300,10 +314,7 @@ impl MetaStore for RocksStore {
         if self.mode == SyncMode::Never {
             return Ok(());
         }
-        self.lost.fsync(|| self.db.flush_wal(true)).map_err(|e| {
-            self.lost.record("an fsync of the WAL", &e);
-            CairnError::io(format!("metadata store: fsync of the WAL: {e}"))
-        })
+        self.lost.flush("an fsync of the WAL", &self.db)
     }
 
     fn syncs_every_write(&self) -> bool {
@@ -353,6 +364,9 @@ impl MetaStore for RocksStore {
                 self.lost.record("a synced write of the WAL", &e);
                 CairnError::io(format!("metadata store: write: {e}"))
             })?;
+            // (Synced writes run side by side, not under `flushing`: one that succeeded while
+            // another flush was failing is not answered as durable.)
+            self.lost.check()?;
         } else {
             self.db.write_opt(wb, &opts).map_err(|e| db_error("write", e))?;
         }
