@@ -247,15 +247,20 @@ fn mount_helper_background_mount_and_umount() {
     assert!(started.elapsed() < Duration::from_secs(30));
     assert!(!is_mounted(&dir));
 
+    // A background mount of the cluster at `dir` with `flags`; the daemon's pid.
+    let mount_with = |flags: &[&str]| {
+        let out = Command::new(CAIRN)
+            .args(["mount", "--background", "--meta", &cluster.meta_addr, "--log"])
+            .arg(&log)
+            .args(flags)
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        daemon_pid(&out.stdout)
+    };
     // Read-only: reads work, every change is EROFS.
-    let out = Command::new(CAIRN)
-        .args(["mount", "--background", "--read-only", "--meta", &cluster.meta_addr, "--log"])
-        .arg(&log)
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let pid = daemon_pid(&out.stdout);
+    let pid = mount_with(&["--read-only"]);
     assert_eq!(sha256(&fs::read(dir.join("via-helper")).unwrap()), sha256(&data));
     let e = fs::write(dir.join("new"), b"x").unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EROFS));
@@ -272,14 +277,7 @@ fn mount_helper_background_mount_and_umount() {
     if unsafe { libc::geteuid() } != 0 {
         return;
     }
-    let out = Command::new(CAIRN)
-        .args(["mount", "--background", "--suid", "--dev", "--noexec", "--meta", &cluster.meta_addr, "--log"])
-        .arg(&log)
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let pid = daemon_pid(&out.stdout);
+    let pid = mount_with(&["--suid", "--dev", "--noexec"]);
     let flags = mount_flags(&dir);
     assert!(flags.contains(&"noexec".to_string()), "{flags:?}");
     assert!(!flags.iter().any(|f| f == "nosuid" || f == "nodev" || f == "ro"), "{flags:?}");
