@@ -15,6 +15,7 @@ pub mod rlimit;
 pub mod space;
 pub mod telemetry;
 pub mod time;
+pub mod tls;
 pub mod units;
 pub mod wire;
 
