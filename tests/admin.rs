@@ -111,7 +111,8 @@ fn info_and_layout_answer_where_a_file_lives_and_how_new_ones_are_coded() {
 #[test]
 fn stats_shows_io_while_it_happens() {
     let cluster = Cluster::start(6, "4+2", 256);
-    let stats = Command::new(CAIRN)
+    let stats = cluster
+        .cairn()
         .args(["stats", "--meta", &cluster.meta_addr, "--interval", "1", "--count", "6", "--json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -202,7 +203,14 @@ fn mount_helper_background_mount_and_umount() {
     let out = Command::new(&helper)
         .arg(format!("cairn:{}", cluster.meta_addr))
         .arg(&dir)
-        .args(["-o", &format!("rw,_netdev,noauto,x-systemd.automount,threads=2,log={}", log.display())])
+        .args([
+            "-o",
+            &format!(
+                "rw,_netdev,noauto,x-systemd.automount,threads=2,log={},tls={}",
+                log.display(),
+                cluster.tls("client").display()
+            ),
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -233,7 +241,7 @@ fn mount_helper_background_mount_and_umount() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("bogus"));
     let started = Instant::now();
     let out = Command::new(CAIRN)
-        .args(["mount", "--background", "--meta", "127.0.0.1:1", "--log"])
+        .args(["mount", "--plaintext", "--background", "--meta", "127.0.0.1:1", "--log"])
         .arg(&log)
         .arg(&dir)
         .output()
@@ -251,6 +259,7 @@ fn mount_helper_background_mount_and_umount() {
     let mount_with = |flags: &[&str]| {
         let out = Command::new(CAIRN)
             .args(["mount", "--background", "--meta", &cluster.meta_addr, "--log"])
+            .env("CAIRN_TLS", cluster.tls("client"))
             .arg(&log)
             .args(flags)
             .arg(&dir)
@@ -291,7 +300,8 @@ fn mount_helper_background_mount_and_umount() {
         && std::os::unix::fs::symlink(CAIRN, system_helper).is_ok()
     {
         let out = Command::new("mount")
-            .args(["-t", "fuse.cairn", "-o", &format!("threads=2,log={}", log.display())])
+            .args(["-t", "fuse.cairn", "-o"])
+            .arg(format!("threads=2,log={},tls={}", log.display(), cluster.tls("client").display()))
             .arg(&cluster.meta_addr)
             .arg(&dir)
             .output()
@@ -325,6 +335,7 @@ fn servers_take_every_setting_from_env_and_flags_and_name_bad_ones() {
         .arg(format!("data_dir={}", dir.path().join("meta").display()))
         .env("CAIRN_META_EC", "2+1")
         .env("CAIRN_META_UNIT", "65536")
+        .env("CAIRN_META_PLAINTEXT", "true")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -333,7 +344,8 @@ fn servers_take_every_setting_from_env_and_flags_and_name_bad_ones() {
     let _guard = support::KillOnDrop(Some(meta));
     let mut status = serde_json::Value::Null;
     eventually(30, "the metaserver answers", || {
-        let out = Command::new(CAIRN).args(["df", "--json", "--meta", &addr]).output().unwrap();
+        let out =
+            Command::new(CAIRN).args(["df", "--plaintext", "--json", "--meta", &addr]).output().unwrap();
         status = serde_json::from_slice(&out.stdout).unwrap_or_default();
         out.status.success()
     });

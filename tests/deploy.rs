@@ -109,6 +109,7 @@ fn check_meta(what: &str, cfg: MetaConfig) -> MetaConfig {
         offline_addr(what, addr);
     }
     check_metrics_listen(what, &cfg.metrics_listen);
+    assert!(!cfg.plaintext, "{what}: a shipped config must not turn TLS off");
     cfg
 }
 
@@ -121,6 +122,7 @@ fn check_chunk(what: &str, cfg: ChunkConfig) -> ChunkConfig {
     }
     offline.validate().unwrap_or_else(|e| panic!("{what}: {}", e.message()));
     check_metrics_listen(what, &cfg.metrics_listen);
+    assert!(!cfg.plaintext, "{what}: a shipped config must not turn TLS off");
     cfg
 }
 

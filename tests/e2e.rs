@@ -278,7 +278,7 @@ fn admin_commands_report_the_cluster() {
 fn bad_input_gets_clear_errors() {
     // No metaserver: a clear message and a non-zero exit, quickly.
     let out = std::process::Command::new(support::CAIRN)
-        .args(["status", "--meta", "127.0.0.1:1"])
+        .args(["status", "--plaintext", "--meta", "127.0.0.1:1"])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -287,7 +287,7 @@ fn bad_input_gets_clear_errors() {
     let mnt = dir.path().join("mnt");
     fs::create_dir(&mnt).unwrap();
     let out = std::process::Command::new(support::CAIRN)
-        .args(["mount", "--meta", "127.0.0.1:1", mnt.to_str().unwrap()])
+        .args(["mount", "--plaintext", "--meta", "127.0.0.1:1", mnt.to_str().unwrap()])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -600,20 +600,11 @@ fn grpc_and_wire_clients_share_one_port_and_one_namespace() {
 
     // Admin commands work over either transport; a transport name that is neither is refused.
     for transport in ["wire", "grpc"] {
-        let out = std::process::Command::new(support::CAIRN)
-            .args(["status", "--json"])
-            .env("CAIRN_META", &cluster.meta_addr)
-            .env("CAIRN_TRANSPORT", transport)
-            .output()
-            .unwrap();
+        let out =
+            cluster.cairn().args(["status", "--json"]).env("CAIRN_TRANSPORT", transport).output().unwrap();
         assert!(out.status.success(), "{transport}: {}", String::from_utf8_lossy(&out.stderr));
     }
-    let out = std::process::Command::new(support::CAIRN)
-        .args(["status"])
-        .env("CAIRN_META", &cluster.meta_addr)
-        .env("CAIRN_TRANSPORT", "carrier-pigeon")
-        .output()
-        .unwrap();
+    let out = cluster.cairn().args(["status"]).env("CAIRN_TRANSPORT", "carrier-pigeon").output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("CAIRN_TRANSPORT"), "{out:?}");
 }

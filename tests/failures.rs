@@ -430,9 +430,10 @@ fn drained_node_is_emptied_removed_and_a_new_node_takes_files() {
         &config,
         format!(
             "listen = \"127.0.0.1:0\"\nmeta = \"{meta}\"\nstate_dir = \"{dir}/state\"\n\
-             ssd_dirs = [\"{dir}/ssd\"]\nhdd_dirs = []\nheartbeat_ms = 200\n",
+             ssd_dirs = [\"{dir}/ssd\"]\nhdd_dirs = []\nheartbeat_ms = 200\ntls_dir = \"{tls}\"\n",
             meta = cluster.meta_addr,
             dir = extra.display(),
+            tls = cluster.tls("chunk-1").display(),
         ),
     )
     .unwrap();

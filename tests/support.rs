@@ -130,9 +130,21 @@ impl Cluster {
         self.nodes.iter().find(|n| n.role == role).expect("role").pid
     }
 
-    /// Run `cairn <args>` against this cluster's metaserver.
+    /// Run `cairn <args>` against this cluster's metaserver, as an admin.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
-        Command::new(CAIRN).args(args).env("CAIRN_META", &self.meta_addr).output().expect("run cairn")
+        self.cairn().args(args).output().expect("run cairn")
+    }
+
+    /// `cairn` with this cluster's metaserver and an admin's identity in its environment.
+    pub fn cairn(&self) -> Command {
+        let mut cmd = Command::new(CAIRN);
+        cmd.env("CAIRN_META", &self.meta_addr).env("CAIRN_TLS", self.tls("admin"));
+        cmd
+    }
+
+    /// The TLS directory `cairn up` made for `name` (`admin`, `client`, `meta-1`, `chunk-2`).
+    pub fn tls(&self, name: &str) -> PathBuf {
+        self.data.join("tls").join(name)
     }
 
     /// Bytes of all shard files (headers included) under the chunkservers' data dirs.
@@ -275,6 +287,7 @@ impl Mount {
         std::fs::create_dir_all(&dir).expect("mount dir");
         let child = Command::new(CAIRN)
             .args(["mount", "--meta", &cluster.meta_addr])
+            .env("CAIRN_TLS", cluster.tls("client"))
             .args(extra)
             .envs(env.iter().copied())
             .arg(dir.to_str().expect("utf8"))

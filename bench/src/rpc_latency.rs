@@ -1,7 +1,9 @@
 //! `rpc-latency META_ADDR [N]`: the round-trip time of one metadata request (GetAttr of the root,
 //! answered from the metaserver's memtable or block cache) over each transport, one request at
 //! a time and with 8 in flight, against a running metaserver (`cairn up` prints its address).
-//! What a FUSE operation costs beyond this is the client's and the kernel's share.
+//! What a FUSE operation costs beyond this is the client's and the kernel's share. Its TLS
+//! identity: `CAIRN_TLS` (a directory `cairn up` made, e.g. DATA/tls/client), or plaintext when
+//! unset.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,8 +33,28 @@ async fn main() {
         std::process::exit(2);
     };
     let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20_000);
-    let wire = Arc::new(WireClient::new(&addr, Duration::from_secs(3), Duration::from_secs(10)));
-    let grpc = MetaClient::connect(format!("http://{addr}")).await.expect("connect over gRPC");
+    let source = match std::env::var_os("CAIRN_TLS") {
+        Some(dir) => cairn_common::tls::Source::Dir(dir.into()),
+        None => cairn_common::tls::Source::Plaintext,
+    };
+    if let Err(e) = cairn_common::tls::install_from(&source, "rpc-latency", false) {
+        eprintln!("rpc-latency: {}", e.message());
+        std::process::exit(1);
+    }
+    let wire = Arc::new(WireClient::new(
+        &addr,
+        cairn_common::tls::Role::Meta,
+        Duration::from_secs(3),
+        Duration::from_secs(10),
+    ));
+    let channel = cairn_common::connect::grpc_channel(
+        &addr,
+        cairn_common::tls::Role::Meta,
+        Duration::from_secs(3),
+        Duration::from_secs(10),
+    )
+    .expect("metaserver address");
+    let grpc = MetaClient::new(channel);
 
     for concurrency in [1usize, 8] {
         for transport in ["wire", "grpc"] {

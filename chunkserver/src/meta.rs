@@ -5,10 +5,12 @@
 use std::future::Future;
 use std::time::Duration;
 
+use cairn_common::connect::grpc_channel;
 use cairn_common::failover::Failover;
+use cairn_common::tls::Role;
 use cairn_common::{CairnError, Result};
 use cairn_proto::meta_client::MetaClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 pub struct MetaClients {
     failover: Failover,
@@ -40,11 +42,9 @@ impl MetaClients {
         if let Some(client) = clients.get(&addr) {
             return Ok(client.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| CairnError::invalid(format!("metaserver address {addr:?}: {e}")))?
-            .connect_timeout(self.connect_timeout)
-            .timeout(self.timeout);
-        Ok(clients.entry(addr).or_insert_with(|| MetaClient::new(endpoint.connect_lazy())).clone())
+        let channel = grpc_channel(&addr, Role::Meta, self.connect_timeout, self.timeout)
+            .map_err(|e| CairnError::invalid(format!("metaserver address: {e}")))?;
+        Ok(clients.entry(addr).or_insert_with(|| MetaClient::new(channel)).clone())
     }
 
     /// Run `call` against the leader.

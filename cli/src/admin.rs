@@ -220,6 +220,7 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
                 "reduced_redundancy_bytes": status.reduced_redundancy_bytes,
                 "reduced_stripes_by_margin": margins_json(&status.reduced_stripes_by_margin),
             },
+            "tls": tls_json(),
         });
         println!("{}", serde_json::to_string_pretty(&out).expect("json"));
         return Ok(code);
@@ -294,5 +295,33 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
             status.unrecoverable_stripes, status.unrecoverable_files
         );
     }
+    println!("{}", tls_line());
     Ok(code)
+}
+
+/// Whether this command talked TLS, and when its certificate and the cluster CA expire (the
+/// servers' own: `cairn_tls_certificate_expiry_timestamp_seconds` on each).
+fn tls_line() -> String {
+    match cairn_common::tls::identity() {
+        None => "tls: none (plaintext)".to_string(),
+        Some(id) => format!(
+            "tls: mutual, as {:?} (roles {}); its certificate expires {} (in {} days), the cluster CA {} (in {} days)",
+            id.cert.name,
+            id.cert.roles,
+            cairn_common::tls::format_time(id.cert.not_after),
+            id.cert.expires_in() / 86_400,
+            cairn_common::tls::format_time(id.ca.not_after),
+            id.ca.expires_in() / 86_400
+        ),
+    }
+}
+
+fn tls_json() -> serde_json::Value {
+    match cairn_common::tls::identity() {
+        None => json!(null),
+        Some(id) => json!({
+            "name": id.cert.name, "roles": id.cert.roles.to_string(),
+            "cert_not_after": id.cert.not_after, "ca_not_after": id.ca.not_after,
+        }),
+    }
 }

@@ -3,6 +3,7 @@
 
 mod admin;
 mod bench;
+mod cert;
 mod fsck;
 mod info;
 mod mount;
@@ -28,6 +29,15 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The TLS directory (ca.pem, cert.pem, key.pem) of a mount or an admin command: its
+    /// certificate says what it may do (`cairn up` keeps a client's and an admin's in DATA/tls).
+    /// Default: /etc/cairn/tls. Servers name theirs in their config (`tls_dir`).
+    #[arg(long, global = true, env = "CAIRN_TLS", value_name = "DIR")]
+    tls: Option<PathBuf>,
+    /// No TLS: for a cluster that runs without it (`plaintext = true` on its servers,
+    /// `cairn up --plaintext`); connections are neither authenticated nor encrypted.
+    #[arg(long, global = true, env = "CAIRN_PLAINTEXT")]
+    plaintext: bool,
 }
 
 #[derive(Subcommand)]
@@ -282,6 +292,9 @@ enum Command {
     /// Chunkserver lifecycle: list, drain, activate, remove.
     #[command(subcommand)]
     Node(NodeCommand),
+    /// Certificates for mutual TLS: the cluster CA, and one per server, mount or admin.
+    #[command(subcommand)]
+    Cert(cert::CertCommand),
 }
 
 #[derive(Subcommand)]
@@ -369,6 +382,24 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     cairn_common::telemetry::init_logging();
+    // Mounts and admin commands connect with the identity the command line names; servers
+    // with their config's; the rest connect nowhere (or, `cairn up`, make their own).
+    let connects = !matches!(
+        cli.command,
+        Command::Meta { action: None | Some(MetaAction::Restore { .. }), .. }
+            | Command::Chunk { .. }
+            | Command::Bench(_)
+            | Command::Umount { .. }
+            | Command::Up(_)
+            | Command::Cert(_)
+    );
+    if connects {
+        let announce = matches!(cli.command, Command::Mount { .. });
+        if let Err(e) = client_identity(cli.tls.as_deref(), cli.plaintext, announce) {
+            eprintln!("cairn: {}", e.message());
+            return ExitCode::FAILURE;
+        }
+    }
     let result = match cli.command {
         Command::Meta { action: Some(MetaAction::Status { meta, json }), .. } => {
             return match runtime().and_then(|rt| rt.block_on(replicas::status(&meta, json))) {
@@ -402,6 +433,8 @@ fn main() -> ExitCode {
             load(config, cairn_common::config::META_ENV_PREFIX, &set).and_then(
                 |c: cairn_common::config::MetaConfig| {
                     c.validate()?;
+                    cairn_common::tls::install_from(&c.tls_source(), "metaserver", true)?;
+                    cairn_common::tls::watch();
                     runtime()?.block_on(cairn_meta::run(c))
                 },
             )
@@ -409,6 +442,8 @@ fn main() -> ExitCode {
         Command::Chunk { config, set } => load(config, cairn_common::config::CHUNK_ENV_PREFIX, &set)
             .and_then(|c: cairn_common::config::ChunkConfig| {
                 c.validate()?;
+                cairn_common::tls::install_from(&c.tls_source(), "chunkserver", true)?;
+                cairn_common::tls::watch();
                 runtime()?.block_on(cairn_chunk::run(c))
             }),
         Command::Mount {
@@ -441,10 +476,13 @@ fn main() -> ExitCode {
                 dev,
                 exec: !noexec,
                 log,
+                tls: cli.tls.clone(),
+                plaintext: cli.plaintext,
             };
             if background {
                 mount::background(&args)
             } else {
+                cairn_common::tls::watch();
                 cairn_client::mount(args.into_options())
             }
         }
@@ -475,7 +513,8 @@ fn main() -> ExitCode {
                 }
             })
         }),
-        Command::Up(args) => up::run(args),
+        Command::Up(args) => up::run(args, cli.plaintext),
+        Command::Cert(cmd) => cert::run(cmd),
         Command::Df { meta, json } => runtime().and_then(|rt| rt.block_on(admin::df(&meta, json))),
         Command::Warmup { path, status, pin, unpin, no_evict, tier: _, meta, json } => runtime()
             .and_then(|rt| {
@@ -547,6 +586,35 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Install the identity of a mount or admin command: `--tls DIR`, else the default directory
+/// if it exists, else plaintext if asked for; anything else is an error that says what to do.
+fn client_identity(
+    dir: Option<&std::path::Path>,
+    plaintext: bool,
+    announce: bool,
+) -> cairn_common::Result<()> {
+    use cairn_common::tls::{self, Source};
+    let source = match (dir, plaintext) {
+        (Some(_), true) => {
+            return Err(cairn_common::CairnError::invalid("--tls and --plaintext exclude each other"));
+        }
+        (None, true) => Source::Plaintext,
+        (Some(dir), false) => Source::Dir(dir.to_path_buf()),
+        (None, false) if std::path::Path::new(tls::DEFAULT_DIR).exists() => {
+            Source::Dir(tls::DEFAULT_DIR.into())
+        }
+        (None, false) => {
+            return Err(cairn_common::CairnError::invalid(format!(
+                "no TLS identity: {} does not exist; pass --tls DIR (or set CAIRN_TLS) with a \
+                 directory `cairn cert issue` made (cairn up keeps an admin's in DATA/tls/admin and a \
+                 client's in DATA/tls/client), or --plaintext for a cluster that runs without TLS",
+                tls::DEFAULT_DIR
+            )));
+        }
+    };
+    tls::install_from(&source, "mount", announce)
 }
 
 /// A command with its own exit status (fsck, scrub): errors exit 8, as e2fsck's operational

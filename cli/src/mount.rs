@@ -32,6 +32,9 @@ pub struct MountArgs {
     pub exec: bool,
     /// Where a background mount writes its log.
     pub log: Option<PathBuf>,
+    /// The mount's TLS directory (unset: `CAIRN_TLS` or the default), or no TLS.
+    pub tls: Option<PathBuf>,
+    pub plaintext: bool,
 }
 
 impl MountArgs {
@@ -86,6 +89,12 @@ impl MountArgs {
         }
         if !self.exec {
             args.push("--noexec".into());
+        }
+        if let Some(dir) = &self.tls {
+            args.extend(["--tls".into(), dir.clone().into_os_string()]);
+        }
+        if self.plaintext {
+            args.push("--plaintext".into());
         }
         args.push(self.mountpoint.clone().into_os_string());
         args
@@ -282,6 +291,8 @@ pub fn parse_helper_args(args: &[String]) -> Result<MountArgs> {
         dev: false,
         exec: true,
         log: None,
+        tls: None,
+        plaintext: false,
     };
     for opt in options.iter().flat_map(|o| o.split(',')).filter(|o| !o.is_empty()) {
         let (key, value) = match opt.split_once('=') {
@@ -300,6 +311,8 @@ pub fn parse_helper_args(args: &[String]) -> Result<MountArgs> {
             "write_wait_ms" => parsed.write_wait_ms = number(value)?,
             "metrics" => parsed.metrics = Some(value.unwrap_or_default().to_string()),
             "log" => parsed.log = value.map(PathBuf::from),
+            "tls" => parsed.tls = value.map(PathBuf::from),
+            "plaintext" => parsed.plaintext = true,
             "ro" => parsed.read_only = true,
             "rw" => parsed.read_only = false,
             "suid" => parsed.suid = true,
@@ -336,10 +349,11 @@ mod tests {
             "cairn:10.0.0.1:9400",
             "/mnt/data",
             "-o",
-            "rw,_netdev,noauto,x-systemd.automount,threads=8,attr_ttl_ms=5000,cache_mib=64,metrics=127.0.0.1:9410,commit_interval_ms=250,write_wait_ms=0",
+            "rw,_netdev,noauto,x-systemd.automount,tls=/etc/cairn/client,threads=8,attr_ttl_ms=5000,cache_mib=64,metrics=127.0.0.1:9410,commit_interval_ms=250,write_wait_ms=0",
         ]))
         .unwrap();
         assert_eq!(a.commit_interval_ms, 250);
+        assert_eq!(a.tls, Some(PathBuf::from("/etc/cairn/client")));
         assert_eq!(a.write_wait_ms, 0);
         assert_eq!(a.meta, "10.0.0.1:9400");
         assert_eq!(a.mountpoint, PathBuf::from("/mnt/data"));
@@ -371,6 +385,8 @@ mod tests {
             dev: true,
             exec: false,
             log: None,
+            tls: Some("/t".into()),
+            plaintext: false,
         };
         let args: Vec<String> = a.foreground_args().into_iter().map(|s| s.into_string().unwrap()).collect();
         assert_eq!(
@@ -395,6 +411,8 @@ mod tests {
                 "--suid",
                 "--dev",
                 "--noexec",
+                "--tls",
+                "/t",
                 "/m"
             ])
         );

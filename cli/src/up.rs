@@ -171,12 +171,28 @@ struct Proc {
     child: Child,
 }
 
-pub fn run(args: UpArgs) -> Result<()> {
+pub fn run(args: UpArgs, plaintext: bool) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| CairnError::io(format!("tokio runtime: {e}")))?;
-    rt.block_on(up(args))
+    rt.block_on(up(args, plaintext))
+}
+
+/// The cluster's certificates under `DATA/tls` (see [`crate::cert::cluster`]), and the admin
+/// identity installed in this process (which asks the metaserver for the nodes). `None`:
+/// plaintext, as asked.
+fn tls_setup(dir: &Path, plaintext: bool, metas: usize, chunks: usize) -> Result<Option<PathBuf>> {
+    use cairn_common::tls::{self, Source};
+    if plaintext {
+        tls::install_from(&Source::Plaintext, "cairn up", false)?;
+        eprintln!("cairn up: PLAINTEXT as asked: no TLS, anyone who reaches the ports can do anything");
+        return Ok(None);
+    }
+    let root = dir.join("tls");
+    crate::cert::cluster(&root, metas, chunks, &["127.0.0.1".to_string()])?;
+    tls::install_from(&Source::Dir(root.join("admin")), "cairn up", false)?;
+    Ok(Some(root))
 }
 
 fn io_err(what: &str, path: &Path) -> impl Fn(std::io::Error) -> CairnError {
@@ -319,7 +335,7 @@ fn free_local_addr() -> Result<String> {
     Ok(format!("127.0.0.1:{}", free_port()?))
 }
 
-async fn up(args: UpArgs) -> Result<()> {
+async fn up(args: UpArgs, plaintext: bool) -> Result<()> {
     let dir = &args.data_dir;
     std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
     std::fs::create_dir_all(&args.mount).map_err(io_err("create", &args.mount))?;
@@ -345,6 +361,8 @@ async fn up(args: UpArgs) -> Result<()> {
         .map_err(io_err("write", &cluster_path))?;
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs).map_err(io_err("create", &logs))?;
+    let tls_root = tls_setup(&dir, plaintext, cluster.meta_replicas as usize, cluster.chunk_ports.len())?;
+    let tls_dir = |name: &str| tls_root.as_ref().map(|r| r.join(name)).unwrap_or_default();
 
     let meta_addrs = cluster.meta_addrs();
     let meta_addr = meta_addrs.join(",");
@@ -371,6 +389,8 @@ async fn up(args: UpArgs) -> Result<()> {
             metrics_listen: Some(free_local_addr()?),
             replicas: replicas.clone(),
             raft_id: if replicas.is_empty() { 0 } else { i as u64 + 1 },
+            tls_dir: tls_dir(&format!("meta-{}", i + 1)),
+            plaintext: tls_root.is_none(),
             ..MetaConfig::default()
         };
         meta_cfg.validate()?;
@@ -403,6 +423,8 @@ async fn up(args: UpArgs) -> Result<()> {
             mover_rate_bytes: args.mover_rate.unwrap_or(ChunkConfig::default().mover_rate_bytes),
             scrub_interval_secs: args.scrub_interval_secs,
             metrics_listen: Some(free_local_addr()?),
+            tls_dir: tls_dir(&format!("chunk-{}", i + 1)),
+            plaintext: tls_root.is_none(),
             ..ChunkConfig::default()
         };
         cfg.validate()?;
@@ -427,21 +449,25 @@ async fn up(args: UpArgs) -> Result<()> {
         let metrics = free_local_addr()?;
         let commit_interval = args.commit_interval_ms.to_string();
         let write_wait = args.write_wait_ms.to_string();
-        let child = spawn(
-            &[
-                "mount",
-                "--meta",
-                &meta_addr,
-                "--metrics",
-                &metrics,
-                "--commit-interval-ms",
-                &commit_interval,
-                "--write-wait-ms",
-                &write_wait,
-                mountpoint.to_str().unwrap_or_default(),
-            ],
-            &mount_log,
-        )?;
+        let client_tls = tls_dir("client");
+        let security = match &tls_root {
+            Some(_) => vec!["--tls", client_tls.to_str().unwrap_or_default()],
+            None => vec!["--plaintext"],
+        };
+        let mut mount_args = vec![
+            "mount",
+            "--meta",
+            &meta_addr,
+            "--metrics",
+            &metrics,
+            "--commit-interval-ms",
+            &commit_interval,
+            "--write-wait-ms",
+            &write_wait,
+        ];
+        mount_args.extend(security);
+        mount_args.push(mountpoint.to_str().unwrap_or_default());
+        let child = spawn(&mount_args, &mount_log)?;
         procs.push(Proc {
             role: "mount".into(),
             id: "-".into(),
@@ -486,6 +512,14 @@ async fn up(args: UpArgs) -> Result<()> {
             p.metrics.as_deref().unwrap_or("-"),
             p.data
         );
+    }
+    match &tls_root {
+        Some(root) => println!(
+            "tls: mutual TLS with the CA in {}; admin commands: export CAIRN_TLS={}",
+            root.join("ca").display(),
+            root.join("admin").display()
+        ),
+        None => println!("tls: none (plaintext, as asked); admin commands: export CAIRN_PLAINTEXT=1"),
     }
     let ssd = args.ssd_capacity.map(|b| format!(", SSD tier capped at {b} bytes each")).unwrap_or_default();
     let replicated = if cluster.meta_replicas > 1 { " (replicated with Raft)" } else { "" };

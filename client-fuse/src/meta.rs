@@ -6,11 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use cairn_common::connect::grpc_channel;
 use cairn_common::failover::Failover;
+use cairn_common::tls::Role;
 use cairn_common::wire::{self, WireClient};
 use cairn_common::{CairnError, Result, MAX_MESSAGE_BYTES};
 use cairn_proto::meta_client::MetaClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// How the client talks to the servers, from `CAIRN_TRANSPORT` (`wire`, the default, or `grpc`;
 /// the gRPC path is kept as a fallback and for comparison: `CAIRN_TRANSPORT=grpc bench/rpcs.sh`).
@@ -65,16 +67,13 @@ impl Inner {
         }
         let conn = match self.transport {
             Transport::Wire => {
-                Conn::Wire(Arc::new(WireClient::new(&addr, Duration::from_secs(3), self.timeout)))
+                Conn::Wire(Arc::new(WireClient::new(&addr, Role::Meta, Duration::from_secs(3), self.timeout)))
             }
             Transport::Grpc => {
-                let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-                    .map_err(|e| CairnError::invalid(format!("metaserver address {addr:?}: {e}")))?
-                    .connect_timeout(Duration::from_secs(3))
-                    .timeout(self.timeout)
-                    .tcp_nodelay(true);
+                let channel = grpc_channel(&addr, Role::Meta, Duration::from_secs(3), self.timeout)
+                    .map_err(|e| CairnError::invalid(format!("metaserver address: {e}")))?;
                 Conn::Grpc(
-                    MetaClient::new(endpoint.connect_lazy())
+                    MetaClient::new(channel)
                         .max_decoding_message_size(MAX_MESSAGE_BYTES)
                         .max_encoding_message_size(MAX_MESSAGE_BYTES),
                 )

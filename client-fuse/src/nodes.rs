@@ -13,11 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use cairn_common::connect::grpc_channel;
+use cairn_common::tls::Role;
 use cairn_common::wire::{self, WireClient};
 use cairn_common::{CairnError, Result, ShardId, MAX_MESSAGE_BYTES};
 use cairn_proto::chunk_client::ChunkClient;
 use parking_lot::RwLock;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::blocks::{aligned, BlockCache, BLOCK};
 use crate::meta::{MetaConn, Transport};
@@ -187,17 +189,17 @@ impl Nodes {
                 continue;
             }
             let conn = match self.transport {
-                Transport::Wire => {
-                    ChunkConn::Wire(Arc::new(WireClient::new(&n.addr, CONNECT_TIMEOUT, REQUEST_TIMEOUT)))
-                }
+                Transport::Wire => ChunkConn::Wire(Arc::new(WireClient::new(
+                    &n.addr,
+                    Role::Chunk,
+                    CONNECT_TIMEOUT,
+                    REQUEST_TIMEOUT,
+                ))),
                 Transport::Grpc => {
-                    let endpoint = Endpoint::from_shared(format!("http://{}", n.addr))
-                        .map_err(|e| CairnError::invalid(format!("chunkserver address {:?}: {e}", n.addr)))?
-                        .connect_timeout(CONNECT_TIMEOUT)
-                        .timeout(REQUEST_TIMEOUT)
-                        .tcp_nodelay(true);
+                    let channel = grpc_channel(&n.addr, Role::Chunk, CONNECT_TIMEOUT, REQUEST_TIMEOUT)
+                        .map_err(|e| CairnError::invalid(format!("chunkserver address: {e}")))?;
                     ChunkConn::Grpc(
-                        ChunkClient::new(endpoint.connect_lazy())
+                        ChunkClient::new(channel)
                             .max_decoding_message_size(MAX_MESSAGE_BYTES)
                             .max_encoding_message_size(MAX_MESSAGE_BYTES),
                     )

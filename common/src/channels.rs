@@ -2,6 +2,7 @@
 //! (repair and GC to chunkservers, rebuild to its peers, admin commands). A channel connects
 //! lazily and reconnects by itself; a tonic channel multiplexes calls over one HTTP/2
 //! connection, so one per address is enough. The wire-protocol clients have their own pool.
+//! Channels connect through [`crate::connect`]: in mutual TLS when the process has an identity.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -9,14 +10,16 @@ use std::time::Duration;
 
 use cairn_proto::chunk_client::ChunkClient;
 use cairn_proto::meta_client::MetaClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
-use crate::{CairnError, Result, MAX_MESSAGE_BYTES};
+use crate::tls::Role;
+
+use crate::{Result, MAX_MESSAGE_BYTES};
 
 pub struct Channels {
     connect_timeout: Duration,
     timeout: Duration,
-    map: Mutex<HashMap<String, Channel>>,
+    map: Mutex<HashMap<(Role, String), Channel>>,
 }
 
 impl Channels {
@@ -25,32 +28,28 @@ impl Channels {
         Channels { connect_timeout, timeout, map: Mutex::new(HashMap::new()) }
     }
 
-    /// The channel to `addr` (`host:port`), made on first use.
-    pub fn get(&self, addr: &str) -> Result<Channel> {
+    /// The channel to `addr` (`host:port`), a server of `role`, made on first use.
+    pub fn get(&self, addr: &str, role: Role) -> Result<Channel> {
         let mut map = self.map.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(c) = map.get(addr) {
+        let key = (role, addr.to_string());
+        if let Some(c) = map.get(&key) {
             return Ok(c.clone());
         }
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| CairnError::invalid(format!("address {addr:?}: {e}")))?
-            .connect_timeout(self.connect_timeout)
-            .timeout(self.timeout)
-            .tcp_nodelay(true)
-            .connect_lazy();
-        map.insert(addr.to_string(), channel.clone());
+        let channel = crate::connect::grpc_channel(addr, role, self.connect_timeout, self.timeout)?;
+        map.insert(key, channel.clone());
         Ok(channel)
     }
 
     /// A chunkserver client over the channel to `addr`, taking messages of any allowed size.
     pub fn chunk(&self, addr: &str) -> Result<ChunkClient<Channel>> {
-        Ok(ChunkClient::new(self.get(addr)?)
+        Ok(ChunkClient::new(self.get(addr, Role::Chunk)?)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES))
     }
 
     /// A metaserver client over the channel to `addr`.
     pub fn meta(&self, addr: &str) -> Result<MetaClient<Channel>> {
-        Ok(MetaClient::new(self.get(addr)?)
+        Ok(MetaClient::new(self.get(addr, Role::Meta)?)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES))
     }
@@ -63,15 +62,15 @@ mod tests {
     #[tokio::test]
     async fn one_channel_per_address_and_bad_addresses_are_refused() {
         let channels = Channels::new(Duration::from_millis(100), Duration::from_secs(1));
-        channels.get("127.0.0.1:1").unwrap();
-        channels.get("127.0.0.1:1").unwrap();
-        channels.get("127.0.0.1:2").unwrap();
+        channels.get("127.0.0.1:1", Role::Chunk).unwrap();
+        channels.get("127.0.0.1:1", Role::Chunk).unwrap();
+        channels.get("127.0.0.1:2", Role::Chunk).unwrap();
         assert_eq!(channels.map.lock().unwrap().len(), 2);
-        let err = channels.get("not an address").unwrap_err();
+        let err = channels.get("not an address", Role::Meta).unwrap_err();
         assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument, "{err}");
         // Lazy: nothing listens there, and the call says so within the connect timeout.
         let mut client = channels.chunk("127.0.0.1:1").unwrap();
         let e = client.stat(cairn_proto::Empty {}).await.unwrap_err();
-        assert_eq!(CairnError::from(e).kind(), crate::ErrorKind::Unavailable);
+        assert_eq!(crate::CairnError::from(e).kind(), crate::ErrorKind::Unavailable);
     }
 }

@@ -73,6 +73,13 @@ pub struct MetaConfig {
     /// How often every chunkserver's shards are reconciled with the namespace (also whenever a
     /// chunkserver comes back).
     pub reconcile_interval_ms: u64,
+    /// The TLS directory (`ca.pem`, `cert.pem`, `key.pem`; `cairn cert issue` makes one): every
+    /// connection, to and from this server, is mutual TLS with it. Re-read on SIGHUP and when
+    /// its files change.
+    pub tls_dir: PathBuf,
+    /// No TLS: connections are neither authenticated nor encrypted, anyone who reaches the
+    /// port can do anything (for a test bench on a closed network; logged at every start).
+    pub plaintext: bool,
     /// Serve Prometheus metrics at `http://ADDR/metrics` (unset: no metrics endpoint).
     pub metrics_listen: Option<String>,
     /// The metaservers of a replicated namespace, each as `ID=HOST:PORT`, this one included
@@ -114,6 +121,8 @@ impl Default for MetaConfig {
             unknown_inode_grace_ms: 7 * 24 * 3_600_000,
             reconcile_interval_ms: 3_600_000,
             metrics_listen: None,
+            tls_dir: PathBuf::from(crate::tls::DEFAULT_DIR),
+            plaintext: false,
             replicas: Vec::new(),
             raft_id: 0,
             cluster: "cairn".into(),
@@ -126,6 +135,15 @@ impl Default for MetaConfig {
 }
 
 impl MetaConfig {
+    /// Where this server's TLS identity comes from.
+    pub fn tls_source(&self) -> crate::tls::Source {
+        if self.plaintext {
+            crate::tls::Source::Plaintext
+        } else {
+            crate::tls::Source::Dir(self.tls_dir.clone())
+        }
+    }
+
     pub fn layout(&self) -> Result<Layout> {
         let ec = Layout::parse_ec(&self.ec)?;
         Layout::new(ec.k, ec.m, self.unit)
@@ -258,6 +276,13 @@ pub struct ChunkConfig {
     pub hdd_direct_io: bool,
     /// Serve Prometheus metrics at `http://ADDR/metrics` (unset: no metrics endpoint).
     pub metrics_listen: Option<String>,
+    /// The TLS directory (`ca.pem`, `cert.pem`, `key.pem`; `cairn cert issue` makes one): every
+    /// connection, to and from this server, is mutual TLS with it. Re-read on SIGHUP and when
+    /// its files change.
+    pub tls_dir: PathBuf,
+    /// No TLS: connections are neither authenticated nor encrypted, anyone who reaches the
+    /// port can do anything (for a test bench on a closed network; logged at every start).
+    pub plaintext: bool,
 }
 
 impl Default for ChunkConfig {
@@ -286,11 +311,22 @@ impl Default for ChunkConfig {
             ssd_direct_io: false,
             hdd_direct_io: false,
             metrics_listen: None,
+            tls_dir: PathBuf::from(crate::tls::DEFAULT_DIR),
+            plaintext: false,
         }
     }
 }
 
 impl ChunkConfig {
+    /// Where this server's TLS identity comes from.
+    pub fn tls_source(&self) -> crate::tls::Source {
+        if self.plaintext {
+            crate::tls::Source::Plaintext
+        } else {
+            crate::tls::Source::Dir(self.tls_dir.clone())
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
         check_addr("listen", &self.listen)?;
         for addr in crate::failover::Failover::parse(&self.meta)?.addrs() {

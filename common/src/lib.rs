@@ -2,10 +2,12 @@
 //! checksums, the error taxonomy (with its one mapping to errno and to gRPC), configuration
 //! telemetry setup, and the wire protocol (the client's framed transport beside gRPC).
 
+pub mod auth;
 pub mod channels;
 pub mod checksum;
 pub mod codec;
 pub mod config;
+pub mod connect;
 pub mod error;
 pub mod failover;
 pub mod ids;

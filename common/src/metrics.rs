@@ -22,6 +22,16 @@ pub const RPC_SECONDS: &str = "cairn_rpc_request_seconds";
 /// Connections a server closed as soon as it accepted them, by `service` and `limit` (`total`:
 /// the server had as many open as it allows; `peer`: that address had) (counter).
 pub const CONNECTIONS_REFUSED: &str = "cairn_rpc_connections_refused_total";
+/// When this process's TLS certificate (`which="cert"`) and its cluster CA (`which="ca"`)
+/// expire, seconds since the epoch (gauge; absent on a plaintext process).
+pub const CERT_EXPIRY: &str = "cairn_tls_certificate_expiry_timestamp_seconds";
+/// Calls refused because the caller's certificate lacks the role the method needs, by
+/// `service` and `method` (counter).
+pub const RPC_DENIED: &str = "cairn_rpc_denied_total";
+/// Connections closed before a request because they did not authenticate, by `service` and
+/// `reason` (`handshake`: no certificate, another CA's, or a failed TLS handshake; `plaintext`:
+/// no TLS on a TLS server; `tls`: TLS on a plaintext server) (counter).
+pub const UNAUTHENTICATED: &str = "cairn_rpc_connections_unauthenticated_total";
 
 /// Latency buckets, seconds: 50 µs to 30 s.
 const LATENCY_BUCKETS: [f64; 16] = [
@@ -128,6 +138,17 @@ where
 /// Count a connection refused for being over a server's limits (see [`crate::wire::Limits`]).
 pub fn record_refused_connection(service: &'static str, limit: &'static str) {
     metrics::counter!(CONNECTIONS_REFUSED, "service" => service, "limit" => limit).increment(1);
+}
+
+/// Count one call refused for its caller's roles.
+pub fn record_denied(service: &str, method: &str) {
+    metrics::counter!(RPC_DENIED, "service" => service.to_string(), "method" => method.to_string())
+        .increment(1);
+}
+
+/// Count one connection closed because it did not authenticate.
+pub fn record_unauthenticated(service: &'static str, reason: &'static str) {
+    metrics::counter!(UNAUTHENTICATED, "service" => service, "reason" => reason).increment(1);
 }
 
 /// Count and time one request answered over the wire protocol, under the same names as gRPC's.

@@ -175,7 +175,10 @@ impl CertInfo {
             }
         }
         let roles = Roles::of(
-            &Role::ALL.into_iter().filter(|r| alt_names.iter().any(|n| n == r.dns_name())).collect::<Vec<_>>(),
+            &Role::ALL
+                .into_iter()
+                .filter(|r| alt_names.iter().any(|n| n == r.dns_name()))
+                .collect::<Vec<_>>(),
         );
         let validity = cert.validity();
         Ok(CertInfo {
@@ -333,15 +336,18 @@ pub enum Source {
     Dir(PathBuf),
 }
 
-/// Install the identity `source` names, logging a warning for plaintext. `what` names the
-/// process in the log ("metaserver", "mount").
-pub fn install_from(source: &Source, what: &str) -> Result<()> {
+/// Install the identity `source` names. A server or mount (`announce`) logs which, plaintext
+/// as a warning; an admin command says nothing. `what` names the process in the log
+/// ("metaserver", "mount").
+pub fn install_from(source: &Source, what: &str, announce: bool) -> Result<()> {
     match source {
         Source::Plaintext => {
-            tracing::warn!(
-                "{what}: PLAINTEXT, no TLS: connections are neither authenticated nor encrypted; anyone \
+            if announce {
+                tracing::warn!(
+                    "{what}: PLAINTEXT, no TLS: connections are neither authenticated nor encrypted; anyone \
                  who reaches this process's ports can do anything (plaintext was asked for explicitly)"
-            );
+                );
+            }
             install(None);
         }
         Source::Dir(dir) => {
@@ -355,12 +361,14 @@ pub fn install_from(source: &Source, what: &str) -> Result<()> {
                     ),
                 )
             })?;
-            tracing::info!(
-                "{what}: mutual TLS as {:?} (roles {}), certificate expires in {} days",
-                id.cert.name,
-                id.cert.roles,
-                id.cert.expires_in() / 86_400
-            );
+            if announce {
+                tracing::info!(
+                    "{what}: mutual TLS as {:?} (roles {}), certificate expires in {} days",
+                    id.cert.name,
+                    id.cert.roles,
+                    id.cert.expires_in() / 86_400
+                );
+            }
             install(Some(id));
         }
     }
@@ -387,12 +395,27 @@ pub fn reload(force: bool) -> Result<bool> {
 }
 
 /// Re-read the identity on `SIGHUP` and whenever its files change (checked every minute), for
-/// certificate rotation without a restart. Call once, inside a tokio runtime.
+/// certificate rotation without a restart. Call once; it runs on a thread of its own.
 pub fn watch() {
     if identity().is_none() {
         return;
     }
-    tokio::spawn(async move {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::warn!("no TLS reloads (no runtime for them): {e}");
+            return;
+        }
+    };
+    let watching =
+        std::thread::Builder::new().name("tls-reload".into()).spawn(move || runtime.block_on(reload_loop()));
+    if let Err(e) = watching {
+        tracing::warn!("no TLS reloads (no thread for them): {e}");
+    }
+}
+
+async fn reload_loop() {
+    {
         let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
             Ok(s) => Some(s),
             Err(e) => {
@@ -402,7 +425,10 @@ pub fn watch() {
         };
         let mut tick = tokio::time::interval(Duration::from_secs(60));
         tick.tick().await;
+        // (After the process has installed its metrics recorder.)
+        tokio::time::sleep(Duration::from_secs(2)).await;
         loop {
+            record_expiry();
             let force = tokio::select! {
                 _ = tick.tick() => false,
                 Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => None } } => true,
@@ -411,7 +437,15 @@ pub fn watch() {
                 tracing::warn!("TLS identity not reloaded (the old one stays in use): {e}");
             }
         }
-    });
+    }
+}
+
+/// The installed certificate's and CA's expiry, as gauges Prometheus alerts on.
+fn record_expiry() {
+    if let Some(id) = identity() {
+        metrics::gauge!(crate::metrics::CERT_EXPIRY, "which" => "cert").set(id.cert.not_after as f64);
+        metrics::gauge!(crate::metrics::CERT_EXPIRY, "which" => "ca").set(id.ca.not_after as f64);
+    }
 }
 
 /// A client-side TLS connection.
@@ -428,7 +462,12 @@ pub enum Alpn {
 
 /// Run the client half of a handshake on `tcp` with `identity`, checking that the server holds
 /// `role`. The error says what failed (the server's certificate, or ours refused).
-pub async fn connect(tcp: TcpStream, identity: &Identity, role: Role, alpn: Alpn) -> std::io::Result<ClientStream> {
+pub async fn connect(
+    tcp: TcpStream,
+    identity: &Identity,
+    role: Role,
+    alpn: Alpn,
+) -> std::io::Result<ClientStream> {
     let config = match alpn {
         Alpn::Wire => identity.client_wire.clone(),
         Alpn::Grpc => identity.client_h2.clone(),
@@ -454,7 +493,8 @@ pub async fn accept(tcp: TcpStream, identity: &Identity) -> std::io::Result<(Ser
         .peer_certificates()
         .and_then(|c| c.first())
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::PermissionDenied, "no client certificate"))?;
-    let info = CertInfo::parse(leaf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+    let info = CertInfo::parse(leaf)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
     Ok((stream, alpn, Peer { addr, roles: info.roles, name: info.name }))
 }
 
@@ -518,7 +558,8 @@ pub fn make_ca(dir: &Path, days: u32) -> Result<CertInfo> {
             format!("{} already holds a CA; every certificate of its cluster depends on it", dir.display()),
         ));
     }
-    std::fs::create_dir_all(dir).map_err(|e| CairnError::from_io(&format!("create {}", dir.display()), &e))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| CairnError::from_io(&format!("create {}", dir.display()), &e))?;
     let key = rcgen::KeyPair::generate().map_err(rcgen_error("generate the CA key"))?;
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(rcgen_error("CA"))?;
     params.distinguished_name.push(rcgen::DnType::CommonName, CA_NAME);
@@ -553,7 +594,8 @@ pub fn issue(ca_dir: &Path, out: &Path, subject: &Subject) -> Result<CertInfo> {
     };
     let (ca_pem, ca_key) = (read(CA_CERT)?, read(CA_KEY)?);
     let ca_key = rcgen::KeyPair::from_pem(&ca_key).map_err(rcgen_error("the CA key"))?;
-    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(rcgen_error("the CA certificate"))?;
+    let issuer =
+        rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(rcgen_error("the CA certificate"))?;
 
     let mut sans: Vec<rcgen::SanType> = Vec::new();
     for role in &subject.roles {
@@ -568,7 +610,8 @@ pub fn issue(ca_dir: &Path, out: &Path, subject: &Subject) -> Result<CertInfo> {
         }
     }
     let key = rcgen::KeyPair::generate().map_err(rcgen_error("generate a key"))?;
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(rcgen_error("certificate"))?;
+    let mut params =
+        rcgen::CertificateParams::new(Vec::<String>::new()).map_err(rcgen_error("certificate"))?;
     params.distinguished_name.push(rcgen::DnType::CommonName, subject.name.as_str());
     params.subject_alt_names = sans;
     params.is_ca = rcgen::IsCa::ExplicitNoCa;
@@ -579,7 +622,8 @@ pub fn issue(ca_dir: &Path, out: &Path, subject: &Subject) -> Result<CertInfo> {
     validity(&mut params, subject.days);
     serial(&mut params);
     let cert = params.signed_by(&key, &issuer).map_err(rcgen_error("sign the certificate"))?;
-    std::fs::create_dir_all(out).map_err(|e| CairnError::from_io(&format!("create {}", out.display()), &e))?;
+    std::fs::create_dir_all(out)
+        .map_err(|e| CairnError::from_io(&format!("create {}", out.display()), &e))?;
     write_public(&out.join(CA_CERT), &ca_pem)?;
     write_private(&out.join(KEY), &key.serialize_pem())?;
     write_public(&out.join(CERT), &cert.pem())?;

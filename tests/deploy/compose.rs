@@ -154,7 +154,8 @@ impl Compose {
 fn compose_services_match_their_configs() {
     let compose = Compose::load();
     let names: BTreeSet<&str> = compose.services.keys().map(String::as_str).collect();
-    let mut expected: BTreeSet<String> = ["meta-1", "meta-2", "meta-3", "client"].map(String::from).into();
+    let mut expected: BTreeSet<String> =
+        ["certs", "meta-1", "meta-2", "meta-3", "client"].map(String::from).into();
     expected.extend((1..=6).map(|i| format!("chunk-{i}")));
     assert_eq!(names, expected.iter().map(String::as_str).collect::<BTreeSet<&str>>());
     let (_, replicas) = compose.replica_group();
@@ -204,6 +205,25 @@ fn compose_services_match_their_configs() {
         "the mount point's bind propagation must be shared: {bind:?}"
     );
 
+    // Mutual TLS: every service but `certs` waits for it and sees its own directory of the
+    // `tls` volume at /etc/cairn/tls (the servers' default tls_dir, the mount's --tls).
+    assert_eq!(flag_value("client", argv, "--tls"), "/etc/cairn/tls");
+    for (name, svc) in &compose.services {
+        if name == "certs" {
+            assert_eq!(svc.argv[1..3], ["cert".to_string(), "cluster".to_string()], "{name}");
+            continue;
+        }
+        let done = &svc.raw["depends_on"]["certs"]["condition"];
+        assert_eq!(done.as_str(), Some("service_completed_successfully"), "{name}");
+        let own = seq(&svc.raw["volumes"], name)
+            .iter()
+            .find(|v| v["target"].as_str() == Some("/etc/cairn/tls"))
+            .unwrap_or_else(|| panic!("{name}: no TLS directory at /etc/cairn/tls"));
+        assert_eq!(own["source"].as_str(), Some("tls"), "{name}");
+        assert_eq!(own["volume"]["subpath"].as_str(), Some(name.as_str()), "{name}");
+        assert_eq!(own["read_only"].as_bool(), Some(true), "{name}");
+    }
+
     // CAIRN_META, where a container has it (for admin commands), names the replicas too.
     for (name, svc) in &compose.services {
         if let Some((_, list)) = svc.env.iter().find(|(k, _)| k == "CAIRN_META") {
@@ -246,6 +266,8 @@ fn every_published_metrics_port_is_in_the_readme_scrape_config() {
     let mut published = BTreeSet::new();
     for (name, svc) in &compose.services {
         let metrics = match svc.argv[1].as_str() {
+            // The one-shot certificate maker serves nothing.
+            "cert" => continue,
             "meta" => svc.config::<MetaConfig>(name, META_ENV_PREFIX).metrics_listen,
             "chunk" => svc.config::<ChunkConfig>(name, CHUNK_ENV_PREFIX).metrics_listen,
             _ => flag_values(&svc.argv, "--metrics").pop(),

@@ -131,3 +131,109 @@ fn hostile_connections_do_not_stop_the_servers_serving_a_mount() {
         assert_eq!(unsafe { libc::kill(node.pid as i32, 0) }, 0, "{} {} exited", node.role, node.id);
     }
 }
+
+/// `cairn` as a caller with the TLS directory `tls` (`None`: plaintext), against `cluster`.
+fn cairn_as(cluster: &Cluster, tls: Option<&Path>, args: &[&str]) -> (bool, String) {
+    let mut cmd = Command::new(support::CAIRN);
+    cmd.env("CAIRN_META", &cluster.meta_addr).env_remove("CAIRN_TLS").env_remove("CAIRN_PLAINTEXT");
+    match tls {
+        Some(dir) => cmd.arg("--tls").arg(dir),
+        None => cmd.arg("--plaintext"),
+    };
+    let out = cmd.args(args).output().unwrap();
+    (
+        out.status.success(),
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+    )
+}
+
+#[test]
+fn callers_without_the_right_certificate_are_refused_and_counted() {
+    let cluster = Cluster::start(6, "4+2", 64);
+    fs::write(cluster.mnt.join("before"), b"kept").unwrap();
+    let admin = cluster.tls("admin");
+    let client = cluster.tls("client");
+
+    // No certificate at all: told why, over either transport.
+    let (ok, out) = cairn_as(&cluster, None, &["status"]);
+    assert!(!ok && out.contains("requires mutual TLS"), "{out}");
+    let (ok, out) = cairn_as(&cluster, None, &["node", "list"]);
+    assert!(!ok, "{out}");
+    // A certificate of another cluster's CA: refused at the handshake.
+    let other = tempfile::tempdir().unwrap();
+    let ca = other.path().join("ca");
+    let stranger = other.path().join("admin");
+    let made = Command::new(support::CAIRN).args(["cert", "init"]).arg(&ca).output().unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let made = Command::new(support::CAIRN)
+        .args(["cert", "issue", "--role", "admin", "--name", "mallory", "--ca"])
+        .arg(&ca)
+        .arg(&stranger)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let (ok, out) = cairn_as(&cluster, Some(&stranger), &["status"]);
+    assert!(!ok, "{out}");
+    // A client's certificate: the namespace yes, the cluster's administration no.
+    let (ok, out) = cairn_as(&cluster, Some(&client), &["node", "list"]);
+    assert!(ok, "{out}");
+    for args in [
+        &["status"][..],
+        &["node", "drain", "1"],
+        &["node", "remove", "1", "--force"],
+        &["fsck", "--repair"],
+        &["layout", "set", "/", "--ec", "2+1"],
+    ] {
+        let (ok, out) = cairn_as(&cluster, Some(&client), args);
+        assert!(!ok && out.contains("is for admin certificates"), "{args:?}: {out}");
+    }
+    // A client's certificate cannot register a chunkserver: one started with it never joins.
+    let extra = cluster.root.path().join("impostor");
+    fs::create_dir_all(&extra).unwrap();
+    let config = extra.join("chunk.toml");
+    fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nmeta = \"{}\"\nstate_dir = \"{dir}/state\"\nssd_dirs = [\"{dir}/ssd\"]\n\
+             hdd_dirs = []\nheartbeat_ms = 200\ntls_dir = \"{}\"\n",
+            cluster.meta_addr,
+            client.display(),
+            dir = extra.display(),
+        ),
+    )
+    .unwrap();
+    let log = fs::File::create(extra.join("chunk.log")).unwrap();
+    let _impostor = KillOnDrop(Some(
+        Command::new(support::CAIRN)
+            .args(["chunk", "--config", config.to_str().unwrap()])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    ));
+    let meta_metrics =
+        cluster.nodes.iter().find(|n| n.role == "meta").and_then(|n| n.metrics.clone()).unwrap();
+    eventually(30, "the impostor's registrations are refused", || {
+        let text = support::scrape(&meta_metrics);
+        support::metric(&text, "cairn_rpc_denied_total", &["method=\"RegisterChunk\""]).unwrap_or(0.0) >= 2.0
+    });
+    let (ok, out) = cairn_as(&cluster, Some(&admin), &["node", "list", "--json"]);
+    assert!(ok, "{out}");
+    let nodes: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(nodes.as_array().map(Vec::len), Some(6), "{nodes}");
+
+    // Every refusal was counted, by kind.
+    let text = support::scrape(&meta_metrics);
+    let count = |name: &str, label: &str| support::metric(&text, name, &[label]).unwrap_or(0.0);
+    assert!(count("cairn_rpc_connections_unauthenticated_total", "reason=\"plaintext\"") >= 2.0, "{text}");
+    assert!(count("cairn_rpc_connections_unauthenticated_total", "reason=\"handshake\"") >= 1.0, "{text}");
+    assert!(count("cairn_rpc_denied_total", "method=\"DrainNode\"") >= 1.0, "{text}");
+    assert!(count("cairn_rpc_denied_total", "method=\"ClusterStatus\"") >= 1.0, "{text}");
+    // Nothing was changed, and the mount works on.
+    let (ok, out) = cairn_as(&cluster, Some(&admin), &["status"]);
+    assert!(ok && out.contains("HEALTH_OK"), "{out}");
+    assert_eq!(fs::read(cluster.mnt.join("before")).unwrap(), b"kept");
+    fs::write(cluster.mnt.join("after"), b"also").unwrap();
+    assert_eq!(fs::read(cluster.mnt.join("after")).unwrap(), b"also");
+}

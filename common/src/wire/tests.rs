@@ -16,11 +16,12 @@ impl Handler for Fake {
     fn accepts_bulk(&self, method: u16) -> bool {
         method == 2
     }
-    fn answer(&self, method: u16, body: Bytes, bulk: Bytes) -> AnswerFuture<'_> {
+    fn answer(&self, method: u16, body: Bytes, bulk: Bytes, peer: &Peer) -> AnswerFuture<'_> {
+        let peer = peer.clone();
         Box::pin(async move {
             match method {
                 1 => {
-                    call_typed(body, bulk, |r: tonic::Request<p::ReadShardRequest>| async move {
+                    call_typed(body, bulk, peer, |r: tonic::Request<p::ReadShardRequest>| async move {
                         let r = r.into_inner();
                         Ok(tonic::Response::new(p::ReadShardReply {
                             data: Bytes::from(vec![b'x'; r.len as usize]),
@@ -30,7 +31,7 @@ impl Handler for Fake {
                     .await
                 }
                 2 => {
-                    call_typed(body, bulk, |r: tonic::Request<p::WriteShardRequest>| async move {
+                    call_typed(body, bulk, peer, |r: tonic::Request<p::WriteShardRequest>| async move {
                         let r = r.into_inner();
                         let sum: u64 = r.data.iter().map(|b| *b as u64).sum();
                         Ok(tonic::Response::new(p::WriteShardReply {
@@ -40,7 +41,7 @@ impl Handler for Fake {
                     .await
                 }
                 3 => {
-                    call_typed(body, bulk, |r: tonic::Request<p::ReadShardRequest>| async move {
+                    call_typed(body, bulk, peer, |r: tonic::Request<p::ReadShardRequest>| async move {
                         let kind = ErrorKind::from_index(r.into_inner().offset as u8).unwrap();
                         Err::<tonic::Response<p::ReadShardReply>, _>(
                             CairnError::new(kind, "told to fail").into(),
@@ -105,7 +106,7 @@ fn short(connections: usize, per_peer: usize) -> Limits {
 }
 
 fn client(addr: &str) -> WireClient {
-    WireClient::new(addr, Duration::from_secs(2), Duration::from_secs(2))
+    WireClient::new(addr, Role::Chunk, Duration::from_secs(2), Duration::from_secs(2))
 }
 
 #[tokio::test]
@@ -212,7 +213,7 @@ async fn a_restarted_server_is_reached_on_a_new_connection() {
     // The server closes its connections; once its pooled connection reads as closed, a call to
     // the restarted server goes over a fresh one.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while c.idle.lock().unwrap().iter().any(|(conn, _)| still_open(conn)) {
+    while c.idle.lock().unwrap().iter().any(|(conn, _)| still_open(conn.tcp())) {
         assert!(Instant::now() < deadline, "the pooled connection never saw the close");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -231,7 +232,7 @@ async fn a_restarted_server_is_reached_on_a_new_connection() {
 #[tokio::test]
 async fn no_answer_in_time_or_no_server_is_unavailable() {
     let (addr, _stop, _others) = start().await;
-    let c = WireClient::new(&addr, Duration::from_secs(1), Duration::from_millis(200));
+    let c = WireClient::new(&addr, Role::Chunk, Duration::from_secs(1), Duration::from_millis(200));
     let e = c.call::<_, p::Empty>(4, p::Empty {}).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     assert!(c.idle.lock().unwrap().is_empty(), "a timed-out connection is not reused");
