@@ -11,6 +11,7 @@ cairn_start() {
   shift
   mkdir -p "$mnt"
   "$repo/target/release/cairn" up --data-dir "$work/cairn" --mount "$mnt" --meta-port 0 "$@" > "$work/up.log" 2>&1 &
+  export CAIRN_TLS="$work/cairn/tls/admin"  # admin commands (cairn up makes it)
   cairn_pid=$!
   trap cairn_stop EXIT
   for _ in $(seq 600); do grep -q "^ready" "$work/up.log" && return 0; sleep 0.1; done

@@ -17,6 +17,7 @@ bin=${CAIRN_BIN:-}
 if [ -z "$bin" ]; then cargo build --release -q -p cairn; bin=target/release/cairn; fi
 rm -rf "$work"; mkdir -p "$work/mnt"
 "$bin" up --data-dir "$work/data" --mount "$work/mnt" --meta-port 0 "$@" > "$work/up.log" 2>&1 &
+export CAIRN_TLS="$work/data/tls/admin"  # admin commands and rpc-latency (cairn up makes it)
 pid=$!
 trap 'kill -INT $pid; wait $pid || true; rm -rf "$work"' EXIT
 for _ in $(seq 600); do grep -q "^ready" "$work/up.log" && break; sleep 0.1; done

@@ -108,6 +108,7 @@ start_cluster() { # ssd_capacity engine
           --io-engine "$2" --promote-after-reads "$PROMOTE_AFTER" \
           $([ "$DIRECT_IO" = 1 ] && echo --hdd-direct-io) ) >"$WORK/up.log" 2>&1 &
     UP_PID=$!
+    export CAIRN_TLS="$DATA/tls/admin"  # admin commands (cairn up makes it)
     local deadline=$((SECONDS + 120))
     until grep -q '^ready:' "$WORK/up.log"; do
         kill -0 "$UP_PID" 2>/dev/null || { cat "$WORK/up.log" >&2; die "cairn up exited"; }
