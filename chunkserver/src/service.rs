@@ -86,7 +86,21 @@ impl Chunk for ChunkService {
         &self,
         request: Request<DeleteShardsRequest>,
     ) -> Result<Response<DeleteShardsReply>, Status> {
+        // The fence and cluster id are a metaserver's to send: they move this chunkserver's
+        // fence, which every later metaserver delete must match. A mount deletes its own
+        // leftovers without them.
+        let from_meta = request
+            .extensions()
+            .get::<cairn_common::tls::Peer>()
+            .is_none_or(|p| p.roles.contains(cairn_common::tls::Role::Meta));
         let req = request.into_inner();
+        if !from_meta && (req.fence != 0 || !req.cluster_id.is_empty()) {
+            return Err(CairnError::new(
+                ErrorKind::PermissionDenied,
+                "only a metaserver's certificate may send a fence or cluster id with a delete",
+            )
+            .into());
+        }
         if req.ids.len() > MAX_DELETE_IDS {
             return Err(CairnError::invalid(format!(
                 "{} shard ids in one delete, at most {MAX_DELETE_IDS} allowed",

@@ -69,7 +69,10 @@ pub fn cluster(root: &Path, metas: usize, chunks: usize, sans: &[String]) -> Res
     wanted.extend((1..=chunks).map(|i| (format!("chunk-{i}"), Role::Chunk)));
     for (name, role) in wanted {
         let out = root.join(&name);
-        let fresh = tls::Identity::load(&out).is_ok_and(|id| id.cert.expires_in() > 30 * 86_400);
+        // Kept only if signed by this CA (a CA made anew re-issues everything) and not about
+        // to expire.
+        let same_ca = std::fs::read(out.join(tls::CA_CERT)).ok() == std::fs::read(ca.join(tls::CA_CERT)).ok();
+        let fresh = same_ca && tls::Identity::load(&out).is_ok_and(|id| id.cert.expires_in() > 30 * 86_400);
         if !fresh {
             let subject = Subject { name, roles: vec![role], alt_names: sans.to_vec(), days: 365 };
             tls::issue(&ca, &out, &subject)?;

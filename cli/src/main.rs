@@ -596,7 +596,14 @@ fn client_identity(
     announce: bool,
 ) -> cairn_common::Result<()> {
     use cairn_common::tls::{self, Source};
+    // A flag beats the other's environment variable (`cairn up` prints `export CAIRN_TLS=...`;
+    // `--plaintext` must still work after it).
+    let tls_from_env =
+        dir.is_some() && std::env::var_os("CAIRN_TLS").as_deref() == dir.map(|d| d.as_os_str());
+    let plaintext_from_env = std::env::var_os("CAIRN_PLAINTEXT").is_some();
     let source = match (dir, plaintext) {
+        (Some(_), true) if tls_from_env && !plaintext_from_env => Source::Plaintext,
+        (Some(dir), true) if plaintext_from_env && !tls_from_env => Source::Dir(dir.to_path_buf()),
         (Some(_), true) => {
             return Err(cairn_common::CairnError::invalid("--tls and --plaintext exclude each other"));
         }

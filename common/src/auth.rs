@@ -53,9 +53,33 @@ pub fn allowed(service: &str, method: &str, peer: &Peer) -> bool {
     peer.roles.intersects(required(service, method))
 }
 
+/// Whether `method` is one of `service`'s (the wire protocol's methods, and the Raft ones that
+/// only gRPC carries): a refusal's metric names only these, so callers cannot add labels.
+fn known(service: &str, method: &str) -> bool {
+    let ids = 1..=u8::MAX.into();
+    match service {
+        "meta" => {
+            method.starts_with("Raft")
+                && [
+                    "RaftVote",
+                    "RaftAppend",
+                    "RaftSnapshot",
+                    "RaftStatus",
+                    "RaftAddMember",
+                    "RaftRemoveMember",
+                    "RaftBackup",
+                ]
+                .contains(&method)
+                || ids.filter_map(crate::wire::meta::method_name).any(|m| m == method)
+        }
+        "chunk" => ids.filter_map(crate::wire::chunk::method_name).any(|m| m == method),
+        _ => false,
+    }
+}
+
 /// The error a refused call gets, the same on both transports.
 pub fn denied(service: &str, method: &str, peer: &Peer) -> crate::CairnError {
-    crate::metrics::record_denied(service, method);
+    crate::metrics::record_denied(service, if known(service, method) { method } else { "unknown" });
     crate::CairnError::new(
         crate::ErrorKind::PermissionDenied,
         format!(
@@ -205,6 +229,16 @@ mod tests {
             let roles = required("meta", name);
             assert_eq!(roles == Roles::of(&[Role::Admin]), admin_only.contains(&name), "{name}");
         }
+    }
+
+    #[test]
+    fn refusals_are_counted_under_known_method_names_only() {
+        assert!(known("meta", "DrainNode"));
+        assert!(known("meta", "RaftAppend"));
+        assert!(known("chunk", "ReadShard"));
+        assert!(!known("meta", "ReadShard"));
+        assert!(!known("meta", "Raft-anything"));
+        assert!(!known("chunk", "x".repeat(100).as_str()));
     }
 
     #[test]

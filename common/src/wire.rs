@@ -419,6 +419,12 @@ impl WireClient {
     }
 
     fn lost(&self, e: &std::io::Error) -> CairnError {
+        if crate::tls::is_tls_refusal(e) {
+            return CairnError::new(
+                ErrorKind::PermissionDenied,
+                format!("{} refused this process's TLS certificate: {e}", self.addr),
+            );
+        }
         CairnError::unavailable(format!("connection to {} lost: {e}", self.addr))
     }
 
@@ -426,7 +432,12 @@ impl WireClient {
         let unreachable = |e: String| CairnError::unavailable(format!("cannot reach {}: {e}", self.addr));
         let mut conn = crate::connect::open(&self.addr, self.role, Alpn::Wire, self.connect_timeout)
             .await
-            .map_err(|e| unreachable(e.to_string()))?;
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::PermissionDenied => {
+                    CairnError::new(ErrorKind::PermissionDenied, format!("{}: {e}", self.addr))
+                }
+                _ => unreachable(e.to_string()),
+            })?;
         conn.write_all(&MAGIC).await.map_err(|e| unreachable(e.to_string()))?;
         Ok(conn)
     }

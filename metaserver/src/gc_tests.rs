@@ -126,9 +126,9 @@ async fn deletes_on_up_nodes_and_keeps_the_rest() {
     let dead = dead_addr().await;
     let ns = Arc::new(Namespace::open_memory(Layout::new(2, 1, 4096).unwrap()).unwrap());
     let reg = ns.registry().clone();
-    let a = reg.register("a", &addr, vec![], 0).unwrap();
-    let b = reg.register("b", &addr, vec![], 0).unwrap();
-    let c = reg.register("c", &dead, vec![], 0).unwrap();
+    let a = reg.register("a", &addr, vec![], 0, "").unwrap();
+    let b = reg.register("b", &addr, vec![], 0, "").unwrap();
+    let c = reg.register("c", &dead, vec![], 0, "").unwrap();
     let new = NewEntry { parent: ROOT_INO, name: b"f", mode: S_IFREG | 0o644, uid: 0, gid: 0 };
     let f = ns.create(&new, 0, true).unwrap().0;
     let stripes: Vec<StripeInfo> =
@@ -156,7 +156,7 @@ async fn deletes_on_up_nodes_and_keeps_the_rest() {
     assert_eq!(ns.pending_gc().unwrap(), 3);
 
     // Once the node comes back at a working address, they are deleted.
-    reg.heartbeat(c, &addr, vec![], 0).unwrap();
+    reg.heartbeat(c, &addr, vec![], 0, "").unwrap();
     let round = gc.run_once().await.unwrap();
     assert_eq!(round, GcRound { deleted: 3, dropped: 0, pending: 0 });
     assert_eq!(ns.pending_gc().unwrap(), 0);
@@ -189,9 +189,9 @@ async fn reconcile_deletes_only_unreferenced_old_shards() {
     );
     let reg = ns.registry().clone();
     // One real node (the fake) and two others; the file is placed on all three.
-    let a = reg.register("a", &addr, vec![], 0).unwrap();
-    reg.register("b", "127.0.0.1:1", vec![], 0).unwrap();
-    reg.register("c", "127.0.0.1:2", vec![], 0).unwrap();
+    let a = reg.register("a", &addr, vec![], 0, "").unwrap();
+    reg.register("b", "127.0.0.1:1", vec![], 0, "").unwrap();
+    reg.register("c", "127.0.0.1:2", vec![], 0, "").unwrap();
     let new = NewEntry { parent: ROOT_INO, name: b"f", mode: S_IFREG | 0o644, uid: 0, gid: 0 };
     let (inode, _) = ns.create(&new, 0, false).unwrap();
     let version = (3u64 << 32) | 1;

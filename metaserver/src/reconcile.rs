@@ -220,7 +220,9 @@ mod tests {
                 .with_client_lease(Duration::from_millis(1)),
         );
         for i in 0..3 {
-            ns.registry().register(&format!("n{i}"), &format!("127.0.0.1:{}", 10 + i), vec![], 0).unwrap();
+            ns.registry()
+                .register(&format!("n{i}"), &format!("127.0.0.1:{}", 10 + i), vec![], 0, "")
+                .unwrap();
         }
         let new = NewEntry { parent: cairn_common::ROOT_INO, name: b"f", mode: 0o644, uid: 0, gid: 0 };
         let (inode, _) = ns.create(&new, 0, false).unwrap();

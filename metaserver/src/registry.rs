@@ -41,9 +41,30 @@ struct NodeState {
     tiers: Vec<TierUsage>,
     pid: u32,
     state: u32,
+    /// See [`Node::cert`].
+    cert: String,
 }
 
 impl NodeState {
+    /// The persisted record of this node.
+    fn record(&self) -> Node {
+        Node { uuid: self.uuid.clone(), addr: self.addr.clone(), state: self.state, cert: self.cert.clone() }
+    }
+
+    /// Refuse a chunkserver whose certificate is not the one the node registered with.
+    fn check_cert(&self, id: u32, cert: &str) -> Result<()> {
+        if self.cert.is_empty() || self.cert == cert {
+            return Ok(());
+        }
+        Err(CairnError::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "node {id} (chunkserver {}) belongs to the certificate {:?}; this caller's is {cert:?}",
+                self.uuid, self.cert
+            ),
+        ))
+    }
+
     fn free(&self) -> u64 {
         self.tiers.iter().map(|t| t.free).sum()
     }
@@ -145,6 +166,7 @@ impl Registry {
                     tiers: Vec::new(),
                     pid: 0,
                     state: node.state,
+                    cert: node.cert,
                 },
             );
         }
@@ -165,8 +187,16 @@ impl Registry {
     }
 
     /// Register a chunkserver: the same id for a known uuid (its address updated), else a new
-    /// one. Registration counts as a heartbeat.
-    pub fn register(&self, uuid: &str, addr: &str, tiers: Vec<TierUsage>, pid: u32) -> Result<u32> {
+    /// one. Registration counts as a heartbeat. `cert` is the caller's certificate name (empty
+    /// without TLS): a known node registers again only with its own.
+    pub fn register(
+        &self,
+        uuid: &str,
+        addr: &str,
+        tiers: Vec<TierUsage>,
+        pid: u32,
+        cert: &str,
+    ) -> Result<u32> {
         if uuid.is_empty() || uuid.len() > MAX_UUID || uuid.chars().any(char::is_control) {
             return Err(CairnError::invalid(format!("chunkserver uuid {uuid:?} is empty or too long")));
         }
@@ -193,14 +223,17 @@ impl Registry {
                 id
             }
         };
-        let changed = inner.nodes.get(&id).is_none_or(|n| n.addr != addr);
+        if let Some(node) = inner.nodes.get(&id) {
+            node.check_cert(id, cert)?;
+        }
+        let changed = inner.nodes.get(&id).is_none_or(|n| n.addr != addr || n.cert != cert);
         let state = inner.nodes.get(&id).map_or(NODE_ACTIVE, |n| n.state);
         if changed {
             let mut batch = Batch::new();
             batch.put(
                 Cf::Nodes,
                 schema::node_key(id),
-                schema::encode(&Node { uuid: uuid.into(), addr: addr.into(), state }),
+                schema::encode(&Node { uuid: uuid.into(), addr: addr.into(), state, cert: cert.into() }),
             );
             if known.is_none() {
                 batch.put(
@@ -225,13 +258,16 @@ impl Registry {
                 tiers,
                 pid,
                 state,
+                cert: cert.into(),
             },
         );
         Ok(id)
     }
 
-    /// Record a heartbeat. An unknown id is `NotFound`: the chunkserver then registers again.
-    pub fn heartbeat(&self, id: u32, addr: &str, tiers: Vec<TierUsage>, pid: u32) -> Result<()> {
+    /// Record a heartbeat from the caller with the certificate `cert` (empty without TLS),
+    /// which must be the node's. An unknown id is `NotFound`: the chunkserver then registers
+    /// again.
+    pub fn heartbeat(&self, id: u32, addr: &str, tiers: Vec<TierUsage>, pid: u32, cert: &str) -> Result<()> {
         check_tiers(&tiers)?;
         if !addr.is_empty() {
             check_addr(addr)?;
@@ -239,8 +275,9 @@ impl Registry {
         let mut inner = self.inner.lock();
         let node =
             inner.nodes.get_mut(&id).ok_or_else(|| CairnError::not_found(format!("unknown node id {id}")))?;
+        node.check_cert(id, cert)?;
         if !addr.is_empty() && node.addr != addr {
-            let record = Node { uuid: node.uuid.clone(), addr: addr.into(), state: node.state };
+            let record = Node { addr: addr.into(), ..node.record() };
             let mut batch = Batch::new();
             batch.put(Cf::Nodes, schema::node_key(id), schema::encode(&record));
             batch.set_durable();
@@ -374,7 +411,7 @@ impl Registry {
                 .get_mut(&id)
                 .ok_or_else(|| CairnError::not_found(format!("no chunkserver with id {id}")))?;
             if node.state != state {
-                let record = Node { uuid: node.uuid.clone(), addr: node.addr.clone(), state };
+                let record = Node { state, ..node.record() };
                 let mut batch = Batch::new();
                 batch.put(Cf::Nodes, schema::node_key(id), schema::encode(&record));
                 batch.set_durable();
@@ -394,7 +431,7 @@ impl Registry {
             .nodes
             .get(&id)
             .ok_or_else(|| CairnError::not_found(format!("no chunkserver with id {id}")))?;
-        let record = Node { uuid: node.uuid.clone(), addr: node.addr.clone(), state: NODE_REMOVED };
+        let record = Node { state: NODE_REMOVED, ..node.record() };
         let mut batch = Batch::new();
         batch.put(Cf::Nodes, schema::node_key(id), schema::encode(&record));
         batch.set_durable();
@@ -436,24 +473,54 @@ mod tests {
     fn ids_are_stable_per_uuid_and_survive_restart() {
         let store: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
         let r = registry(store.clone());
-        let a = r.register("uuid-a", "127.0.0.1:1", vec![], 10).unwrap();
-        let b = r.register("uuid-b", "127.0.0.1:2", vec![], 11).unwrap();
+        let a = r.register("uuid-a", "127.0.0.1:1", vec![], 10, "").unwrap();
+        let b = r.register("uuid-b", "127.0.0.1:2", vec![], 11, "").unwrap();
         assert_ne!(a, b);
-        assert_eq!(r.register("uuid-a", "127.0.0.1:3", vec![], 12).unwrap(), a);
+        assert_eq!(r.register("uuid-a", "127.0.0.1:3", vec![], 12, "").unwrap(), a);
         assert_eq!(r.node(a).unwrap().addr, "127.0.0.1:3");
-        assert!(r.register("", "127.0.0.1:1", vec![], 1).is_err());
-        assert!(r.register("x", "nocolon", vec![], 1).is_err());
+        assert!(r.register("", "127.0.0.1:1", vec![], 1, "").is_err());
+        assert!(r.register("x", "nocolon", vec![], 1, "").is_err());
 
         let r2 = registry(store);
         let nodes = r2.nodes();
         assert_eq!(nodes.len(), 2);
         assert!(nodes.iter().all(|n| !n.up), "known but down after restart");
         assert_eq!(r2.node(a).unwrap().addr, "127.0.0.1:3");
-        let c = r2.register("uuid-c", "127.0.0.1:4", vec![], 1).unwrap();
+        let c = r2.register("uuid-c", "127.0.0.1:4", vec![], 1, "").unwrap();
         assert!(c != a && c != b);
-        assert_eq!(r2.heartbeat(999, "", vec![], 1).unwrap_err().kind(), ErrorKind::NotFound);
-        r2.heartbeat(a, "", vec![], 5).unwrap();
+        assert_eq!(r2.heartbeat(999, "", vec![], 1, "").unwrap_err().kind(), ErrorKind::NotFound);
+        r2.heartbeat(a, "", vec![], 5, "").unwrap();
         assert!(r2.node(a).unwrap().up);
+    }
+
+    #[test]
+    fn a_node_belongs_to_the_certificate_it_registered_with() {
+        let store: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
+        let r = registry(store.clone());
+        let a = r.register("uuid-a", "127.0.0.1:1", vec![], 10, "chunk-1").unwrap();
+        r.heartbeat(a, "127.0.0.1:1", vec![], 10, "chunk-1").unwrap();
+        // Another chunkserver's certificate can neither heartbeat for it (and move its address)
+        // nor register as it.
+        let e = r.heartbeat(a, "10.9.9.9:1", vec![], 10, "chunk-2").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");
+        assert!(e.message().contains("chunk-1") && e.message().contains("chunk-2"), "{e}");
+        let e = r.register("uuid-a", "10.9.9.9:1", vec![], 10, "chunk-2").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");
+        assert_eq!(r.node(a).unwrap().addr, "127.0.0.1:1");
+        // The binding survives a restart; a node registered without TLS is bound at its next
+        // registration with a certificate.
+        let r = registry(store);
+        assert_eq!(
+            r.heartbeat(a, "", vec![], 10, "chunk-2").unwrap_err().kind(),
+            ErrorKind::PermissionDenied
+        );
+        r.heartbeat(a, "", vec![], 10, "chunk-1").unwrap();
+        let b = r.register("uuid-b", "127.0.0.1:2", vec![], 11, "").unwrap();
+        r.register("uuid-b", "127.0.0.1:2", vec![], 11, "chunk-9").unwrap();
+        assert_eq!(
+            r.heartbeat(b, "", vec![], 11, "chunk-1").unwrap_err().kind(),
+            ErrorKind::PermissionDenied
+        );
     }
 
     #[test]
@@ -463,7 +530,7 @@ mod tests {
         let r = registry(store.clone());
         assert_eq!(r.place(&layout).unwrap_err().kind(), ErrorKind::TooFewNodes);
         for i in 0..6 {
-            r.register(&format!("n{i}"), &format!("127.0.0.1:{}", 100 + i), vec![], 0).unwrap();
+            r.register(&format!("n{i}"), &format!("127.0.0.1:{}", 100 + i), vec![], 0, "").unwrap();
         }
         let mut counts = HashMap::new();
         for _ in 0..60 {
@@ -484,17 +551,17 @@ mod tests {
         let err = r.place(&layout).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::TooFewNodes);
         assert!(err.message().contains("need at least 3"), "{err}");
-        r.heartbeat(1, "", vec![], 0).unwrap();
-        r.heartbeat(2, "", vec![], 0).unwrap();
+        r.heartbeat(1, "", vec![], 0, "").unwrap();
+        r.heartbeat(2, "", vec![], 0, "").unwrap();
         assert_eq!(r.place(&layout).unwrap_err().kind(), ErrorKind::TooFewNodes);
-        r.heartbeat(3, "", vec![], 0).unwrap();
+        r.heartbeat(3, "", vec![], 0, "").unwrap();
         let g = r.place(&layout).unwrap();
         assert_eq!(g.len(), 3);
         let mut s = g.clone();
         s.sort();
         assert_eq!(s, vec![1, 2, 3]);
         let wide = Layout::new(3, 2, 4096).unwrap();
-        r.heartbeat(4, "", vec![], 0).unwrap();
+        r.heartbeat(4, "", vec![], 0, "").unwrap();
         let g = r.place(&wide).unwrap();
         assert_eq!(g.len(), 5);
         assert_eq!(g.iter().filter(|n| r.node(**n).unwrap().up).count(), 4);
@@ -508,9 +575,10 @@ mod tests {
         let roomy = TierUsage { name: "ssd".into(), capacity: 1 << 40, free: 1 << 39, ..Default::default() };
         let full = TierUsage { free: FULL_BELOW_BYTES - 1, ..roomy.clone() };
         for i in 0..5 {
-            r.register(&format!("n{i}"), &format!("127.0.0.1:{}", 100 + i), vec![roomy.clone()], 0).unwrap();
+            r.register(&format!("n{i}"), &format!("127.0.0.1:{}", 100 + i), vec![roomy.clone()], 0, "")
+                .unwrap();
         }
-        r.heartbeat(1, "", vec![full.clone()], 0).unwrap();
+        r.heartbeat(1, "", vec![full.clone()], 0, "").unwrap();
         r.set_state(2, NODE_DRAINING).unwrap();
         for _ in 0..20 {
             let g = r.place(&layout).unwrap();
@@ -519,25 +587,28 @@ mod tests {
         assert_eq!(r.nodes().iter().find(|n| n.id == 2).unwrap().state, "draining");
         // Everything full: a full filesystem, not an outage.
         for id in 3..=5 {
-            r.heartbeat(id, "", vec![full.clone()], 0).unwrap();
+            r.heartbeat(id, "", vec![full.clone()], 0, "").unwrap();
         }
         r.set_state(2, NODE_ACTIVE).unwrap();
-        r.heartbeat(2, "", vec![full.clone()], 0).unwrap();
+        r.heartbeat(2, "", vec![full.clone()], 0, "").unwrap();
         assert_eq!(r.place(&layout).unwrap_err().kind(), ErrorKind::NoSpace);
 
         r.remove(5).unwrap();
         assert!(r.node(5).is_none());
         assert_eq!(r.nodes().len(), 4);
-        let err = r.register("n4", "127.0.0.1:104", vec![], 0).unwrap_err();
+        let err = r.register("n4", "127.0.0.1:104", vec![], 0, "").unwrap_err();
         assert_eq!(err.kind(), ErrorKind::NotPermitted);
         assert!(err.message().contains("removed"), "{err}");
         // After a restart: still removed, the drain state persisted, and new ids never reuse 5.
         r.set_state(3, NODE_DRAINING).unwrap();
         let r = registry(store);
         assert!(r.node(5).is_none());
-        assert_eq!(r.register("n4", "127.0.0.1:104", vec![], 0).unwrap_err().kind(), ErrorKind::NotPermitted);
+        assert_eq!(
+            r.register("n4", "127.0.0.1:104", vec![], 0, "").unwrap_err().kind(),
+            ErrorKind::NotPermitted
+        );
         assert_eq!(r.nodes().iter().find(|n| n.id == 3).unwrap().state, "draining");
-        assert_eq!(r.register("new", "127.0.0.1:200", vec![], 0).unwrap(), 6);
+        assert_eq!(r.register("new", "127.0.0.1:200", vec![], 0, "").unwrap(), 6);
     }
 
     #[test]
@@ -547,11 +618,11 @@ mod tests {
         // Node timeout 6 s: a node is preferred while heard from within the last 2 s.
         let r = Registry::open(store, Duration::from_secs(6)).unwrap();
         for i in 0..5 {
-            r.register(&format!("n{i}"), &format!("127.0.0.1:{}", 100 + i), vec![], 0).unwrap();
+            r.register(&format!("n{i}"), &format!("127.0.0.1:{}", 100 + i), vec![], 0, "").unwrap();
         }
         std::thread::sleep(Duration::from_millis(2100));
         for id in [1, 2, 3] {
-            r.heartbeat(id, "", vec![], 0).unwrap();
+            r.heartbeat(id, "", vec![], 0, "").unwrap();
         }
         // Nodes 4 and 5 are still up, but quiet: three fresh nodes are enough for 2+1.
         for _ in 0..10 {
@@ -573,7 +644,7 @@ mod tests {
         let store: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
         let r = registry(store.clone());
         let tier = TierUsage { name: "ssd".into(), capacity: 100, free: 40, ..Default::default() };
-        r.register("a", "h:1", vec![tier.clone(), tier.clone()], 0).unwrap();
+        r.register("a", "h:1", vec![tier.clone(), tier.clone()], 0, "").unwrap();
         assert_eq!(r.capacity(), (200, 80));
         assert_eq!(registry(store).capacity(), (0, 0));
     }

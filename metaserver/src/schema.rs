@@ -272,6 +272,11 @@ pub struct Node {
     /// [`NODE_ACTIVE`], [`NODE_DRAINING`] or [`NODE_REMOVED`].
     #[prost(uint32, tag = "3")]
     pub state: u32,
+    /// The name of the TLS certificate the node registered with: only a chunkserver with a
+    /// certificate of that name may heartbeat for the node or register as it again (empty:
+    /// registered without TLS, or before certificates existed; bound at its next registration).
+    #[prost(string, tag = "4")]
+    pub cert: String,
 }
 
 /// Takes new files.

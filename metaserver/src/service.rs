@@ -260,6 +260,12 @@ pub(crate) fn nodes_with_progress(ns: &Namespace) -> Vec<NodeInfo> {
     nodes
 }
 
+/// The name on the caller's TLS certificate (empty on a plaintext server), which binds a
+/// chunkserver's node id to the certificate it registered with.
+fn cert_name<T>(req: &Request<T>) -> String {
+    req.extensions().get::<cairn_common::tls::Peer>().map(|p| p.name.clone()).unwrap_or_default()
+}
+
 /// Refuse a chunkserver that belongs to another cluster (`theirs`; "" before it joined one),
 /// before anything of it is recorded.
 fn check_cluster(ns: &Namespace, theirs: &str, addr: &str) -> Result<()> {
@@ -625,11 +631,12 @@ impl Meta for MetaService {
         &self,
         req: Request<RegisterChunkRequest>,
     ) -> Result<Response<RegisterChunkReply>, Status> {
+        let cert = cert_name(&req);
         let r = req.into_inner();
         let (node_id, cluster_id) = self
             .run(move |ns| {
                 check_cluster(ns, &r.cluster_id, &r.addr)?;
-                let node_id = ns.registry().register(&r.uuid, &r.addr, r.tiers, r.pid)?;
+                let node_id = ns.registry().register(&r.uuid, &r.addr, r.tiers, r.pid, &cert)?;
                 Ok((node_id, ns.cluster_id().to_string()))
             })
             .await?;
@@ -638,11 +645,12 @@ impl Meta for MetaService {
     }
 
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<Response<HeartbeatReply>, Status> {
+        let cert = cert_name(&req);
         let r = req.into_inner();
         let fence = self
             .run(move |ns| {
                 check_cluster(ns, &r.cluster_id, &r.addr)?;
-                ns.registry().heartbeat(r.node_id, &r.addr, r.tiers, r.pid)?;
+                ns.registry().heartbeat(r.node_id, &r.addr, r.tiers, r.pid, &cert)?;
                 Ok((ns.fence(), ns.cluster_id().to_string()))
             })
             .await?;

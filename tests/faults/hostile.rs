@@ -230,6 +230,21 @@ fn callers_without_the_right_certificate_are_refused_and_counted() {
     assert!(count("cairn_rpc_connections_unauthenticated_total", "reason=\"handshake\"") >= 1.0, "{text}");
     assert!(count("cairn_rpc_denied_total", "method=\"DrainNode\"") >= 1.0, "{text}");
     assert!(count("cairn_rpc_denied_total", "method=\"ClusterStatus\"") >= 1.0, "{text}");
+    // Authenticated, then silent (no wire magic, no request): cut at the same deadline as a
+    // silent plaintext connection (10 s), not kept.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        use cairn_common::tls::{self, Alpn, Role};
+        let id = tls::Identity::load(&client).unwrap();
+        let tcp = TcpStream::connect(&cluster.meta_addr).await.unwrap();
+        let mut conn = tls::connect(tcp, &id, Role::Meta, Alpn::Wire).await.unwrap();
+        let started = Instant::now();
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(Duration::from_secs(30), conn.read(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "a silent TLS connection was kept: {read:?}");
+        assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
+    });
+
     // Nothing was changed, and the mount works on.
     let (ok, out) = cairn_as(&cluster, Some(&admin), &["status"]);
     assert!(ok && out.contains("HEALTH_OK"), "{out}");

@@ -57,8 +57,11 @@ fn identities_that_cannot_work_are_refused_when_loaded() {
     // A missing file is named.
     let err = Identity::load(&dir.path().join("nowhere")).unwrap_err();
     assert!(err.message().contains(CA_CERT), "{err}");
-    // Subjects without a role or a name.
+    // Subjects without a role or a name, or with a role hidden among the extra names.
     assert!(issue(&ca, &mixed, &subject("x", &[])).is_err());
+    let mut sneaky = subject("x", &[Role::Client]);
+    sneaky.alt_names.push("Admin.Cairn".into());
+    assert!(issue(&ca, &mixed, &sneaky).is_err());
     assert!(issue(&ca, &mixed, &subject("", &[Role::Client])).is_err());
 }
 
@@ -105,14 +108,16 @@ fn a_changed_directory_is_reloaded_and_a_broken_one_keeps_the_old_identity() {
     let dir = tempfile::tempdir().unwrap();
     let ca = cluster(dir.path());
     let admin = dir.path().join("admin");
-    install(Some(Identity::load(&admin).unwrap()));
-    assert!(!reload(false).unwrap(), "nothing changed");
+    // A slot of its own: the process's identity would turn other tests' servers to TLS.
+    let slot = RwLock::new(Some(Arc::new(Identity::load(&admin).unwrap())));
+    let name = || slot.read().unwrap().as_ref().unwrap().cert.name.clone();
+    assert!(!reload_in(&slot, false).unwrap(), "nothing changed");
     std::thread::sleep(Duration::from_millis(20));
     issue(&ca, &admin, &subject("admin-2", &[Role::Admin])).unwrap();
-    assert!(reload(false).unwrap());
-    assert_eq!(identity().unwrap().cert.name, "admin-2");
+    assert!(reload_in(&slot, false).unwrap());
+    assert_eq!(name(), "admin-2");
     std::fs::write(admin.join(CERT), "garbage").unwrap();
-    assert!(reload(false).is_err());
-    assert_eq!(identity().unwrap().cert.name, "admin-2", "the old identity stays");
-    install(None);
+    assert!(reload_in(&slot, false).is_err());
+    assert_eq!(name(), "admin-2", "the old identity stays");
+    assert!(!reload_in(&RwLock::new(None), true).unwrap(), "plaintext: nothing to reload");
 }

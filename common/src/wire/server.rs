@@ -89,6 +89,9 @@ impl Drop for Permit {
 /// tonic drops it; its requests carry its [`Peer`] in their extensions.
 pub struct Counted {
     conn: ServerConn,
+    /// Bytes read off the connection before tonic took it (the HTTP/2 preface inside TLS,
+    /// checked before the hand-over), given to tonic first.
+    prefix: Bytes,
     peer: Peer,
     _permit: Permit,
 }
@@ -99,6 +102,12 @@ impl AsyncRead for Counted {
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            let head = self.prefix.split_to(n);
+            buf.put_slice(&head);
+            return std::task::Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.conn).poll_read(cx, buf)
     }
 }
@@ -243,11 +252,11 @@ pub fn serve_with(
                     _ = stop.wait_for(|s| *s) => return,
                 };
                 // Neither protocol, not authenticated, silent past `hello`, or gone: closed.
-                let Ok(Some((conn, alpn, peer))) = opened else { return };
+                let Ok(Some((conn, alpn, peer, prefix))) = opened else { return };
                 match alpn {
                     Alpn::Wire => serve_connection(conn, peer, handler, stop, &limits).await,
                     Alpn::Grpc => {
-                        let _ = grpc.send(Ok(Counted { conn, peer, _permit: permit })).await;
+                        let _ = grpc.send(Ok(Counted { conn, prefix, peer, _permit: permit })).await;
                     }
                 }
             });
@@ -284,10 +293,36 @@ pub fn split_shutdown(
 const TLS_HANDSHAKE: u8 = 0x16;
 
 /// Tell a new connection's protocol and, on a TLS server (one whose process has an identity),
-/// run the handshake: the connection as it is to be served, its protocol and who is on the
-/// other end; `None` for a connection to close (the caller bounds how long this takes). A TLS
-/// server answers a plaintext wire client's first request with an error that says why.
+/// run the handshake: the connection as it is to be served, its protocol, who is on the other
+/// end, and bytes already read that belong to the protocol (see [`Counted`]); `None` for a
+/// connection to close (the caller bounds how long this takes). A wire connection's magic and
+/// a gRPC connection's preface are checked here, inside TLS too, so a peer that authenticated
+/// and then says nothing is cut at the same deadline as one that did not. A TLS server answers
+/// a plaintext wire client's first request with an error that says why.
 async fn establish(
+    conn: TcpStream,
+    addr: std::net::SocketAddr,
+    service: &'static str,
+) -> Option<(ServerConn, Alpn, Peer, Bytes)> {
+    let (mut conn, alpn, peer) = authenticate(conn, addr, service).await?;
+    match alpn {
+        Alpn::Wire => {
+            let mut magic = [0u8; MAGIC.len()];
+            conn.read_exact(&mut magic).await.ok()?;
+            (magic == MAGIC).then_some((conn, alpn, peer, Bytes::new()))
+        }
+        // A plaintext gRPC connection's preface was only peeked at: tonic reads it.
+        Alpn::Grpc if matches!(conn, Stream::Plain(_)) => Some((conn, alpn, peer, Bytes::new())),
+        Alpn::Grpc => {
+            let mut preface = [0u8; H2_PREFACE.len()];
+            conn.read_exact(&mut preface).await.ok()?;
+            (&preface == H2_PREFACE).then(|| (conn, alpn, peer, Bytes::copy_from_slice(&preface)))
+        }
+    }
+}
+
+/// The part of [`establish`] that decides who the peer is.
+async fn authenticate(
     conn: TcpStream,
     addr: std::net::SocketAddr,
     service: &'static str,
@@ -417,10 +452,6 @@ async fn serve_connection(
     mut shutdown: tokio::sync::watch::Receiver<bool>,
     limits: &Limits,
 ) {
-    let mut magic = [0u8; MAGIC.len()];
-    if conn.read_exact(&mut magic).await.is_err() {
-        return;
-    }
     loop {
         // Between requests: idle at most `limits.idle`.
         let mut header = [0u8; HEADER];

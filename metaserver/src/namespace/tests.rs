@@ -22,7 +22,9 @@ pub(super) fn setup() -> Namespace {
 
 pub(super) fn add_nodes(ns: &Namespace, n: usize) {
     for i in 0..n {
-        ns.registry().register(&format!("node-{i}"), &format!("127.0.0.1:{}", 1000 + i), vec![], 1).unwrap();
+        ns.registry()
+            .register(&format!("node-{i}"), &format!("127.0.0.1:{}", 1000 + i), vec![], 1, "")
+            .unwrap();
     }
 }
 
@@ -454,7 +456,7 @@ fn statfs_scales_by_root_layout() {
     let tier =
         cairn_proto::TierUsage { name: "ssd".into(), capacity: 3 << 30, free: 3 << 29, ..Default::default() };
     for i in 0..3 {
-        ns.registry().register(&format!("n{i}"), "127.0.0.1:1", vec![tier.clone()], 0).unwrap();
+        ns.registry().register(&format!("n{i}"), "127.0.0.1:1", vec![tier.clone()], 0, "").unwrap();
     }
     file(&ns, ROOT_INO, "f");
     let s = ns.statfs().unwrap();
