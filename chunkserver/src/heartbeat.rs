@@ -146,6 +146,7 @@ impl Heartbeat {
             tiers,
             pid: std::process::id(),
             cluster_id: self.fence.cluster().unwrap_or_default(),
+            cert_not_after: cairn_common::tls::identity().map_or(0, |id| id.cert.not_after),
         };
         let reply = self
             .meta

@@ -201,6 +201,7 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
                     "shards_left": n.shards_left,
                     "shards": n.tiers.iter().map(|t| t.shards).sum::<u64>(),
                     "full": n.full, "rebuild_in_ms": n.rebuild_in_ms,
+                    "cert_not_after": n.cert_not_after,
                 })
             })
             .collect();
@@ -221,6 +222,7 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
                 "reduced_stripes_by_margin": margins_json(&status.reduced_stripes_by_margin),
             },
             "tls": tls_json(),
+            "meta_cert_not_after": status.meta_cert_not_after,
         });
         println!("{}", serde_json::to_string_pretty(&out).expect("json"));
         return Ok(code);
@@ -296,7 +298,24 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
         );
     }
     println!("{}", tls_line());
+    if let Some(line) = server_certs_line(&status) {
+        println!("{line}");
+    }
     Ok(code)
+}
+
+/// When the servers' certificates expire: the metaserver's, and the chunkservers' soonest.
+fn server_certs_line(status: &p::ClusterStatusReply) -> Option<String> {
+    let days = |t: i64| (t - cairn_common::time::unix_secs()) / 86_400;
+    let soonest = status.nodes.iter().filter(|n| n.cert_not_after != 0).min_by_key(|n| n.cert_not_after);
+    let mut parts = Vec::new();
+    if status.meta_cert_not_after != 0 {
+        parts.push(format!("metaserver's expires in {} days", days(status.meta_cert_not_after)));
+    }
+    if let Some(n) = soonest {
+        parts.push(format!("the chunkservers' soonest (node {}) in {} days", n.id, days(n.cert_not_after)));
+    }
+    (!parts.is_empty()).then(|| format!("server certificates: {}", parts.join(", ")))
 }
 
 /// Whether this command talked TLS, and when its certificate and the cluster CA expire (the

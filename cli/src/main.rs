@@ -382,6 +382,16 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     cairn_common::telemetry::init_logging();
+    // Reporting commands end quietly when their reader goes away (`cairn status | head`), as
+    // Unix tools do, instead of panicking on the failed write. Long-running processes keep
+    // SIGPIPE ignored (their sockets send with MSG_NOSIGNAL either way).
+    if !matches!(
+        cli.command,
+        Command::Meta { action: None, .. } | Command::Chunk { .. } | Command::Mount { .. } | Command::Up(_)
+    ) {
+        // SAFETY: restores a signal's default action; no handler runs.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     // Mounts and admin commands connect with the identity the command line names; servers
     // with their config's; the rest connect nowhere (or, `cairn up`, make their own).
     let connects = !matches!(

@@ -50,9 +50,18 @@ impl Health {
     }
 }
 
+/// A TLS certificate this close to expiring is a warning.
+const CERT_WARN_SECS: i64 = 30 * 86_400;
+
 /// `nodes` as `ClusterStatus` reports them (with `rebuild_in_ms` filled in for down nodes);
-/// `durability_lost`: why the metadata store refuses changes, if it does.
-pub fn assess(nodes: &[NodeInfo], repair: &RepairState, durability_lost: Option<&str>) -> Health {
+/// `durability_lost`: why the metadata store refuses changes, if it does; `meta_cert_not_after`:
+/// when this metaserver's certificate expires (0: no TLS).
+pub fn assess(
+    nodes: &[NodeInfo],
+    repair: &RepairState,
+    durability_lost: Option<&str>,
+    meta_cert_not_after: i64,
+) -> Health {
     let mut errors = Vec::new();
     let mut warnings = Vec::new();
     if let Some(reason) = durability_lost {
@@ -100,6 +109,7 @@ pub fn assess(nodes: &[NodeInfo], repair: &RepairState, durability_lost: Option<
     if !full.is_empty() {
         warnings.push(format!("{} full ({})", plural(full.len() as u64, "chunkserver"), ids(&full)));
     }
+    warnings.extend(certificates(nodes, meta_cert_not_after, unix_now()));
     let level = if !errors.is_empty() {
         Level::Err
     } else if !warnings.is_empty() {
@@ -109,6 +119,33 @@ pub fn assess(nodes: &[NodeInfo], repair: &RepairState, durability_lost: Option<
     };
     errors.extend(warnings);
     Health { level, checks: errors }
+}
+
+/// Warnings for certificates that expire within [`CERT_WARN_SECS`] of `now` (or have).
+fn certificates(nodes: &[NodeInfo], meta_cert_not_after: i64, now: i64) -> Vec<String> {
+    let soon = |t: i64| t != 0 && t - now < CERT_WARN_SECS;
+    let when = |t: i64| match t - now {
+        left if left <= 0 => "has expired".to_string(),
+        left => format!("expires in {} days", left / 86_400),
+    };
+    let mut out = Vec::new();
+    if soon(meta_cert_not_after) {
+        out.push(format!("this metaserver's TLS certificate {}", when(meta_cert_not_after)));
+    }
+    let expiring: Vec<&NodeInfo> = nodes.iter().filter(|n| soon(n.cert_not_after)).collect();
+    if let Some(first) = expiring.iter().min_by_key(|n| n.cert_not_after) {
+        out.push(format!(
+            "TLS certificates of {} ({}) expire within 30 days: the first {}",
+            plural(expiring.len() as u64, "chunkserver"),
+            ids(&expiring),
+            when(first.cert_not_after)
+        ));
+    }
+    out
+}
+
+fn unix_now() -> i64 {
+    cairn_common::time::unix_secs()
 }
 
 fn plural(n: u64, what: &str) -> String {
@@ -132,9 +169,31 @@ mod tests {
     }
 
     #[test]
+    fn certificates_about_to_expire_are_warnings() {
+        let now = 1_000_000_000;
+        let with_cert = |id, days: i64| NodeInfo {
+            id,
+            up: true,
+            cert_not_after: now + days * 86_400,
+            ..Default::default()
+        };
+        let nodes =
+            [with_cert(1, 200), with_cert(2, 12), with_cert(3, -1), NodeInfo { id: 4, ..Default::default() }];
+        let checks = certificates(&nodes, now + 5 * 86_400, now);
+        assert_eq!(
+            checks,
+            [
+                "this metaserver's TLS certificate expires in 5 days",
+                "TLS certificates of 2 chunkservers (2, 3) expire within 30 days: the first has expired",
+            ]
+        );
+        assert!(certificates(&nodes[..1], 0, now).is_empty(), "no TLS, or far off: nothing");
+    }
+
+    #[test]
     fn healthy_is_ok_with_nothing_after_it() {
         let repair = RepairState { by_margin: vec![0, 0, 12], ..Default::default() };
-        let h = assess(&[node(1, true, None), node(2, true, None)], &repair, None);
+        let h = assess(&[node(1, true, None), node(2, true, None)], &repair, None, 0);
         assert_eq!(h.level, Level::Ok);
         assert_eq!(h.line(), "HEALTH_OK");
     }
@@ -148,7 +207,7 @@ mod tests {
             ..Default::default()
         };
         let nodes = [node(1, true, None), node(5, false, Some(588_000)), node(6, false, Some(590_000))];
-        let h = assess(&nodes, &repair, None);
+        let h = assess(&nodes, &repair, None, 0);
         assert_eq!(h.level, Level::Warn);
         assert_eq!(
             h.line(),
@@ -167,7 +226,7 @@ mod tests {
         };
         let mut full = node(2, true, None);
         full.full = true;
-        let h = assess(&[node(1, false, Some(0)), full], &repair, None);
+        let h = assess(&[node(1, false, Some(0)), full], &repair, None, 0);
         assert_eq!(h.level, Level::Err);
         assert_eq!(
             h.line(),
@@ -179,7 +238,7 @@ mod tests {
     #[test]
     fn foreign_shards_warn_and_name_their_chunkservers() {
         let repair = RepairState { foreign_shards: 12, foreign_nodes: vec![2, 5], ..Default::default() };
-        let h = assess(&[node(2, true, None), node(5, true, None)], &repair, None);
+        let h = assess(&[node(2, true, None), node(5, true, None)], &repair, None, 0);
         assert_eq!(h.level, Level::Warn);
         assert!(
             h.line().starts_with(
@@ -195,7 +254,7 @@ mod tests {
         let repair =
             RepairState { unrecoverable_stripes: 1, unrecoverable_files: vec![7], ..Default::default() };
         let h =
-            assess(&[node(1, true, None)], &repair, Some("the group-commit fsync of the WAL failed: EIO"));
+            assess(&[node(1, true, None)], &repair, Some("the group-commit fsync of the WAL failed: EIO"), 0);
         assert_eq!(h.level, Level::Err);
         assert!(
             h.line().starts_with(

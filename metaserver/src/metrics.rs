@@ -148,7 +148,9 @@ fn publish_once(ns: &Namespace) {
     }
     metrics::gauge!(REDUCED_BYTES).set(repair.reduced_bytes as f64);
     let lost = ns.store().durability_lost();
-    let health = crate::health::assess(&crate::service::nodes_with_progress(ns), &repair, lost.as_deref());
+    let cert = cairn_common::tls::identity().map_or(0, |id| id.cert.not_after);
+    let health =
+        crate::health::assess(&crate::service::nodes_with_progress(ns), &repair, lost.as_deref(), cert);
     metrics::gauge!(HEALTH).set(health.level.gauge());
     metrics::gauge!(BYTES_TO_REBUILD).set(repair.bytes_to_rebuild as f64);
     metrics::gauge!(REBUILD_RATE).set(repair.rate as f64);

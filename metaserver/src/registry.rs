@@ -43,6 +43,8 @@ struct NodeState {
     state: u32,
     /// See [`Node::cert`].
     cert: String,
+    /// When the certificate it heartbeats with expires (0: unknown).
+    cert_not_after: i64,
 }
 
 impl NodeState {
@@ -167,6 +169,7 @@ impl Registry {
                     pid: 0,
                     state: node.state,
                     cert: node.cert,
+                    cert_not_after: 0,
                 },
             );
         }
@@ -245,6 +248,7 @@ impl Registry {
             batch.set_durable();
             self.store.write(batch)?;
         }
+        let cert_not_after = inner.nodes.get(&id).map_or(0, |n| n.cert_not_after);
         if known.is_none() {
             inner.next_id = id + 1;
             inner.by_uuid.insert(uuid.to_string(), id);
@@ -259,9 +263,17 @@ impl Registry {
                 pid,
                 state,
                 cert: cert.into(),
+                cert_not_after,
             },
         );
         Ok(id)
+    }
+
+    /// Record when the certificate node `id` heartbeats with expires.
+    pub fn set_cert_expiry(&self, id: u32, not_after: i64) {
+        if let Some(node) = self.inner.lock().nodes.get_mut(&id) {
+            node.cert_not_after = not_after;
+        }
     }
 
     /// Record a heartbeat from the caller with the certificate `cert` (empty without TLS),
@@ -376,6 +388,7 @@ impl Registry {
                 shards_left: 0,
                 rebuild_in_ms: None,
                 full: n.is_full(FULL_BELOW_BYTES),
+                cert_not_after: n.cert_not_after,
             })
             .collect()
     }

@@ -287,7 +287,9 @@ fn status_reply(ns: &Namespace) -> Result<ClusterStatusReply> {
     let root = ns.getattr(cairn_common::ROOT_INO)?.layout();
     let repair = ns.repair_state().lock().clone();
     let nodes = nodes_with_progress(ns);
-    let health = crate::health::assess(&nodes, &repair, ns.store().durability_lost().as_deref());
+    let meta_cert_not_after = cairn_common::tls::identity().map_or(0, |id| id.cert.not_after);
+    let health =
+        crate::health::assess(&nodes, &repair, ns.store().durability_lost().as_deref(), meta_cert_not_after);
     Ok(ClusterStatusReply {
         nodes,
         files: stats.files.max(0) as u64,
@@ -310,6 +312,7 @@ fn status_reply(ns: &Namespace) -> Result<ClusterStatusReply> {
         reduced_redundancy_bytes: repair.reduced_bytes,
         reduced_stripes_by_margin: repair.reduced_by_margin,
         cluster_id: ns.cluster_id().to_string(),
+        meta_cert_not_after,
     })
 }
 
@@ -651,6 +654,7 @@ impl Meta for MetaService {
             .run(move |ns| {
                 check_cluster(ns, &r.cluster_id, &r.addr)?;
                 ns.registry().heartbeat(r.node_id, &r.addr, r.tiers, r.pid, &cert)?;
+                ns.registry().set_cert_expiry(r.node_id, r.cert_not_after);
                 Ok((ns.fence(), ns.cluster_id().to_string()))
             })
             .await?;
