@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use cairn_common::capability::Verifier;
 use cairn_common::{CairnError, ErrorKind, Result};
 use cairn_proto::{HeartbeatRequest, RegisterChunkRequest};
 
@@ -59,8 +60,13 @@ pub struct Heartbeat {
     store: Arc<ShardStore>,
     node_id: Arc<AtomicU32>,
     fence: Arc<Fence>,
+    /// Learns the keys of shard capabilities from the metaserver's replies.
+    caps: Arc<Verifier>,
     interval: Duration,
 }
+
+/// Least time between two heartbeats sent early for a capability key.
+const EARLY_MIN_GAP: Duration = Duration::from_secs(1);
 
 impl Heartbeat {
     /// Prepare the loop with the node's identity from `state_dir` (created on first start);
@@ -76,7 +82,15 @@ impl Heartbeat {
     ) -> Result<Heartbeat> {
         let meta = MetaClients::new(meta, CONNECT_TIMEOUT, REQUEST_TIMEOUT)?;
         let uuid = load_or_create_uuid(state_dir)?;
-        Ok(Heartbeat { meta, uuid, advertise, store, node_id, fence, interval })
+        let caps = Arc::new(Verifier::default());
+        Ok(Heartbeat { meta, uuid, advertise, store, node_id, fence, caps, interval })
+    }
+
+    /// Put the capability keys the metaserver sends into `caps` (the service's), and heartbeat
+    /// early when it asks for a key it lacks.
+    pub fn with_capability_keys(mut self, caps: Arc<Verifier>) -> Heartbeat {
+        self.caps = caps;
+        self
     }
 
     /// This node's identity.
@@ -87,6 +101,7 @@ impl Heartbeat {
     /// Register, then heartbeat forever (the caller aborts the task at shutdown).
     pub async fn run(mut self) {
         let mut backoff = FIRST_BACKOFF;
+        let mut last = tokio::time::Instant::now();
         loop {
             if self.node_id.load(Ordering::Relaxed) == 0 {
                 match self.register().await {
@@ -103,7 +118,13 @@ impl Heartbeat {
                 }
                 continue;
             }
-            tokio::time::sleep(self.interval).await;
+            // At the interval, or early (at most once a second) when a client showed a
+            // capability signed with a key this chunkserver does not know yet.
+            tokio::select! {
+                _ = tokio::time::sleep_until(last + self.interval) => {}
+                _ = self.caps.wanted() => tokio::time::sleep_until(last + EARLY_MIN_GAP.min(self.interval)).await,
+            }
+            last = tokio::time::Instant::now();
             if let Err(e) = self.heartbeat().await {
                 if e.kind() == ErrorKind::NotFound {
                     tracing::warn!("the metaserver does not know this node any more; registering again: {e}");
@@ -134,6 +155,7 @@ impl Heartbeat {
             return Err(CairnError::internal("the metaserver answered node id 0"));
         }
         self.fence.join(&reply.cluster_id).await?;
+        self.caps.learn(&reply.cap_keys);
         Ok(reply.node_id)
     }
 
@@ -160,6 +182,7 @@ impl Heartbeat {
             self.node_id.store(0, Ordering::Relaxed);
             return Err(e);
         }
+        self.caps.learn(&reply.cap_keys);
         self.fence.raise(reply.fence).await
     }
 }

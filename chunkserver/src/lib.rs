@@ -64,6 +64,7 @@ pub async fn serve(
     let store = Arc::new(ShardStore::open(StoreOptions::from_config(&config), engine).await?);
     let fence = Arc::new(fence::Fence::open(&config.state_dir)?);
     let node_id = Arc::new(AtomicU32::new(0));
+    let caps = Arc::new(cairn_common::capability::Verifier::default());
     let heartbeat = heartbeat::Heartbeat::new(
         &config.meta,
         advertise.clone(),
@@ -72,7 +73,8 @@ pub async fn serve(
         fence.clone(),
         &config.state_dir,
         Duration::from_millis(config.heartbeat_ms),
-    )?;
+    )?
+    .with_capability_keys(caps.clone());
     tracing::info!(
         addr = %local,
         advertise,
@@ -90,7 +92,7 @@ pub async fn serve(
     )?;
     let scrub = tokio::spawn(scrub.run());
 
-    let service = Arc::new(ChunkService::new(store, node_id, fence));
+    let service = Arc::new(ChunkService::new(store, node_id, fence, caps));
     let (stopped, shutdown) = wire::split_shutdown(shutdown);
     let (incoming, accepting) =
         wire::serve(listener, Arc::new(wire::chunk::Service(service.clone())), stopped);

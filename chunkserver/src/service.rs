@@ -5,14 +5,16 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
+use cairn_common::capability::{self, Refusal, Verifier};
+use cairn_common::tls::Peer;
 use cairn_common::ErrorKind;
 use cairn_common::{CairnError, Result, ShardId};
 use cairn_proto::chunk_server::Chunk;
 use cairn_proto::{
-    CheckShardsReply, CheckShardsRequest, ChunkStatReply, DeleteShardsReply, DeleteShardsRequest, Empty,
-    ListShardsReply, ListShardsRequest, PinReply, PinRequest, PromoteReply, PromoteRequest, ReadShardReply,
-    ReadShardRequest, RebuildShardReply, RebuildShardRequest, ShardCheck, ShardEntry, ShardState,
-    WriteShardReply, WriteShardRequest,
+    Capability, CheckShardsReply, CheckShardsRequest, ChunkStatReply, DeleteShardsReply, DeleteShardsRequest,
+    Empty, ListShardsReply, ListShardsRequest, PinReply, PinRequest, PromoteReply, PromoteRequest,
+    ReadShardReply, ReadShardRequest, RebuildShardReply, RebuildShardRequest, ShardCheck, ShardEntry,
+    ShardState, WriteShardReply, WriteShardRequest,
 };
 use tonic::{Request, Response, Status};
 
@@ -38,11 +40,36 @@ pub struct ChunkService {
     node_id: Arc<AtomicU32>,
     /// Refuses deletes from a deposed metaserver leader.
     fence: Arc<Fence>,
+    /// Checks clients' shard capabilities with the keys the metaserver sent.
+    caps: Arc<Verifier>,
 }
 
 impl ChunkService {
-    pub fn new(store: Arc<ShardStore>, node_id: Arc<AtomicU32>, fence: Arc<Fence>) -> ChunkService {
-        ChunkService { store, node_id, fence }
+    pub fn new(
+        store: Arc<ShardStore>,
+        node_id: Arc<AtomicU32>,
+        fence: Arc<Fence>,
+        caps: Arc<Verifier>,
+    ) -> ChunkService {
+        ChunkService { store, node_id, fence, caps }
+    }
+
+    /// Refuse `what` (`op` on inode `ino`'s shards) unless the caller needs no capability
+    /// (servers, admins, a plaintext cluster) or `cap` grants it.
+    async fn authorize<T>(
+        &self,
+        request: &Request<T>,
+        cap: Option<&Capability>,
+        what: &str,
+        ino: u64,
+        op: u32,
+    ) -> Result<()> {
+        let peer = request.extensions().get::<Peer>();
+        if !capability::required_of(peer) {
+            return Ok(());
+        }
+        let holder = peer.map_or("", |p| p.name.as_str());
+        capability::enforce(self.caps.check_or_learn(cap, ino, op, holder).await, what, ino)
     }
 }
 
@@ -59,8 +86,10 @@ impl Chunk for ChunkService {
         &self,
         request: Request<WriteShardRequest>,
     ) -> Result<Response<WriteShardReply>, Status> {
+        let id = shard_id(request.get_ref().id.as_ref())?;
+        self.authorize(&request, request.get_ref().cap.as_ref(), "shard write", id.ino, capability::WRITE)
+            .await?;
         let req = request.into_inner();
-        let id = shard_id(req.id.as_ref())?;
         if req.data.len() > MAX_SHARD_BYTES {
             return Err(CairnError::invalid(format!(
                 "shard {id}: {} bytes of data, more than the {MAX_SHARD_BYTES} a shard may hold",
@@ -76,8 +105,10 @@ impl Chunk for ChunkService {
         &self,
         request: Request<ReadShardRequest>,
     ) -> Result<Response<ReadShardReply>, Status> {
+        let id = shard_id(request.get_ref().id.as_ref())?;
+        self.authorize(&request, request.get_ref().cap.as_ref(), "shard read", id.ino, capability::READ)
+            .await?;
         let req = request.into_inner();
-        let id = shard_id(req.id.as_ref())?;
         let (data, shard_len) = self.store.read(id, req.offset, req.len).await?;
         Ok(Response::new(ReadShardReply { data, shard_len }))
     }
@@ -89,10 +120,8 @@ impl Chunk for ChunkService {
         // The fence and cluster id are a metaserver's to send: they move this chunkserver's
         // fence, which every later metaserver delete must match. A mount deletes its own
         // leftovers without them.
-        let from_meta = request
-            .extensions()
-            .get::<cairn_common::tls::Peer>()
-            .is_none_or(|p| p.roles.contains(cairn_common::tls::Role::Meta));
+        let peer = request.extensions().get::<Peer>().cloned();
+        let from_meta = peer.as_ref().is_none_or(|p| p.roles.contains(cairn_common::tls::Role::Meta));
         let req = request.into_inner();
         if !from_meta && (req.fence != 0 || !req.cluster_id.is_empty()) {
             return Err(CairnError::new(
@@ -109,6 +138,16 @@ impl Chunk for ChunkService {
             .into());
         }
         let ids = req.ids.iter().map(|id| shard_id(Some(id))).collect::<Result<Vec<_>>>()?;
+        if capability::required_of(peer.as_ref()) {
+            // A client deletes only its own leftovers, of the one file its capability names.
+            let ino = req.cap.as_ref().map_or(0, |c| c.ino);
+            if let Some(other) = ids.iter().find(|id| id.ino != ino) {
+                return Err(capability::refused("shard delete", other.ino, Refusal::WrongInode).into());
+            }
+            let holder = peer.as_ref().map_or("", |p| p.name.as_str());
+            let checked = self.caps.check_or_learn(req.cap.as_ref(), ino, capability::WRITE, holder).await;
+            capability::enforce(checked, "shard delete", ino)?;
+        }
         let _admitted = self.fence.admit(req.fence, &req.cluster_id).await?;
         let deleted = self.store.delete(&ids).await?;
         Ok(Response::new(DeleteShardsReply { deleted }))

@@ -41,7 +41,11 @@ macro_rules! fake_meta {
                 request: Request<RegisterChunkRequest>,
             ) -> Result<Response<RegisterChunkReply>, Status> {
                 self.registrations.lock().push(request.into_inner());
-                Ok(Response::new(RegisterChunkReply { node_id: 7, cluster_id: self.cluster.lock().clone() }))
+                Ok(Response::new(RegisterChunkReply {
+                    node_id: 7,
+                    cluster_id: self.cluster.lock().clone(),
+                    cap_keys: Vec::new(),
+                }))
             }
 
             async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatReply>, Status> {
@@ -53,6 +57,7 @@ macro_rules! fake_meta {
                 Ok(Response::new(HeartbeatReply {
                     fence: self.fence.load(Ordering::SeqCst),
                     cluster_id: self.cluster.lock().clone(),
+                    cap_keys: Vec::new(),
                 }))
             }
 
@@ -105,6 +110,7 @@ fake_meta! {
     remove_node(NodeRequest) -> Empty;
     get_layout(InoRequest) -> LayoutReply;
     set_layout(SetLayoutRequest) -> LayoutReply;
+    grant_capability(InoRequest) -> Capability;
     sync(Empty) -> Empty;
     raft_vote(RaftMessage) -> RaftMessage;
     raft_append(RaftMessage) -> RaftMessage;
@@ -214,33 +220,45 @@ async fn shards_over_grpc(engine: IoEngineKind) {
     let mut client = chunk.client().await;
 
     let data: Bytes = (0..(1 << 20) + 3).map(|i: u32| (i % 251) as u8).collect();
-    let reply =
-        client.write_shard(WriteShardRequest { id: Some(sid(5, 1)), data: data.clone() }).await.unwrap();
+    let reply = client
+        .write_shard(WriteShardRequest { id: Some(sid(5, 1)), data: data.clone(), cap: None })
+        .await
+        .unwrap();
     assert_eq!(reply.into_inner().tier, "ssd");
-    let read = client.read_shard(ReadShardRequest { id: Some(sid(5, 1)), offset: 0, len: 0 }).await.unwrap();
+    let read = client
+        .read_shard(ReadShardRequest { id: Some(sid(5, 1)), offset: 0, len: 0, cap: None })
+        .await
+        .unwrap();
     let read = read.into_inner();
     assert_eq!(read.shard_len, data.len() as u64);
     assert!(read.data == data);
-    let read =
-        client.read_shard(ReadShardRequest { id: Some(sid(5, 1)), offset: 65530, len: 20 }).await.unwrap();
+    let read = client
+        .read_shard(ReadShardRequest { id: Some(sid(5, 1)), offset: 65530, len: 20, cap: None })
+        .await
+        .unwrap();
     assert!(read.into_inner().data == data.slice(65530..65550));
 
     // Errors keep their kind across the wire.
-    let missing = client.read_shard(ReadShardRequest { id: Some(sid(6, 0)), offset: 0, len: 0 }).await;
+    let missing =
+        client.read_shard(ReadShardRequest { id: Some(sid(6, 0)), offset: 0, len: 0, cap: None }).await;
     assert_eq!(kind(missing), ErrorKind::NotFound);
-    let past_end = client.read_shard(ReadShardRequest { id: Some(sid(5, 1)), offset: 1 << 21, len: 1 }).await;
+    let past_end =
+        client.read_shard(ReadShardRequest { id: Some(sid(5, 1)), offset: 1 << 21, len: 1, cap: None }).await;
     assert_eq!(kind(past_end), ErrorKind::InvalidArgument);
     let hostile = cairn_proto::ShardId { ino: 0, stripe: 1, index: 200, version: 1 };
-    let r = client.write_shard(WriteShardRequest { id: Some(hostile), data: Bytes::from_static(b"x") }).await;
+    let r = client
+        .write_shard(WriteShardRequest { id: Some(hostile), data: Bytes::from_static(b"x"), cap: None })
+        .await;
     assert_eq!(kind(r), ErrorKind::InvalidArgument);
-    let r = client.write_shard(WriteShardRequest { id: None, data: Bytes::from_static(b"x") }).await;
+    let r =
+        client.write_shard(WriteShardRequest { id: None, data: Bytes::from_static(b"x"), cap: None }).await;
     assert_eq!(kind(r), ErrorKind::InvalidArgument);
     let r = client
         .delete_shards(DeleteShardsRequest { ids: vec![sid(5, 1), hostile], fence: 0, ..Default::default() })
         .await;
     assert_eq!(kind(r), ErrorKind::InvalidArgument);
     let too_big = Bytes::from(vec![0u8; (64 << 20) + 2048]);
-    let r = client.write_shard(WriteShardRequest { id: Some(sid(5, 2)), data: too_big }).await;
+    let r = client.write_shard(WriteShardRequest { id: Some(sid(5, 2)), data: too_big, cap: None }).await;
     assert_eq!(kind(r), ErrorKind::InvalidArgument);
 
     let stat = client.stat(Empty {}).await.unwrap().into_inner();
@@ -257,7 +275,8 @@ async fn shards_over_grpc(engine: IoEngineKind) {
         .await
         .unwrap();
     assert_eq!(deleted.into_inner().deleted, 1);
-    let gone = client.read_shard(ReadShardRequest { id: Some(sid(5, 1)), offset: 0, len: 0 }).await;
+    let gone =
+        client.read_shard(ReadShardRequest { id: Some(sid(5, 1)), offset: 0, len: 0, cap: None }).await;
     assert_eq!(kind(gone), ErrorKind::NotFound);
     chunk.stop().await;
 }
@@ -283,7 +302,11 @@ async fn deletes_from_a_deposed_metaserver_are_refused() {
     let mut client = chunk.client().await;
     for ino in [5, 6, 7] {
         client
-            .write_shard(WriteShardRequest { id: Some(sid(ino, 0)), data: Bytes::from_static(b"kept") })
+            .write_shard(WriteShardRequest {
+                id: Some(sid(ino, 0)),
+                data: Bytes::from_static(b"kept"),
+                cap: None,
+            })
             .await
             .unwrap();
     }
@@ -294,7 +317,10 @@ async fn deletes_from_a_deposed_metaserver_are_refused() {
         .delete_shards(DeleteShardsRequest { ids: vec![sid(5, 0)], fence: 999, ..Default::default() })
         .await;
     assert_eq!(kind(stale), ErrorKind::NotLeader);
-    let read = client.read_shard(ReadShardRequest { id: Some(sid(5, 0)), offset: 0, len: 0 }).await.unwrap();
+    let read = client
+        .read_shard(ReadShardRequest { id: Some(sid(5, 0)), offset: 0, len: 0, cap: None })
+        .await
+        .unwrap();
     assert_eq!(&read.into_inner().data[..], b"kept", "a refused delete deleted nothing");
     // The leader's own epoch, a newer leader's (which raises the fence) and a client's (0) pass.
     let ok = client
@@ -360,13 +386,14 @@ async fn a_metaserver_of_another_cluster_is_not_joined() {
     // Nor may a metaserver of another cluster delete anything here.
     let mut client = chunk.client().await;
     client
-        .write_shard(WriteShardRequest { id: Some(sid(5, 0)), data: Bytes::from_static(b"kept") })
+        .write_shard(WriteShardRequest { id: Some(sid(5, 0)), data: Bytes::from_static(b"kept"), cap: None })
         .await
         .unwrap();
     let delete = |cluster_id: &str| DeleteShardsRequest {
         ids: vec![sid(5, 0)],
         fence: 1,
         cluster_id: cluster_id.into(),
+        cap: None,
     };
     let refused = client.delete_shards(delete("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb")).await;
     assert_eq!(kind(refused), ErrorKind::InvalidArgument);
@@ -430,7 +457,7 @@ async fn serves_while_the_metaserver_is_down_and_registers_when_it_comes() {
     let chunk = start_chunk(config(root.path(), meta_addr, IoEngineKind::Pread)).await;
     let mut client = chunk.client().await;
     client
-        .write_shard(WriteShardRequest { id: Some(sid(9, 0)), data: Bytes::from_static(b"hi") })
+        .write_shard(WriteShardRequest { id: Some(sid(9, 0)), data: Bytes::from_static(b"hi"), cap: None })
         .await
         .unwrap();
     assert_eq!(client.stat(Empty {}).await.unwrap().into_inner().node_id, 0);
@@ -462,7 +489,8 @@ async fn tiers_over_grpc(engine: IoEngineKind) {
     let shard = |n: u32| -> Bytes { (0..252 << 10).map(|i: u32| (i % 241) as u8 ^ n as u8).collect() };
     let mut tiers = Vec::new();
     for n in 0..10 {
-        let reply = client.write_shard(WriteShardRequest { id: Some(sid(20, n)), data: shard(n) }).await;
+        let reply =
+            client.write_shard(WriteShardRequest { id: Some(sid(20, n)), data: shard(n), cap: None }).await;
         tiers.push(reply.unwrap().into_inner().tier);
     }
     // The first 8 fill the SSD tier; the mover may already have made room for the last two.
@@ -486,7 +514,8 @@ async fn tiers_over_grpc(engine: IoEngineKind) {
     assert!(stat.tiers[0].demotions >= 2, "{:?}", stat.tiers);
     assert_eq!(stat.tiers[0].demotions, stat.tiers[1].demotions);
     for n in 0..10 {
-        let read = client.read_shard(ReadShardRequest { id: Some(sid(20, n)), offset: 0, len: 0 }).await;
+        let read =
+            client.read_shard(ReadShardRequest { id: Some(sid(20, n)), offset: 0, len: 0, cap: None }).await;
         assert!(read.unwrap().into_inner().data == shard(n), "shard {n}");
     }
     let stat = client.stat(Empty {}).await.unwrap().into_inner();

@@ -373,6 +373,7 @@ impl Client {
                 self.meta.create(req)
             })
             .await?;
+        self.nodes.keep_capability(reply.cap);
         let info = reply.file.ok_or_else(|| CairnError::internal("create: no file info"))?;
         let attr = need(info.attr)?;
         if reply.created {
@@ -492,6 +493,7 @@ impl Client {
             let generation = self.releases.next_generation();
             let req = p::OpenRequest { ino, client_id: self.client_id, generation };
             let reply = self.meta.open(req).await?;
+            self.nodes.keep_capability(reply.cap);
             let info = reply.file.ok_or_else(|| CairnError::internal("open: no file info"))?;
             let attr = need(info.attr)?;
             let mut stripes = reply.stripes;

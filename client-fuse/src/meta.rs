@@ -235,5 +235,6 @@ impl MetaConn {
     rpc!(activate_node, p::NodeRequest, p::NodeReply);
     rpc!(remove_node, p::NodeRequest, p::Empty);
     rpc!(get_layout, p::InoRequest, p::LayoutReply);
+    rpc!(grant_capability, p::InoRequest, p::Capability);
     rpc!(set_layout, p::SetLayoutRequest, p::LayoutReply);
 }

@@ -13,11 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use cairn_common::capability::{self, Held};
 use cairn_common::connect::grpc_channel;
 use cairn_common::tls::Role;
 use cairn_common::wire::{self, WireClient};
 use cairn_common::{CairnError, Result, ShardId, MAX_MESSAGE_BYTES};
 use cairn_proto::chunk_client::ChunkClient;
+use cairn_proto::Capability;
 use parking_lot::RwLock;
 use tonic::transport::Channel;
 
@@ -83,6 +85,8 @@ pub struct Nodes {
     suspect: RwLock<HashMap<u32, Instant>>,
     /// Verified shard blocks kept for random readers.
     blocks: BlockCache,
+    /// Shard capabilities by inode, from opens, creates and grants.
+    caps: Held,
 }
 
 impl Nodes {
@@ -96,6 +100,7 @@ impl Nodes {
             refresh: tokio::sync::Mutex::new(()),
             suspect: RwLock::new(HashMap::new()),
             blocks: BlockCache::new(cache_bytes),
+            caps: Held::default(),
         })
     }
 
@@ -210,10 +215,53 @@ impl Nodes {
         Ok(())
     }
 
+    /// Keep the shard capability an open or a create answered with.
+    pub fn keep_capability(&self, cap: Option<Capability>) {
+        self.caps.keep(cap);
+    }
+
+    /// The capability for inode `ino`'s shards: the one held, unless it runs out soon, or a
+    /// new one from the metaserver.
+    async fn capability(&self, ino: u64) -> Result<Capability> {
+        if let Some(cap) = self.caps.fresh(ino) {
+            return Ok(cap);
+        }
+        let cap = self.meta.grant_capability(cairn_proto::InoRequest { ino }).await?;
+        self.caps.keep(Some(cap.clone()));
+        Ok(cap)
+    }
+
+    /// Run `request` with the capability for `ino`, and once more with a new one if the
+    /// chunkserver refused it (expired on its clock, or signed with a key it no longer has).
+    async fn with_capability<T, F, Fut>(&self, ino: u64, request: F) -> Result<T>
+    where
+        F: Fn(Capability) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        match request(self.capability(ino).await?).await {
+            Err(e) if capability::is_refusal(&e) => {
+                tracing::debug!(ino, "a chunkserver refused a shard capability, asking for a new one: {e}");
+                self.caps.forget(ino);
+                request(self.capability(ino).await?).await
+            }
+            other => other,
+        }
+    }
+
     pub async fn write_shard(&self, node: u32, id: ShardId, data: Bytes) -> Result<()> {
         let c = self.client(node).await?;
-        let req = cairn_proto::WriteShardRequest { id: Some(id.into()), data };
-        let result = c.write_shard(req).await.map(|_| ()).map_err(|e| node_error(node, e));
+        let result = self
+            .with_capability(id.ino, |cap| {
+                let req = cairn_proto::WriteShardRequest {
+                    id: Some(id.into()),
+                    data: data.clone(),
+                    cap: Some(cap),
+                };
+                c.write_shard(req)
+            })
+            .await
+            .map(|_| ())
+            .map_err(|e| node_error(node, e));
         self.note(node, &result);
         result
     }
@@ -233,20 +281,42 @@ impl Nodes {
     /// Delete shards from one chunkserver; returns how many existed.
     pub async fn delete_shards(&self, node: u32, ids: Vec<ShardId>) -> Result<u32> {
         let c = self.client(node).await?;
-        // Fence 0: the client's own abandoned shards, not a metaserver leader's order.
-        let req = cairn_proto::DeleteShardsRequest {
-            ids: ids.into_iter().map(Into::into).collect(),
-            fence: 0,
-            cluster_id: String::new(),
-        };
-        Ok(c.delete_shards(req).await.map_err(|e| node_error(node, e))?.deleted)
+        // One file's shards (its capability covers them); fence 0: the client's own abandoned
+        // shards, not a metaserver leader's order.
+        let Some(ino) = ids.first().map(|id| id.ino) else { return Ok(0) };
+        if ids.iter().any(|id| id.ino != ino) {
+            return Err(CairnError::internal("one delete of shards of more than one file"));
+        }
+        let ids: Vec<cairn_proto::ShardId> = ids.into_iter().map(Into::into).collect();
+        let reply = self
+            .with_capability(ino, |cap| {
+                let req = cairn_proto::DeleteShardsRequest {
+                    ids: ids.clone(),
+                    fence: 0,
+                    cluster_id: String::new(),
+                    cap: Some(cap),
+                };
+                c.delete_shards(req)
+            })
+            .await;
+        Ok(reply.map_err(|e| node_error(node, e))?.deleted)
     }
 
     /// Read `len` bytes (0 = to the end) at `offset` of a shard.
     pub async fn read_shard(&self, node: u32, id: ShardId, offset: u64, len: u64) -> Result<Bytes> {
         let c = self.client(node).await?;
-        let req = cairn_proto::ReadShardRequest { id: Some(id.into()), offset, len };
-        let result = c.read_shard(req).await.map(|r| r.data).map_err(|e| node_error(node, e));
+        let result = self
+            .with_capability(id.ino, |cap| {
+                c.read_shard(cairn_proto::ReadShardRequest {
+                    id: Some(id.into()),
+                    offset,
+                    len,
+                    cap: Some(cap),
+                })
+            })
+            .await
+            .map(|r| r.data)
+            .map_err(|e| node_error(node, e));
         self.note(node, &result);
         result
     }

@@ -32,13 +32,13 @@ pub fn required(service: &str, method: &str) -> Roles {
             "Lookup" | "GetAttr" | "SetAttr" | "Create" | "Mkdir" | "Unlink" | "Rmdir" | "Rename" | "Link"
             | "Symlink" | "Readlink" | "ReadDir" | "StatFs" | "GetXattr" | "SetXattr" | "ListXattr"
             | "RemoveXattr" | "Open" | "Release" | "ClientHeartbeat" | "Lock" | "ListStripes" | "Commit"
-            | "Sync" | "RegisterClient" | "GetLayout",
+            | "Sync" | "RegisterClient" | "GetLayout" | "GrantCapability",
         ) => &[Client, Admin],
         // Everything else of the metaserver (nodes, repair, fsck, reconciliation, layouts,
         // cluster status, replica changes, backups): admin only.
         ("meta", _) => &[Admin],
-        // Shard data: mounts, and servers repairing or rebuilding. (Shard capabilities, which
-        // would tie each access to a file the caller opened, are not built yet.)
+        // Shard data: mounts, and servers repairing or rebuilding. A client-only caller also
+        // needs a shard capability for the file (checked by the chunkserver, `capability.rs`).
         ("chunk", "ReadShard") => &[Meta, Chunk, Client, Admin],
         ("chunk", "WriteShard" | "DeleteShards") => &[Meta, Client, Admin],
         ("chunk", "Stat") => &[Meta, Chunk, Client, Admin],

@@ -3,6 +3,7 @@
 //! telemetry setup, and the wire protocol (the client's framed transport beside gRPC).
 
 pub mod auth;
+pub mod capability;
 pub mod channels;
 pub mod checksum;
 pub mod codec;

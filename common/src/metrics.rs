@@ -32,6 +32,10 @@ pub const RPC_DENIED: &str = "cairn_rpc_denied_total";
 /// `reason` (`handshake`: no certificate, another CA's, or a failed TLS handshake; `plaintext`:
 /// no TLS on a TLS server; `tls`: TLS on a plaintext server) (counter).
 pub const UNAUTHENTICATED: &str = "cairn_rpc_connections_unauthenticated_total";
+/// Shard reads, writes and deletes a chunkserver refused for their capability, by `reason`
+/// (`missing`, `unknown_key`, `bad_mac`, `expired`, `wrong_inode`, `wrong_operation`,
+/// `wrong_holder`) (counter).
+pub const CAPABILITY_REFUSED: &str = "cairn_chunk_capability_refused_total";
 
 /// Latency buckets, seconds: 50 µs to 30 s.
 const LATENCY_BUCKETS: [f64; 16] = [
@@ -144,6 +148,11 @@ pub fn record_refused_connection(service: &'static str, limit: &'static str) {
 pub fn record_denied(service: &str, method: &str) {
     metrics::counter!(RPC_DENIED, "service" => service.to_string(), "method" => method.to_string())
         .increment(1);
+}
+
+/// Count one shard access refused for its capability.
+pub fn record_capability_refused(reason: &'static str) {
+    metrics::counter!(CAPABILITY_REFUSED, "reason" => reason).increment(1);
 }
 
 /// Count one connection closed because it did not authenticate.

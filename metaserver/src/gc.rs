@@ -60,6 +60,7 @@ impl Gc {
                     ids,
                     fence: self.ns.fence(),
                     cluster_id: self.ns.cluster_id().to_string(),
+                    cap: None,
                 })
                 .await?;
         }

@@ -153,6 +153,7 @@ impl Repair {
                         ids: stale,
                         fence: self.ns.fence(),
                         cluster_id: self.ns.cluster_id().to_string(),
+                        cap: None,
                     })
                     .await
                     .map_err(CairnError::from)?;

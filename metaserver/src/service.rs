@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
+use cairn_common::capability::{Signer, READ, WRITE};
 use cairn_common::{CairnError, Result};
 use cairn_proto::meta_server::Meta;
 use cairn_proto::*;
@@ -31,6 +32,8 @@ pub struct MetaService {
     raft: std::sync::OnceLock<Arc<RaftNode>>,
     /// A replica (its Raft node may still be starting).
     replicated: bool,
+    /// Signs shard capabilities for clients; its keys go to chunkservers.
+    caps: Signer,
 }
 
 /// The namespace and the repair that run while this metaserver serves.
@@ -45,6 +48,7 @@ impl MetaService {
             serving: RwLock::new(Some(Arc::new(Serving { ns, repair: None }))),
             raft: std::sync::OnceLock::new(),
             replicated: false,
+            caps: Signer::new(),
         }
     }
 
@@ -62,13 +66,23 @@ impl MetaService {
     ///
     /// [`serve`]: MetaService::serve
     pub fn replicated(raft: Arc<RaftNode>) -> MetaService {
-        MetaService { serving: RwLock::new(None), raft: std::sync::OnceLock::from(raft), replicated: true }
+        MetaService {
+            serving: RwLock::new(None),
+            raft: std::sync::OnceLock::from(raft),
+            replicated: true,
+            caps: Signer::new(),
+        }
     }
 
     /// A replica's service before its Raft node has started (the listener must answer the
     /// other replicas while they elect a leader): [`set_raft`](MetaService::set_raft) follows.
     pub fn replicated_pending() -> MetaService {
-        MetaService { serving: RwLock::new(None), raft: std::sync::OnceLock::new(), replicated: true }
+        MetaService {
+            serving: RwLock::new(None),
+            raft: std::sync::OnceLock::new(),
+            replicated: true,
+            caps: Signer::new(),
+        }
     }
 
     pub fn set_raft(&self, raft: Arc<RaftNode>) {
@@ -364,6 +378,7 @@ impl Meta for MetaService {
     }
 
     async fn create(&self, req: Request<CreateRequest>) -> Result<Response<CreateReply>, Status> {
+        let holder = cert_name(&req);
         let r = req.into_inner();
         let once = once_of(&r.once);
         let (parent, name, client, generation, open) =
@@ -389,7 +404,8 @@ impl Meta for MetaService {
                 },
             )
             .await?;
-        Ok(Response::new(CreateReply { file: Some(file_info(&inode)), created, parent }))
+        let cap = (open && inode.is_reg()).then(|| self.caps.grant(inode.ino, READ | WRITE, &holder));
+        Ok(Response::new(CreateReply { file: Some(file_info(&inode)), created, parent, cap }))
     }
 
     async fn mkdir(&self, req: Request<MkdirRequest>) -> Result<Response<AttrReply>, Status> {
@@ -516,6 +532,7 @@ impl Meta for MetaService {
     }
 
     async fn open(&self, req: Request<OpenRequest>) -> Result<Response<OpenReply>, Status> {
+        let holder = cert_name(&req);
         let r = req.into_inner();
         // Reads only (the inode, its stripe records), so inline like the point reads.
         let (inode, stripes, more) = self.read(|ns| {
@@ -528,7 +545,8 @@ impl Meta for MetaService {
             }
             opened
         })?;
-        Ok(Response::new(OpenReply { file: Some(file_info(&inode)), stripes, more }))
+        let cap = Some(self.caps.grant(inode.ino, READ | WRITE, &holder));
+        Ok(Response::new(OpenReply { file: Some(file_info(&inode)), stripes, more, cap }))
     }
 
     async fn release(&self, req: Request<ReleaseRequest>) -> Result<Response<Empty>, Status> {
@@ -644,7 +662,7 @@ impl Meta for MetaService {
             })
             .await?;
         tracing::info!(node_id, "chunkserver registered");
-        Ok(Response::new(RegisterChunkReply { node_id, cluster_id }))
+        Ok(Response::new(RegisterChunkReply { node_id, cluster_id, cap_keys: self.caps.keys() }))
     }
 
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<Response<HeartbeatReply>, Status> {
@@ -658,7 +676,7 @@ impl Meta for MetaService {
                 Ok((ns.fence(), ns.cluster_id().to_string()))
             })
             .await?;
-        Ok(Response::new(HeartbeatReply { fence: fence.0, cluster_id: fence.1 }))
+        Ok(Response::new(HeartbeatReply { fence: fence.0, cluster_id: fence.1, cap_keys: self.caps.keys() }))
     }
 
     async fn list_nodes(&self, _req: Request<Empty>) -> Result<Response<ListNodesReply>, Status> {
@@ -744,6 +762,16 @@ impl Meta for MetaService {
         let ino = req.into_inner().ino;
         let layout = self.run(move |ns| ns.get_layout(check_ino(ino)?)).await?;
         Ok(Response::new(LayoutReply { layout: Some(layout.into()) }))
+    }
+
+    async fn grant_capability(&self, req: Request<InoRequest>) -> Result<Response<Capability>, Status> {
+        let holder = cert_name(&req);
+        let ino = check_ino(req.into_inner().ino)?;
+        let inode = self.read(|ns| ns.getattr(ino))?;
+        if !inode.is_reg() {
+            return Err(CairnError::invalid(format!("inode {ino} is not a regular file: no shards")).into());
+        }
+        Ok(Response::new(self.caps.grant(ino, READ | WRITE, &holder)))
     }
 
     async fn set_layout(&self, req: Request<SetLayoutRequest>) -> Result<Response<LayoutReply>, Status> {

@@ -252,3 +252,128 @@ fn callers_without_the_right_certificate_are_refused_and_counted() {
     fs::write(cluster.mnt.join("after"), b"also").unwrap();
     assert_eq!(fs::read(cluster.mnt.join("after")).unwrap(), b"also");
 }
+
+/// A client certificate reaches shards only with a capability the metaserver signed for that
+/// file and that certificate: none, another file's, a forged or widened one, another holder's,
+/// and a delete of another file's shards are all refused and counted; the real one works.
+#[test]
+fn shard_access_needs_the_metaservers_capability_for_that_file() {
+    use cairn_common::tls::{self, Role};
+    use cairn_common::wire::{self, WireClient};
+    use cairn_proto as p;
+
+    let cluster = Cluster::start(6, "4+2", 64);
+    let data = random_bytes(200_000, 17);
+    fs::write(cluster.mnt.join("secret"), &data).unwrap();
+    fs::write(cluster.mnt.join("mine"), b"a file the client may open").unwrap();
+    let secret = fs::metadata(cluster.mnt.join("secret")).unwrap().ino();
+    let mine = fs::metadata(cluster.mnt.join("mine")).unwrap().ino();
+    // This test process acts as a client with the cluster's client certificate (nothing
+    // else in this binary connects in-process).
+    tls::install(Some(tls::Identity::load(&cluster.tls("client")).unwrap()));
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let timeout = Duration::from_secs(10);
+        let meta = WireClient::new(&cluster.meta_addr, Role::Meta, timeout, timeout);
+        let chunks: Vec<WireClient> = cluster
+            .nodes
+            .iter()
+            .filter(|n| n.role == "chunk")
+            .map(|n| WireClient::new(&n.addr, Role::Chunk, timeout, timeout))
+            .collect();
+        let stripes =
+            wire::meta::list_stripes(&meta, p::ListStripesRequest { ino: secret, from: 0, limit: 1 })
+                .await
+                .unwrap()
+                .stripes;
+        let shard = |ino| p::ShardId { ino, stripe: 0, index: 0, version: stripes[0].version };
+        let read = |id: p::ShardId, cap: Option<p::Capability>| p::ReadShardRequest {
+            id: Some(id),
+            offset: 0,
+            len: 0,
+            cap,
+        };
+        let refused = |r: cairn_common::Result<p::ReadShardReply>, why: &str| {
+            let e = r.expect_err(why);
+            assert_eq!(e.kind(), cairn_common::ErrorKind::PermissionDenied, "{why}: {e}");
+            assert!(e.message().contains(why), "{why}: {e}");
+        };
+
+        // No capability.
+        refused(wire::chunk::read_shard(&chunks[0], read(shard(secret), None)).await, "no capability");
+        // A capability for another file (one this client may open) does not open this one.
+        let for_mine = wire::meta::grant_capability(&meta, p::InoRequest { ino: mine }).await.unwrap();
+        assert_eq!(for_mine.holder, "client");
+        refused(
+            wire::chunk::read_shard(&chunks[0], read(shard(secret), Some(for_mine.clone()))).await,
+            "another inode",
+        );
+        // Rewritten to name this file, to another holder, or to last longer: the signature fails.
+        for forge in [
+            p::Capability { ino: secret, ..for_mine.clone() },
+            p::Capability { holder: "admin".into(), ..for_mine.clone() },
+            p::Capability { expires: for_mine.expires + 86_400, ..for_mine.clone() },
+            p::Capability { mac: vec![0; 32], ..for_mine.clone() },
+        ] {
+            let id = shard(forge.ino);
+            refused(wire::chunk::read_shard(&chunks[0], read(id, Some(forge))).await, "signature");
+        }
+        // A signature by a key no metaserver of this cluster has.
+        let stranger = cairn_common::capability::Signer::new().grant(secret, 3, "client");
+        refused(
+            wire::chunk::read_shard(&chunks[0], read(shard(secret), Some(stranger))).await,
+            "does not know",
+        );
+        // Writes and deletes: without a capability, or of another file's shards, refused.
+        let write = wire::chunk::write_shard(
+            &chunks[0],
+            p::WriteShardRequest { id: Some(shard(secret)), data: b"evil".to_vec().into(), cap: None },
+        )
+        .await
+        .expect_err("a write without a capability");
+        assert!(write.message().contains("no capability"), "{write}");
+        let delete = wire::chunk::delete_shards(
+            &chunks[0],
+            p::DeleteShardsRequest {
+                ids: vec![shard(secret)],
+                cap: Some(for_mine.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("deleting another file's shards");
+        assert!(delete.message().contains("another inode"), "{delete}");
+
+        // The capability the metaserver grants for the file itself reads its shard.
+        let cap = wire::meta::grant_capability(&meta, p::InoRequest { ino: secret }).await.unwrap();
+        let mut found = 0;
+        for c in &chunks {
+            match wire::chunk::read_shard(c, read(shard(secret), Some(cap.clone()))).await {
+                Ok(r) => {
+                    assert!(!r.data.is_empty());
+                    found += 1;
+                }
+                Err(e) => assert_eq!(e.kind(), cairn_common::ErrorKind::NotFound, "{e}"),
+            }
+        }
+        assert_eq!(found, 1, "the one chunkserver holding shard 0 of stripe 0 serves it");
+    });
+
+    // Each refusal was counted on the chunkserver that refused it.
+    let first = cluster.nodes.iter().find(|n| n.role == "chunk").and_then(|n| n.metrics.clone()).unwrap();
+    let text = support::scrape(&first);
+    let count = |reason: &str| {
+        support::metric(&text, "cairn_chunk_capability_refused_total", &[&format!("reason=\"{reason}\"")])
+            .unwrap_or(0.0)
+    };
+    assert!(count("missing") >= 2.0, "{text}");
+    assert!(count("wrong_inode") >= 2.0, "{text}");
+    assert!(count("bad_mac") >= 4.0, "{text}");
+    assert!(count("unknown_key") >= 1.0, "{text}");
+
+    // Nothing was changed; the mount reads and writes on.
+    assert_eq!(sha256(&fs::read(cluster.mnt.join("secret")).unwrap()), sha256(&data));
+    fs::write(cluster.mnt.join("after"), b"also").unwrap();
+    assert_eq!(fs::read(cluster.mnt.join("after")).unwrap(), b"also");
+}

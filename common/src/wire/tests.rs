@@ -113,20 +113,24 @@ fn client(addr: &str) -> WireClient {
 async fn bulk_data_travels_both_ways_byte_exact() {
     let (addr, _stop, _others) = start().await;
     let c = client(&addr);
-    let reply: p::ReadShardReply =
-        c.call(1, p::ReadShardRequest { id: None, offset: 7, len: 3 << 20 }).await.unwrap();
+    let reply: p::ReadShardReply = c
+        .call(1, p::ReadShardRequest { id: None, offset: 7, len: 3 << 20, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(reply.shard_len, 7);
     assert_eq!(reply.data.len(), 3 << 20);
     assert!(reply.data.iter().all(|b| *b == b'x'));
 
     let data: Vec<u8> = (0..(1 << 20) + 13).map(|i| (i % 251) as u8).collect();
     let sum: u64 = data.iter().map(|b| *b as u64).sum();
-    let reply: p::WriteShardReply =
-        c.call(2, p::WriteShardRequest { id: None, data: Bytes::from(data.clone()) }).await.unwrap();
+    let reply: p::WriteShardReply = c
+        .call(2, p::WriteShardRequest { id: None, data: Bytes::from(data.clone()), ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(reply.tier, format!("{} {sum}", data.len()));
     // An empty bulk part is an empty field, not an error.
     let reply: p::ReadShardReply =
-        c.call(1, p::ReadShardRequest { id: None, offset: 0, len: 0 }).await.unwrap();
+        c.call(1, p::ReadShardRequest { id: None, offset: 0, len: 0, ..Default::default() }).await.unwrap();
     assert!(reply.data.is_empty());
 }
 
@@ -135,7 +139,7 @@ async fn every_error_kind_arrives_as_raised_and_the_connection_stays_usable() {
     let (addr, _stop, _others) = start().await;
     let c = client(&addr);
     for kind in ErrorKind::ALL {
-        let req = p::ReadShardRequest { id: None, offset: kind.index() as u64, len: 0 };
+        let req = p::ReadShardRequest { id: None, offset: kind.index() as u64, len: 0, ..Default::default() };
         let e = c.call::<_, p::ReadShardReply>(3, req).await.unwrap_err();
         assert_eq!(e.kind(), kind);
         assert_eq!(e.message(), "told to fail");
@@ -207,7 +211,7 @@ async fn a_restarted_server_is_reached_on_a_new_connection() {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let (_others, _accepting) = serve(listener, Arc::new(Fake), stopped);
     let c = client(&addr.to_string());
-    let req = || p::ReadShardRequest { id: None, offset: 1, len: 1 };
+    let req = || p::ReadShardRequest { id: None, offset: 1, len: 1, ..Default::default() };
     c.call::<_, p::ReadShardReply>(1, req()).await.unwrap();
     stop.send(true).unwrap();
     // The server closes its connections; once its pooled connection reads as closed, a call to
@@ -249,8 +253,10 @@ async fn concurrent_calls_each_get_their_own_answer() {
     let calls = (0..64u64).map(|i| {
         let c = c.clone();
         tokio::spawn(async move {
-            let reply: p::ReadShardReply =
-                c.call(1, p::ReadShardRequest { id: None, offset: i, len: i * 1000 }).await.unwrap();
+            let reply: p::ReadShardReply = c
+                .call(1, p::ReadShardRequest { id: None, offset: i, len: i * 1000, ..Default::default() })
+                .await
+                .unwrap();
             assert_eq!((reply.shard_len, reply.data.len() as u64), (i, i * 1000));
         })
     });
@@ -266,8 +272,10 @@ async fn a_frame_longer_than_the_eager_allocation_arrives_whole() {
     let c = client(&addr);
     let data: Vec<u8> = (0..(2 * EAGER_ALLOC) + 4097).map(|i| (i % 253) as u8).collect();
     let sum: u64 = data.iter().map(|b| *b as u64).sum();
-    let reply: p::WriteShardReply =
-        c.call(2, p::WriteShardRequest { id: None, data: Bytes::from(data.clone()) }).await.unwrap();
+    let reply: p::WriteShardReply = c
+        .call(2, p::WriteShardRequest { id: None, data: Bytes::from(data.clone()), ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(reply.tier, format!("{} {sum}", data.len()));
 }
 
@@ -283,7 +291,7 @@ async fn bulk_bytes_for_a_method_without_them_are_read_past_unkept() {
     assert_eq!((status, ErrorKind::from_index(kind)), (STATUS_ERROR, Some(ErrorKind::InvalidArgument)));
     assert!(String::from_utf8_lossy(&message).contains("bulk part"));
     // The connection is still in step.
-    let req = p::ReadShardRequest { id: None, offset: 3, len: 2 };
+    let req = p::ReadShardRequest { id: None, offset: 3, len: 2, ..Default::default() };
     let mut head = vec![0; HEADER];
     prost::Message::encode(&req, &mut head).unwrap();
     let body_len = head.len() - HEADER;
@@ -320,12 +328,17 @@ async fn a_slow_or_stalled_request_and_an_idle_connection_are_closed() {
     assert!(started.elapsed() >= Duration::from_millis(500), "{:?}", started.elapsed());
     // Meanwhile and after, a real client is served.
     let c = client(&addr);
-    c.call::<_, p::ReadShardReply>(1, p::ReadShardRequest { id: None, offset: 0, len: 5 }).await.unwrap();
+    c.call::<_, p::ReadShardReply>(
+        1,
+        p::ReadShardRequest { id: None, offset: 0, len: 5, ..Default::default() },
+    )
+    .await
+    .unwrap();
 }
 
 /// A raw request for a 32 MiB shard read: more than the socket buffers hold.
 fn big_read() -> Vec<u8> {
-    let req = p::ReadShardRequest { id: None, offset: 0, len: 32 << 20 };
+    let req = p::ReadShardRequest { id: None, offset: 0, len: 32 << 20, ..Default::default() };
     let mut head = vec![0; HEADER];
     prost::Message::encode(&req, &mut head).unwrap();
     let body_len = head.len() - HEADER;
@@ -392,7 +405,10 @@ async fn connections_beyond_the_limits_are_closed_and_others_still_served() {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         match client(&addr)
-            .call::<_, p::ReadShardReply>(1, p::ReadShardRequest { id: None, offset: 0, len: 1 })
+            .call::<_, p::ReadShardReply>(
+                1,
+                p::ReadShardRequest { id: None, offset: 0, len: 1, ..Default::default() },
+            )
             .await
         {
             Ok(r) => break assert_eq!(r.data.len(), 1),
@@ -415,6 +431,7 @@ async fn frames_are_checked_as_the_fuzz_target_reads_them() {
     let write = prost::Message::encode_to_vec(&p::WriteShardRequest {
         id: None,
         data: Bytes::from_static(b"in body"),
+        ..Default::default()
     });
     assert!(meta::check_request(meta::ids::lookup, lookup.clone().into(), Bytes::new()).is_ok());
     assert!(chunk::check_request(chunk::ids::write_shard, write.clone().into(), Bytes::new()).is_ok());

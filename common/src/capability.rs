@@ -1,0 +1,325 @@
+//! Shard capabilities: the metaserver's signed permission for one client certificate to read or
+//! write the shards of one inode for a while, which chunkservers check before serving a caller
+//! that has only the client role (docs/ARCHITECTURE.md, "Shard capabilities"). The metaserver
+//! signs with a [`Signer`]; a chunkserver checks with a [`Verifier`] holding the keys the
+//! metaserver sent it.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use cairn_proto::{Capability, CapabilityKey};
+use parking_lot::{Mutex, RwLock};
+
+use crate::time::unix_secs;
+use crate::tls::{Peer, Role, Roles};
+use crate::{CairnError, ErrorKind, Result};
+
+/// The operation bit for reading shards.
+pub const READ: u32 = 1;
+/// The operation bit for writing (and deleting) shards.
+pub const WRITE: u32 = 2;
+
+/// How long a capability is valid after it is signed.
+pub const LIFETIME: Duration = Duration::from_secs(3600);
+/// A client renews a capability with less than this left.
+pub const RENEW_BEFORE: Duration = Duration::from_secs(600);
+/// How often a metaserver starts signing with a new key.
+pub const ROTATE_EVERY: Duration = Duration::from_secs(6 * 3600);
+/// Clock difference between metaserver and chunkserver a chunkserver tolerates.
+const SKEW_SECS: i64 = 60;
+
+const DOMAIN: &[u8] = b"cairn shard capability v1";
+
+/// The MAC of `cap`'s fields under `secret`.
+fn mac(secret: &[u8; 32], cap: &Capability) -> blake3::Hash {
+    let mut h = blake3::Hasher::new_keyed(secret);
+    h.update(DOMAIN);
+    h.update(&cap.ino.to_le_bytes());
+    h.update(&cap.ops.to_le_bytes());
+    h.update(&cap.expires.to_le_bytes());
+    h.update(&cap.key_id.to_le_bytes());
+    h.update(&(cap.holder.len() as u32).to_le_bytes());
+    h.update(cap.holder.as_bytes());
+    h.finalize()
+}
+
+struct Key {
+    id: u64,
+    secret: [u8; 32],
+    /// When this key started signing, Unix seconds.
+    since: i64,
+}
+
+impl Key {
+    fn new(now: i64) -> Key {
+        let mut secret = [0u8; 32];
+        rand::Rng::fill(&mut rand::thread_rng(), &mut secret[..]);
+        // Id 0 would read as "no key" in a defaulted message.
+        let id = rand::random::<u64>().max(1);
+        Key { id, secret, since: now }
+    }
+
+    /// When the last token this key may sign expires.
+    fn retire(&self) -> i64 {
+        self.since + (ROTATE_EVERY + LIFETIME).as_secs() as i64
+    }
+
+    fn wire(&self) -> CapabilityKey {
+        CapabilityKey { id: self.id, secret: self.secret.to_vec(), retire: self.retire() }
+    }
+}
+
+/// A metaserver's keys: the one it signs with, and the one before it while tokens it signed may
+/// still be valid. In memory only (a restarted metaserver starts a new key).
+pub struct Signer {
+    keys: Mutex<(Key, Option<Key>)>,
+}
+
+impl Default for Signer {
+    fn default() -> Signer {
+        Signer::new()
+    }
+}
+
+impl Signer {
+    pub fn new() -> Signer {
+        Signer { keys: Mutex::new((Key::new(unix_secs()), None)) }
+    }
+
+    /// A capability for `holder` to do `ops` on inode `ino`'s shards for [`LIFETIME`].
+    pub fn grant(&self, ino: u64, ops: u32, holder: &str) -> Capability {
+        self.grant_at(ino, ops, holder, unix_secs())
+    }
+
+    /// The keys, after starting a new one if the current one has signed for [`ROTATE_EVERY`].
+    fn rotated(&self, now: i64) -> parking_lot::MutexGuard<'_, (Key, Option<Key>)> {
+        let mut keys = self.keys.lock();
+        if now - keys.0.since >= ROTATE_EVERY.as_secs() as i64 {
+            let old = std::mem::replace(&mut keys.0, Key::new(now));
+            keys.1 = Some(old);
+        }
+        keys
+    }
+
+    fn grant_at(&self, ino: u64, ops: u32, holder: &str, now: i64) -> Capability {
+        let keys = self.rotated(now);
+        let key = &keys.0;
+        let mut cap = Capability {
+            ino,
+            ops,
+            expires: now + LIFETIME.as_secs() as i64,
+            key_id: key.id,
+            holder: holder.to_string(),
+            mac: Vec::new(),
+        };
+        cap.mac = mac(&key.secret, &cap).as_bytes().to_vec();
+        cap
+    }
+
+    /// The keys chunkservers need to check what this metaserver signed.
+    pub fn keys(&self) -> Vec<CapabilityKey> {
+        let now = unix_secs();
+        let keys = self.rotated(now);
+        std::iter::once(&keys.0).chain(keys.1.iter()).filter(|k| k.retire() > now).map(Key::wire).collect()
+    }
+}
+
+/// Why a capability was refused; the label of `cairn_chunk_capability_refused_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    Missing,
+    UnknownKey,
+    BadMac,
+    Expired,
+    WrongInode,
+    WrongOperation,
+    WrongHolder,
+}
+
+impl Refusal {
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::Missing => "missing",
+            Refusal::UnknownKey => "unknown_key",
+            Refusal::BadMac => "bad_mac",
+            Refusal::Expired => "expired",
+            Refusal::WrongInode => "wrong_inode",
+            Refusal::WrongOperation => "wrong_operation",
+            Refusal::WrongHolder => "wrong_holder",
+        }
+    }
+}
+
+/// Whether `peer` must show a capability for shard access: it has the client role and no
+/// server or admin role. (A plaintext server's callers have every role.)
+pub fn required_of(peer: Option<&Peer>) -> bool {
+    peer.is_some_and(|p| !p.roles.intersects(Roles::of(&[Role::Meta, Role::Chunk, Role::Admin])))
+}
+
+/// A chunkserver's keys, as metaservers sent them, each until it retires.
+#[derive(Default)]
+pub struct Verifier {
+    keys: RwLock<HashMap<u64, ([u8; 32], i64)>>,
+    /// Woken when a capability names a key not known yet (the heartbeat then goes at once).
+    wanted: tokio::sync::Notify,
+}
+
+/// How long a check waits for a key it does not know to arrive.
+const KEY_WAIT: Duration = Duration::from_secs(2);
+
+impl Verifier {
+    /// Keep `keys` (from a registration or heartbeat reply), and forget retired ones.
+    pub fn learn(&self, keys: &[CapabilityKey]) {
+        let now = unix_secs();
+        let mut known = self.keys.write();
+        known.retain(|_, (_, retire)| *retire + SKEW_SECS > now);
+        for k in keys {
+            let Ok(secret) = <[u8; 32]>::try_from(k.secret.as_slice()) else {
+                tracing::warn!(
+                    key = k.id,
+                    len = k.secret.len(),
+                    "ignored a capability key of the wrong length"
+                );
+                continue;
+            };
+            known.insert(k.id, (secret, k.retire));
+        }
+    }
+
+    /// Whether key `id` is known.
+    pub fn knows(&self, id: u64) -> bool {
+        self.keys.read().contains_key(&id)
+    }
+
+    /// Resolves when a check met a key it does not know: the owner then asks the metaserver
+    /// for keys (a chunkserver heartbeats early).
+    pub async fn wanted(&self) {
+        self.wanted.notified().await
+    }
+
+    /// [`Verifier::check`], and when the key is unknown (a new metaserver leader's, not yet
+    /// heartbeated), ask for keys and wait up to 2 s for it before refusing.
+    pub async fn check_or_learn(
+        &self,
+        cap: Option<&Capability>,
+        ino: u64,
+        op: u32,
+        holder: &str,
+    ) -> std::result::Result<(), Refusal> {
+        match self.check(cap, ino, op, holder) {
+            Err(Refusal::UnknownKey) => {
+                let key = cap.map_or(0, |c| c.key_id);
+                self.wanted.notify_one();
+                let deadline = tokio::time::Instant::now() + KEY_WAIT;
+                while !self.knows(key) && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                self.check(cap, ino, op, holder)
+            }
+            other => other,
+        }
+    }
+
+    /// Check that `cap` lets `holder` do `op` on inode `ino`'s shards now.
+    pub fn check(
+        &self,
+        cap: Option<&Capability>,
+        ino: u64,
+        op: u32,
+        holder: &str,
+    ) -> std::result::Result<(), Refusal> {
+        self.check_at(cap, ino, op, holder, unix_secs())
+    }
+
+    fn check_at(
+        &self,
+        cap: Option<&Capability>,
+        ino: u64,
+        op: u32,
+        holder: &str,
+        now: i64,
+    ) -> std::result::Result<(), Refusal> {
+        let cap = cap.ok_or(Refusal::Missing)?;
+        let (secret, retire) = *self.keys.read().get(&cap.key_id).ok_or(Refusal::UnknownKey)?;
+        if mac(&secret, cap) != blake3::Hash::from_slice(&cap.mac).map_err(|_| Refusal::BadMac)? {
+            return Err(Refusal::BadMac);
+        }
+        if cap.expires.min(retire) + SKEW_SECS < now {
+            return Err(Refusal::Expired);
+        }
+        if cap.ino != ino {
+            return Err(Refusal::WrongInode);
+        }
+        if cap.ops & op != op {
+            return Err(Refusal::WrongOperation);
+        }
+        if cap.holder != holder {
+            return Err(Refusal::WrongHolder);
+        }
+        Ok(())
+    }
+}
+
+/// The error a refused shard access gets.
+pub fn refused(what: &str, ino: u64, why: Refusal) -> CairnError {
+    crate::metrics::record_capability_refused(why.label());
+    let reason = match why {
+        Refusal::Missing => "no capability (a client needs one from the metaserver's open)".to_string(),
+        Refusal::UnknownKey => "a capability signed with a key this chunkserver does not know".to_string(),
+        Refusal::BadMac => "a capability whose signature does not match".to_string(),
+        Refusal::Expired => "an expired capability".to_string(),
+        Refusal::WrongInode => "a capability for another inode".to_string(),
+        Refusal::WrongOperation => "a capability that does not grant this operation".to_string(),
+        Refusal::WrongHolder => "a capability issued to another certificate".to_string(),
+    };
+    CairnError::new(ErrorKind::PermissionDenied, format!("{what} of inode {ino}: refused, {reason}"))
+}
+
+/// A client's capabilities by inode, renewed before they run out.
+#[derive(Default)]
+pub struct Held {
+    caps: Mutex<HashMap<u64, Capability>>,
+}
+
+/// How many capabilities a client keeps before it forgets the expired ones.
+const HELD_MAX: usize = 1 << 16;
+
+impl Held {
+    /// Keep `cap` (from an open, a create or a grant).
+    pub fn keep(&self, cap: Option<Capability>) {
+        let Some(cap) = cap else { return };
+        let mut caps = self.caps.lock();
+        if caps.len() >= HELD_MAX {
+            let now = unix_secs();
+            caps.retain(|_, c| c.expires > now);
+            if caps.len() >= HELD_MAX {
+                caps.clear();
+            }
+        }
+        caps.insert(cap.ino, cap);
+    }
+
+    /// The capability held for `ino` with at least [`RENEW_BEFORE`] left.
+    pub fn fresh(&self, ino: u64) -> Option<Capability> {
+        let now = unix_secs();
+        self.caps.lock().get(&ino).filter(|c| c.expires - now > RENEW_BEFORE.as_secs() as i64).cloned()
+    }
+
+    /// Forget the capability for `ino` (a chunkserver refused it).
+    pub fn forget(&self, ino: u64) {
+        self.caps.lock().remove(&ino);
+    }
+}
+
+/// Whether `e` is a chunkserver's refusal of a capability (worth one renewal and retry).
+pub fn is_refusal(e: &CairnError) -> bool {
+    e.kind() == ErrorKind::PermissionDenied && e.message().contains("refused, ")
+}
+
+/// Fail unless `result` is fine, naming what was refused.
+pub fn enforce(result: std::result::Result<(), Refusal>, what: &str, ino: u64) -> Result<()> {
+    result.map_err(|why| refused(what, ino, why))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,115 @@
+use super::*;
+
+fn verifier_of(signer: &Signer) -> Verifier {
+    let v = Verifier::default();
+    v.learn(&signer.keys());
+    v
+}
+
+#[test]
+fn a_granted_capability_passes_for_its_inode_operation_and_holder_only() {
+    let signer = Signer::new();
+    let v = verifier_of(&signer);
+    let cap = signer.grant(7, READ | WRITE, "client-a");
+    assert_eq!(v.check(Some(&cap), 7, READ, "client-a"), Ok(()));
+    assert_eq!(v.check(Some(&cap), 7, WRITE, "client-a"), Ok(()));
+    assert_eq!(v.check(Some(&cap), 8, READ, "client-a"), Err(Refusal::WrongInode));
+    assert_eq!(v.check(Some(&cap), 7, READ, "client-b"), Err(Refusal::WrongHolder));
+    assert_eq!(v.check(None, 7, READ, "client-a"), Err(Refusal::Missing));
+    let read_only = signer.grant(7, READ, "client-a");
+    assert_eq!(v.check(Some(&read_only), 7, WRITE, "client-a"), Err(Refusal::WrongOperation));
+}
+
+#[test]
+fn a_changed_field_or_signature_is_refused() {
+    let signer = Signer::new();
+    let v = verifier_of(&signer);
+    let cap = signer.grant(7, READ, "client-a");
+    let mut widened = cap.clone();
+    widened.ops = READ | WRITE;
+    assert_eq!(v.check(Some(&widened), 7, WRITE, "client-a"), Err(Refusal::BadMac));
+    let mut moved = cap.clone();
+    moved.ino = 8;
+    assert_eq!(v.check(Some(&moved), 8, READ, "client-a"), Err(Refusal::BadMac));
+    let mut later = cap.clone();
+    later.expires += 86_400;
+    assert_eq!(v.check(Some(&later), 7, READ, "client-a"), Err(Refusal::BadMac));
+    let mut renamed = cap.clone();
+    renamed.holder = "client-b".into();
+    assert_eq!(v.check(Some(&renamed), 7, READ, "client-b"), Err(Refusal::BadMac));
+    let mut short = cap.clone();
+    short.mac.truncate(16);
+    assert_eq!(v.check(Some(&short), 7, READ, "client-a"), Err(Refusal::BadMac));
+}
+
+#[test]
+fn another_metaservers_key_is_unknown_until_learned() {
+    let ours = Signer::new();
+    let theirs = Signer::new();
+    let v = verifier_of(&ours);
+    let cap = theirs.grant(7, READ, "c");
+    assert_eq!(v.check(Some(&cap), 7, READ, "c"), Err(Refusal::UnknownKey));
+    assert!(!v.knows(cap.key_id));
+    v.learn(&theirs.keys());
+    assert_eq!(v.check(Some(&cap), 7, READ, "c"), Ok(()));
+    // The first metaserver's tokens stay good (a former leader's, after an election).
+    assert_eq!(v.check(Some(&ours.grant(9, READ, "c")), 9, READ, "c"), Ok(()));
+}
+
+#[test]
+fn capabilities_expire_and_keys_rotate() {
+    let signer = Signer::new();
+    let v = verifier_of(&signer);
+    let now = unix_secs();
+    let cap = signer.grant_at(7, READ, "c", now);
+    let lifetime = LIFETIME.as_secs() as i64;
+    assert_eq!(v.check_at(Some(&cap), 7, READ, "c", now + lifetime), Ok(()));
+    assert_eq!(v.check_at(Some(&cap), 7, READ, "c", now + lifetime + SKEW_SECS + 1), Err(Refusal::Expired));
+
+    // Past the rotation period the signer starts a new key and still hands out the old one.
+    let later = now + ROTATE_EVERY.as_secs() as i64;
+    let rotated = signer.grant_at(7, READ, "c", later);
+    assert_ne!(rotated.key_id, cap.key_id);
+    let keys = signer.keys();
+    assert_eq!(keys.len(), 2);
+    assert!(keys.iter().all(|k| k.secret.len() == 32 && k.id != 0));
+    v.learn(&keys);
+    assert_eq!(v.check_at(Some(&rotated), 7, READ, "c", later), Ok(()));
+    assert_eq!(v.check_at(Some(&cap), 7, READ, "c", now + 10), Ok(()));
+}
+
+#[test]
+fn a_key_of_the_wrong_length_is_ignored() {
+    let v = Verifier::default();
+    v.learn(&[CapabilityKey { id: 5, secret: vec![1; 16], retire: unix_secs() + 100 }]);
+    assert!(!v.knows(5));
+}
+
+#[test]
+fn only_callers_with_nothing_but_the_client_role_need_one() {
+    let with = |roles: &[Role]| Peer { addr: None, roles: Roles::of(roles), name: "x".into() };
+    assert!(required_of(Some(&with(&[Role::Client]))));
+    assert!(!required_of(Some(&with(&[Role::Client, Role::Admin]))));
+    assert!(!required_of(Some(&with(&[Role::Meta]))));
+    assert!(!required_of(Some(&with(&[Role::Chunk]))));
+    assert!(!required_of(Some(&Peer::plaintext(None))), "a plaintext server checks nothing");
+    assert!(!required_of(None), "an in-process call");
+}
+
+#[test]
+fn a_client_renews_before_expiry_and_after_a_refusal() {
+    let signer = Signer::new();
+    let held = Held::default();
+    held.keep(Some(signer.grant(7, READ | WRITE, "c")));
+    assert!(held.fresh(7).is_some());
+    assert!(held.fresh(8).is_none());
+    let mut old = signer.grant(8, READ, "c");
+    old.expires = unix_secs() + RENEW_BEFORE.as_secs() as i64 - 1;
+    held.keep(Some(old));
+    assert!(held.fresh(8).is_none(), "about to expire: renewed");
+    held.forget(7);
+    assert!(held.fresh(7).is_none());
+    let e = refused("read", 7, Refusal::Expired);
+    assert!(is_refusal(&e), "{e}");
+    assert!(!is_refusal(&CairnError::new(ErrorKind::PermissionDenied, "chunk.ReadShard is for ...")));
+}
