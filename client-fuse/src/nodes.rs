@@ -231,18 +231,22 @@ impl Nodes {
         Ok(cap)
     }
 
-    /// Run `request` with the capability for `ino`, and once more with a new one if the
+    /// Run `request` with `cap` (the capability for `ino`, got before: failing to get one is
+    /// the metaserver's trouble, not the chunkserver's), and once more with a new one if the
     /// chunkserver refused it (expired on its clock, or signed with a key it no longer has).
-    async fn with_capability<T, F, Fut>(&self, ino: u64, request: F) -> Result<T>
+    async fn with_capability<T, F, Fut>(&self, ino: u64, cap: Capability, request: F) -> Result<T>
     where
         F: Fn(Capability) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
-        match request(self.capability(ino).await?).await {
+        match request(cap).await {
             Err(e) if capability::is_refusal(&e) => {
                 tracing::debug!(ino, "a chunkserver refused a shard capability, asking for a new one: {e}");
                 self.caps.forget(ino);
-                request(self.capability(ino).await?).await
+                match self.capability(ino).await {
+                    Ok(cap) => request(cap).await,
+                    Err(_) => Err(e),
+                }
             }
             other => other,
         }
@@ -250,8 +254,9 @@ impl Nodes {
 
     pub async fn write_shard(&self, node: u32, id: ShardId, data: Bytes) -> Result<()> {
         let c = self.client(node).await?;
+        let cap = self.capability(id.ino).await?;
         let result = self
-            .with_capability(id.ino, |cap| {
+            .with_capability(id.ino, cap, |cap| {
                 let req = cairn_proto::WriteShardRequest {
                     id: Some(id.into()),
                     data: data.clone(),
@@ -288,8 +293,9 @@ impl Nodes {
             return Err(CairnError::internal("one delete of shards of more than one file"));
         }
         let ids: Vec<cairn_proto::ShardId> = ids.into_iter().map(Into::into).collect();
+        let cap = self.capability(ino).await?;
         let reply = self
-            .with_capability(ino, |cap| {
+            .with_capability(ino, cap, |cap| {
                 let req = cairn_proto::DeleteShardsRequest {
                     ids: ids.clone(),
                     fence: 0,
@@ -305,8 +311,9 @@ impl Nodes {
     /// Read `len` bytes (0 = to the end) at `offset` of a shard.
     pub async fn read_shard(&self, node: u32, id: ShardId, offset: u64, len: u64) -> Result<Bytes> {
         let c = self.client(node).await?;
+        let cap = self.capability(id.ino).await?;
         let result = self
-            .with_capability(id.ino, |cap| {
+            .with_capability(id.ino, cap, |cap| {
                 c.read_shard(cairn_proto::ReadShardRequest {
                     id: Some(id.into()),
                     offset,

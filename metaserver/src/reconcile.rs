@@ -247,7 +247,7 @@ mod tests {
         let uncommitted = (9u64 << 32) | 4;
         assert_eq!(repair.verdict(home(0), &id(0, uncommitted), old).unwrap(), Verdict::Stale);
         // ... but kept while that writer is alive.
-        ns.sessions().heartbeat(9, None);
+        ns.sessions().heartbeat(9, "", None).unwrap();
         assert_eq!(repair.verdict(home(0), &id(0, uncommitted), old).unwrap(), Verdict::Pending);
         // A file that is gone (an inode number handed out before, no longer in the namespace):
         // stale only past the longer grace for unknown inodes.

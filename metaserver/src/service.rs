@@ -383,6 +383,17 @@ impl Meta for MetaService {
         let once = once_of(&r.once);
         let (parent, name, client, generation, open) =
             (check_ino(r.parent)?, r.name.clone(), r.client_id, r.generation, r.open);
+        // The session's owner is checked before anything is created; recording the open after
+        // the create cannot then fail but for a race with another certificate's claim, logged.
+        if open {
+            self.ns()?.sessions().check_owner(client, &holder)?;
+        }
+        let (owner, owner_again) = (holder.clone(), holder.clone());
+        let record_open = move |ns: &Namespace, owner: &str, ino: u64| {
+            if let Err(e) = ns.sessions().opened(client, owner, ino, generation) {
+                tracing::warn!(ino, "a created file's open was not recorded: {e}");
+            }
+        };
         let (inode, created, parent) = self
             .once_change(
                 once,
@@ -390,7 +401,7 @@ impl Meta for MetaService {
                     let new = NewEntry { parent, name: &r.name, mode: r.mode, uid: r.uid, gid: r.gid };
                     let (inode, created) = ns.create_avoiding(&new, r.rdev, r.exclusive, &r.avoid_nodes)?;
                     if r.open {
-                        ns.sessions().opened(r.client_id, inode.ino, r.generation);
+                        record_open(ns, &owner, inode.ino);
                     }
                     let parent = if created { dir_after(ns, new.parent) } else { None };
                     Ok((inode, created, parent))
@@ -398,7 +409,7 @@ impl Meta for MetaService {
                 |ns| {
                     let inode = ns.lookup(parent, &name)?;
                     if open {
-                        ns.sessions().opened(client, inode.ino, generation);
+                        record_open(ns, &owner_again, inode.ino);
                     }
                     Ok((inode, true, dir_after(ns, parent)))
                 },
@@ -538,7 +549,7 @@ impl Meta for MetaService {
         let (inode, stripes, more) = self.read(|ns| {
             let ino = check_ino(r.ino)?;
             // Count the open before looking: an unlink from now on keeps the file for us.
-            ns.sessions().opened(r.client_id, ino, r.generation);
+            ns.sessions().opened(r.client_id, &holder, ino, r.generation)?;
             let opened = ns.open_file(ino);
             if opened.is_err() {
                 ns.sessions().released(r.client_id, ino, r.generation);
@@ -550,7 +561,9 @@ impl Meta for MetaService {
     }
 
     async fn release(&self, req: Request<ReleaseRequest>) -> Result<Response<Empty>, Status> {
+        let holder = cert_name(&req);
         let r = req.into_inner();
+        self.ns()?.sessions().check_owner(r.client_id, &holder)?;
         if r.more.len() > MAX_RELEASES {
             return Err(CairnError::invalid(format!(
                 "{} files in one release, at most {MAX_RELEASES}",
@@ -582,14 +595,16 @@ impl Meta for MetaService {
         &self,
         req: Request<ClientHeartbeatRequest>,
     ) -> Result<Response<ClientHeartbeatReply>, Status> {
+        let holder = cert_name(&req);
         let r = req.into_inner();
         let ns = self.ns()?;
         let sessions = ns.sessions();
-        sessions.heartbeat(r.client_id, Some(r.open));
+        sessions.heartbeat(r.client_id, &holder, Some(r.open))?;
         Ok(Response::new(ClientHeartbeatReply { lease_ms: sessions.lease().as_millis() as u64 }))
     }
 
     async fn lock(&self, req: Request<LockRequest>) -> Result<Response<LockReply>, Status> {
+        let holder = cert_name(&req);
         let r = req.into_inner();
         check_ino(r.ino)?;
         if r.typ > F_UNLCK || r.start > r.end {
@@ -601,7 +616,7 @@ impl Meta for MetaService {
             Lock { client: r.client_id, owner: r.owner, pid: r.pid, start: r.start, end: r.end, typ: r.typ };
         let ns = self.ns()?;
         let sessions = ns.sessions();
-        sessions.heartbeat(r.client_id, None);
+        sessions.heartbeat(r.client_id, &holder, None)?;
         let outcome = if r.test {
             sessions.conflict(r.ino, &want).map_or(Ok(()), Err)
         } else {
@@ -643,8 +658,10 @@ impl Meta for MetaService {
         Ok(Response::new(Empty {}))
     }
 
-    async fn register_client(&self, _req: Request<Empty>) -> Result<Response<RegisterClientReply>, Status> {
+    async fn register_client(&self, req: Request<Empty>) -> Result<Response<RegisterClientReply>, Status> {
+        let holder = cert_name(&req);
         let client_id = self.run(|ns| ns.register_client()).await?;
+        self.ns()?.sessions().bind(client_id, &holder);
         Ok(Response::new(RegisterClientReply { client_id }))
     }
 

@@ -10,10 +10,15 @@
 //!   from the kernel as whole-file locks owned by the open file description, so they share this
 //!   table (as on NFS, `flock` and `fcntl` locks on one file therefore conflict). A session that
 //!   expires loses its locks; locks do not survive a metaserver restart.
+//! - **Owners**: a session belongs to the certificate name that registered the client id (or,
+//!   after a metaserver restart, the first that renews it): heartbeats, opens, releases and
+//!   locks under that id from another certificate are refused, so one tenant cannot release
+//!   another's open files or take its locks. Plaintext callers have no name and share one.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use cairn_common::{CairnError, ErrorKind};
 use parking_lot::Mutex;
 
 pub const F_RDLCK: u32 = libc_consts::F_RDLCK;
@@ -50,12 +55,40 @@ struct Session {
     open: HashMap<u64, u64>,
     /// The client has told its full open set since this metaserver started.
     announced: bool,
+    /// The certificate name the session belongs to ("" on a plaintext cluster).
+    owner: String,
 }
 
 impl Session {
-    fn new() -> Session {
-        Session { last_seen: Instant::now(), open: HashMap::new(), announced: false }
+    fn new(owner: &str) -> Session {
+        Session {
+            last_seen: Instant::now(),
+            open: HashMap::new(),
+            announced: false,
+            owner: owner.to_string(),
+        }
     }
+}
+
+/// `client`'s session, created for `holder` if there is none; refused if it belongs to another
+/// certificate.
+fn owned<'a>(
+    clients: &'a mut HashMap<u32, Session>,
+    client: u32,
+    holder: &str,
+) -> Result<&'a mut Session, CairnError> {
+    let s = clients.entry(client).or_insert_with(|| Session::new(holder));
+    if s.owner != holder {
+        return Err(not_yours(client, &s.owner, holder));
+    }
+    Ok(s)
+}
+
+fn not_yours(client: u32, owner: &str, holder: &str) -> CairnError {
+    CairnError::new(
+        ErrorKind::PermissionDenied,
+        format!("client id {client} belongs to certificate {owner:?}, not to this caller's ({holder:?})"),
+    )
 }
 
 pub struct Sessions {
@@ -85,13 +118,28 @@ impl Sessions {
         self.started.elapsed() > self.lease
     }
 
-    /// Renew `client`'s session. `open` is the client's full set of open inodes; it is taken
-    /// only the first time this metaserver hears from the client (after a restart), and then
-    /// added to what open calls already told, never replacing it: a heartbeat may have been
-    /// composed before an open that reached us first.
-    pub fn heartbeat(&self, client: u32, open: Option<Vec<u64>>) {
+    /// Start `client`'s session, just registered, for certificate `holder`: whatever an earlier
+    /// caller left under that id (none may have held it) goes.
+    pub fn bind(&self, client: u32, holder: &str) {
+        self.clients.lock().insert(client, Session::new(holder));
+        self.unlock_where(|l, _| l.client == client);
+    }
+
+    /// Fail unless `client`'s session, if there is one, belongs to `holder`.
+    pub fn check_owner(&self, client: u32, holder: &str) -> Result<(), CairnError> {
+        match self.clients.lock().get(&client) {
+            Some(s) if s.owner != holder => Err(not_yours(client, &s.owner, holder)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Renew `client`'s session (for `holder`). `open` is the client's full set of open
+    /// inodes; it is taken only the first time this metaserver hears from the client (after a
+    /// restart), and then added to what open calls already told, never replacing it: a
+    /// heartbeat may have been composed before an open that reached us first.
+    pub fn heartbeat(&self, client: u32, holder: &str, open: Option<Vec<u64>>) -> Result<(), CairnError> {
         let mut clients = self.clients.lock();
-        let s = clients.entry(client).or_insert_with(Session::new);
+        let s = owned(&mut clients, client, holder)?;
         s.last_seen = Instant::now();
         if let Some(open) = open {
             if !s.announced {
@@ -101,15 +149,18 @@ impl Sessions {
                 s.announced = true;
             }
         }
+        Ok(())
     }
 
-    /// `client` opened `ino`; `generation` numbers this open among the client's opens.
-    pub fn opened(&self, client: u32, ino: u64, generation: u64) {
+    /// `client` (for `holder`) opened `ino`; `generation` numbers this open among the client's
+    /// opens.
+    pub fn opened(&self, client: u32, holder: &str, ino: u64, generation: u64) -> Result<(), CairnError> {
         let mut clients = self.clients.lock();
-        let s = clients.entry(client).or_insert_with(Session::new);
+        let s = owned(&mut clients, client, holder)?;
         s.last_seen = Instant::now();
         let latest = s.open.entry(ino).or_insert(generation);
         *latest = (*latest).max(generation);
+        Ok(())
     }
 
     /// `client` closed its last handle on `ino`, opened as `generation` or before; its locks on
@@ -236,6 +287,34 @@ mod tests {
     }
 
     #[test]
+    fn a_session_belongs_to_the_certificate_that_registered_it() {
+        let s = Sessions::new(Duration::from_secs(30));
+        s.bind(4, "alice");
+        s.opened(4, "alice", 100, 1).unwrap();
+        s.set_lock(100, lock(4, 1, 0, 9, F_WRLCK)).unwrap();
+        // Another certificate cannot renew, open under, release or lock as client 4.
+        let e = s.heartbeat(4, "mallory", Some(vec![])).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::PermissionDenied);
+        assert!(e.message().contains("belongs to certificate \"alice\""), "{e}");
+        assert!(s.opened(4, "mallory", 101, 2).is_err());
+        assert!(s.check_owner(4, "mallory").is_err());
+        assert!(s.check_owner(4, "alice").is_ok());
+        assert!(s.is_open(100) && !s.is_open(101));
+        // A client id nobody holds (after a restart) goes to the first that renews it.
+        s.heartbeat(5, "bob", None).unwrap();
+        assert!(s.heartbeat(5, "mallory", None).is_err());
+        assert!(s.check_owner(6, "anyone").is_ok());
+        // Registration gives the id a fresh session: a squatter's opens and locks are gone.
+        s.heartbeat(7, "mallory", None).unwrap();
+        s.opened(7, "mallory", 200, 1).unwrap();
+        s.set_lock(200, lock(7, 1, 0, 9, F_WRLCK)).unwrap();
+        s.bind(7, "carol");
+        assert!(!s.is_open(200));
+        assert_eq!(s.conflict(200, &lock(8, 1, 0, 9, F_WRLCK)), None);
+        s.heartbeat(7, "carol", None).unwrap();
+    }
+
+    #[test]
     fn readers_share_writers_exclude() {
         let s = Sessions::new(Duration::from_secs(30));
         s.set_lock(1, lock(1, 1, 0, 99, F_RDLCK)).unwrap();
@@ -267,13 +346,13 @@ mod tests {
     #[test]
     fn release_and_expiry_drop_locks_and_opens() {
         let s = Sessions::new(Duration::from_millis(1));
-        s.opened(7, 100, 0);
+        s.opened(7, "", 100, 0).unwrap();
         s.set_lock(100, lock(7, 1, 0, u64::MAX, F_WRLCK)).unwrap();
         assert!(s.is_open(100));
         s.released(7, 100, 0);
         assert!(!s.is_open(100));
         assert!(s.conflict(100, &lock(8, 1, 0, 0, F_WRLCK)).is_none());
-        s.opened(7, 101, 0);
+        s.opened(7, "", 101, 0).unwrap();
         s.set_lock(101, lock(7, 1, 0, 0, F_WRLCK)).unwrap();
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(s.expire(), vec![101]);
@@ -285,30 +364,30 @@ mod tests {
     fn first_heartbeat_announces_the_open_set_later_ones_renew() {
         let s = Sessions::new(Duration::from_secs(30));
         // After a restart an open call can arrive before the client's first heartbeat.
-        s.opened(1, 5, 0);
-        s.heartbeat(1, Some(vec![6, 7]));
+        s.opened(1, "", 5, 0).unwrap();
+        s.heartbeat(1, "", Some(vec![6, 7])).unwrap();
         assert!(s.is_open(5) && s.is_open(6) && s.is_open(7));
         // A later heartbeat composed before an open must not undo it.
-        s.opened(1, 8, 0);
-        s.heartbeat(1, Some(vec![5, 6, 7]));
+        s.opened(1, "", 8, 0).unwrap();
+        s.heartbeat(1, "", Some(vec![5, 6, 7])).unwrap();
         assert!(s.is_open(8));
         s.released(1, 5, 0);
-        s.heartbeat(1, Some(vec![5, 6, 7, 8]));
+        s.heartbeat(1, "", Some(vec![5, 6, 7, 8])).unwrap();
         assert!(!s.is_open(5));
     }
 
     #[test]
     fn a_late_release_does_not_undo_a_newer_open() {
         let s = Sessions::new(Duration::from_secs(30));
-        s.opened(3, 40, 1);
-        s.opened(3, 40, 2); // reopened before the release of open 1 arrived
+        s.opened(3, "", 40, 1).unwrap();
+        s.opened(3, "", 40, 2).unwrap(); // reopened before the release of open 1 arrived
         s.set_lock(40, lock(3, 1, 0, 0, F_WRLCK)).unwrap();
         assert!(!s.released(3, 40, 1));
         assert!(s.is_open(40));
         assert!(s.conflict(40, &lock(4, 1, 0, 0, F_WRLCK)).is_some(), "the newer open's lock went");
         // Out of order the other way: the newer open reaching us first is kept too.
-        s.opened(3, 41, 5);
-        s.opened(3, 41, 4);
+        s.opened(3, "", 41, 5).unwrap();
+        s.opened(3, "", 41, 4).unwrap();
         assert!(!s.released(3, 41, 4));
         assert!(s.released(3, 41, 5));
         assert!(!s.is_open(41));
@@ -316,7 +395,7 @@ mod tests {
         assert!(!s.is_open(40));
         assert!(s.conflict(40, &lock(4, 1, 0, 0, F_WRLCK)).is_none());
         // An announced open (after a metaserver restart) has generation 0: any release ends it.
-        s.heartbeat(9, Some(vec![50]));
+        s.heartbeat(9, "", Some(vec![50])).unwrap();
         assert!(s.released(9, 50, 7));
         assert!(!s.is_open(50));
     }

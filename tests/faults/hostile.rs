@@ -360,6 +360,48 @@ fn shard_access_needs_the_metaservers_capability_for_that_file() {
         assert_eq!(found, 1, "the one chunkserver holding shard 0 of stripe 0 serves it");
     });
 
+    // Another client certificate cannot pose as the mount's client id: its renewals,
+    // releases and locks under the mount's id are refused (the mount registered first in this
+    // fresh cluster, so its id is among the first few).
+    let intruder = cluster.root.path().join("intruder");
+    let made = Command::new(support::CAIRN)
+        .args(["cert", "issue", "--role", "client", "--name", "intruder", "--ca"])
+        .arg(cluster.tls("ca"))
+        .arg(&intruder)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    tls::install(Some(tls::Identity::load(&intruder).unwrap()));
+    rt.block_on(async {
+        let timeout = Duration::from_secs(10);
+        let meta = WireClient::new(&cluster.meta_addr, Role::Meta, timeout, timeout);
+        let mut refused = 0;
+        for client_id in 1..=4 {
+            let release = p::ReleaseRequest { client_id, ino: secret, generation: u64::MAX, more: vec![] };
+            let lock = p::LockRequest {
+                ino: secret,
+                client_id,
+                owner: 1,
+                typ: 1,
+                end: u64::MAX,
+                ..Default::default()
+            };
+            let beat = p::ClientHeartbeatRequest { client_id, open: vec![] };
+            let results = [
+                wire::meta::release(&meta, release).await.err(),
+                wire::meta::lock(&meta, lock).await.err(),
+                wire::meta::client_heartbeat(&meta, beat).await.err(),
+            ];
+            if results
+                .iter()
+                .all(|e| e.as_ref().is_some_and(|e| e.message().contains("belongs to certificate")))
+            {
+                refused += 1;
+            }
+        }
+        assert!(refused >= 1, "no client id of the mount's was refused to another certificate");
+    });
+
     // Each refusal was counted on the chunkserver that refused it.
     let first = cluster.nodes.iter().find(|n| n.role == "chunk").and_then(|n| n.metrics.clone()).unwrap();
     let text = support::scrape(&first);

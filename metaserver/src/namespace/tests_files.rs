@@ -185,7 +185,7 @@ fn unlinked_open_file_is_kept_until_released() {
     let ns = setup();
     let f = file(&ns, ROOT_INO, "open");
     ns.commit(f.ino, 100, &[stripe(0, 3, 100)], None).unwrap();
-    ns.sessions().opened(9, f.ino, 0);
+    ns.sessions().opened(9, "", f.ino, 0).unwrap();
     ns.unlink(ROOT_INO, b"open").unwrap();
     assert_eq!(kind(ns.lookup(ROOT_INO, b"open")), ErrorKind::NotFound);
     // Still there for its opener: attributes (nlink 0) and stripes, nothing queued.
@@ -206,8 +206,8 @@ fn orphans_without_openers_are_freed_in_a_sweep() {
     let ns = setup();
     let a = file(&ns, ROOT_INO, "a");
     let b = file(&ns, ROOT_INO, "b");
-    ns.sessions().opened(1, a.ino, 0);
-    ns.sessions().opened(2, b.ino, 0);
+    ns.sessions().opened(1, "", a.ino, 0).unwrap();
+    ns.sessions().opened(2, "", b.ino, 0).unwrap();
     ns.unlink(ROOT_INO, b"a").unwrap();
     ns.unlink(ROOT_INO, b"b").unwrap();
     // Client 1 goes away (e.g. its session expired); client 2 still has b open.
