@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use cairn_common::capability::{Signer, READ, WRITE};
+use cairn_common::capability::{self, Signer, READ, WRITE};
+use cairn_common::channels::Channels;
 use cairn_common::{CairnError, Result};
 use cairn_proto::meta_server::Meta;
 use cairn_proto::*;
@@ -34,7 +35,13 @@ pub struct MetaService {
     replicated: bool,
     /// Signs shard capabilities for clients; its keys go to chunkservers.
     caps: Signer,
+    /// Connections to chunkservers, to confirm the damage clients report.
+    channels: Channels,
 }
+
+/// Most shards one damage report from a client may name (a reader reports what one read
+/// found; chunkservers' scrubs send more).
+pub const MAX_CLIENT_DAMAGE_IDS: usize = 256;
 
 /// The namespace and the repair that run while this metaserver serves.
 pub struct Serving {
@@ -49,6 +56,7 @@ impl MetaService {
             raft: std::sync::OnceLock::new(),
             replicated: false,
             caps: Signer::new(),
+            channels: confirm_channels(),
         }
     }
 
@@ -71,6 +79,7 @@ impl MetaService {
             raft: std::sync::OnceLock::from(raft),
             replicated: true,
             caps: Signer::new(),
+            channels: confirm_channels(),
         }
     }
 
@@ -82,6 +91,7 @@ impl MetaService {
             raft: std::sync::OnceLock::new(),
             replicated: true,
             caps: Signer::new(),
+            channels: confirm_channels(),
         }
     }
 
@@ -294,6 +304,61 @@ fn check_cluster(ns: &Namespace, theirs: &str, addr: &str) -> Result<()> {
          chunkserver's state_dir and restart it)",
         ns.cluster_id()
     )))
+}
+
+fn confirm_channels() -> Channels {
+    Channels::new(std::time::Duration::from_secs(2), std::time::Duration::from_secs(10))
+}
+
+impl MetaService {
+    /// The shards of `ids` that the chunkserver holding each says are missing or corrupt
+    /// (verified against their checksums). A shard whose chunkserver does not answer is left
+    /// to the repair, which rebuilds what down nodes held.
+    async fn confirmed_damage(&self, ids: Vec<cairn_common::ShardId>) -> Result<Vec<cairn_common::ShardId>> {
+        let mut by_node: std::collections::BTreeMap<u32, Vec<cairn_common::ShardId>> = Default::default();
+        {
+            let ns = self.ns()?;
+            for id in ids {
+                id.validate()?;
+                let Ok(inode) = ns.getattr(id.ino) else { continue };
+                let layout = inode.layout();
+                if !inode.is_reg()
+                    || id.index >= layout.width()
+                    || inode.placement.len() != layout.width() as usize
+                {
+                    continue;
+                }
+                by_node.entry(inode.placement[layout.position(id.stripe, id.index)]).or_default().push(id);
+            }
+        }
+        let mut confirmed = Vec::new();
+        for (node, ids) in by_node {
+            let Some(addr) = self.ns()?.registry().node(node).filter(|n| n.up).map(|n| n.addr) else {
+                continue;
+            };
+            let request = CheckShardsRequest { ids: ids.iter().map(|&id| id.into()).collect(), verify: true };
+            let checked = match self.channels.chunk(&addr) {
+                Ok(mut c) => c.check_shards(request).await.map_err(CairnError::from),
+                Err(e) => Err(e),
+            };
+            match checked {
+                Ok(reply) => confirmed.extend(
+                    reply
+                        .into_inner()
+                        .results
+                        .iter()
+                        .filter(|r| {
+                            r.state == ShardState::ShardMissing as i32
+                                || r.state == ShardState::ShardCorrupt as i32
+                        })
+                        .filter_map(|r| r.id.as_ref().map(cairn_common::ShardId::from))
+                        .filter(|id| ids.contains(id)),
+                ),
+                Err(e) => tracing::warn!(node, "could not confirm reported damage with its chunkserver: {e}"),
+            }
+        }
+        Ok(confirmed)
+    }
 }
 
 fn status_reply(ns: &Namespace) -> Result<ClusterStatusReply> {
@@ -704,10 +769,14 @@ impl Meta for MetaService {
         &self,
         req: Request<ReportDamagedRequest>,
     ) -> Result<Response<cairn_proto::ReportDamagedReply>, Status> {
+        let from_client = capability::required_of(req.extensions().get::<cairn_common::tls::Peer>());
         let ids: Vec<cairn_common::ShardId> = req.into_inner().ids.iter().map(Into::into).collect();
-        if ids.len() > 100_000 {
+        if ids.len() > 100_000 || (from_client && ids.len() > MAX_CLIENT_DAMAGE_IDS) {
             return Err(CairnError::invalid("too many shard ids in one report").into());
         }
+        // A chunkserver reports its own shards; a client's word is checked with the chunkserver
+        // that holds each one, so no client can mark healthy shards missing.
+        let ids = if from_client { self.confirmed_damage(ids).await? } else { ids };
         let (_, missing) = self.run(move |ns| ns.mark_damaged(&ids)).await?;
         Ok(Response::new(cairn_proto::ReportDamagedReply {
             missing: missing.into_iter().map(Into::into).collect(),

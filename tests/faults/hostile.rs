@@ -358,6 +358,34 @@ fn shard_access_needs_the_metaservers_capability_for_that_file() {
             }
         }
         assert_eq!(found, 1, "the one chunkserver holding shard 0 of stripe 0 serves it");
+
+        // A client's damage report of a healthy shard is checked with its chunkserver and
+        // marks nothing missing.
+        let report = p::ReportDamagedRequest { ids: vec![shard(secret), shard(mine)] };
+        let reply = wire::meta::report_damaged(&meta, report).await.unwrap();
+        assert!(reply.missing.is_empty(), "{reply:?}");
+        let after = wire::meta::list_stripes(&meta, p::ListStripesRequest { ino: secret, from: 0, limit: 1 })
+            .await
+            .unwrap()
+            .stripes;
+        assert_eq!(after[0].missing, 0, "a healthy shard was marked missing on a client's word");
+        let flood = p::ReportDamagedRequest { ids: vec![shard(secret); 257] };
+        assert!(wire::meta::report_damaged(&meta, flood).await.is_err(), "a client's report is bounded");
+        // Real damage is confirmed and marked.
+        let prefix = format!("{secret:016x}-{:012x}-00-", 0);
+        let file = cluster
+            .shard_files()
+            .into_iter()
+            .find(|f| f.file_name().unwrap().to_string_lossy().starts_with(&prefix))
+            .expect("shard 0 of stripe 0 on disk");
+        let mut bytes = fs::read(&file).unwrap();
+        let at = bytes.len() - 10;
+        bytes[at] ^= 0x01;
+        fs::write(&file, bytes).unwrap();
+        let reply = wire::meta::report_damaged(&meta, p::ReportDamagedRequest { ids: vec![shard(secret)] })
+            .await
+            .unwrap();
+        assert_eq!(reply.missing, vec![shard(secret)], "a corrupt shard reported by a client is marked");
     });
 
     // Another client certificate cannot pose as the mount's client id: its renewals,
@@ -414,7 +442,7 @@ fn shard_access_needs_the_metaservers_capability_for_that_file() {
     assert!(count("bad_mac") >= 4.0, "{text}");
     assert!(count("unknown_key") >= 1.0, "{text}");
 
-    // Nothing was changed; the mount reads and writes on.
+    // The file reads back whole (the corrupt shard reconstructed); the mount writes on.
     assert_eq!(sha256(&fs::read(cluster.mnt.join("secret")).unwrap()), sha256(&data));
     fs::write(cluster.mnt.join("after"), b"also").unwrap();
     assert_eq!(fs::read(cluster.mnt.join("after")).unwrap(), b"also");
