@@ -32,7 +32,7 @@ pub fn to_system(t: &Timespec) -> SystemTime {
 
 /// Seconds since the epoch, now.
 pub fn unix_secs() -> i64 {
-    SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
 }
 
 #[cfg(test)]

@@ -192,7 +192,7 @@ impl CertInfo {
 
     /// Seconds until it expires (negative once it has).
     pub fn expires_in(&self) -> i64 {
-        self.not_after - SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+        self.not_after - crate::time::unix_secs()
     }
 }
 

@@ -109,7 +109,7 @@ pub fn assess(
     if !full.is_empty() {
         warnings.push(format!("{} full ({})", plural(full.len() as u64, "chunkserver"), ids(&full)));
     }
-    warnings.extend(certificates(nodes, meta_cert_not_after, unix_now()));
+    warnings.extend(certificates(nodes, meta_cert_not_after, cairn_common::time::unix_secs()));
     let level = if !errors.is_empty() {
         Level::Err
     } else if !warnings.is_empty() {
@@ -142,10 +142,6 @@ fn certificates(nodes: &[NodeInfo], meta_cert_not_after: i64, now: i64) -> Vec<S
         ));
     }
     out
-}
-
-fn unix_now() -> i64 {
-    cairn_common::time::unix_secs()
 }
 
 fn plural(n: u64, what: &str) -> String {
