@@ -23,6 +23,8 @@ use support::{eventually, kill9, random_bytes, restart_server, sha256, Cluster, 
 
 #[path = "faults/chunkservers.rs"]
 mod chunkservers;
+#[path = "faults/durability.rs"]
+mod durability;
 #[path = "faults/hostile.rs"]
 mod hostile;
 #[path = "faults/metaserver.rs"]

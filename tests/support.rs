@@ -509,8 +509,9 @@ pub fn cli_json(cluster: &Cluster, args: &[&str]) -> (i32, serde_json::Value) {
 }
 
 /// Start a server of the cluster again with the config `cairn up` wrote for it (`meta`, `meta-N` or
-/// `chunk-N`: same port, same identity and data), as an operator would after a crash; `cairn
-/// up` does not restart a child that died. Logs go next to the others.
+/// `chunk-N`: same port, same identity and data) and the environment `cairn up` got, as an
+/// operator would after a crash; `cairn up` does not restart a child that died. Logs go next to
+/// the others.
 pub fn restart_server(cluster: &Cluster, role: &str, dir: &str) -> std::process::Child {
     let config = cluster.data.join(format!("{dir}/{role}.toml"));
     let log = std::fs::OpenOptions::new()
@@ -520,6 +521,7 @@ pub fn restart_server(cluster: &Cluster, role: &str, dir: &str) -> std::process:
         .expect("server log");
     Command::new(CAIRN)
         .args([role, "--config", config.to_str().expect("utf8")])
+        .envs(cluster.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::null())
         .stdout(log.try_clone().expect("log"))
         .stderr(log)

@@ -39,6 +39,8 @@ async fn run(
         ssd_dirs: if direct { vec![] } else { vec![root.join("ssd")] },
         hdd_dirs: if direct { vec![root.join("hdd")] } else { vec![] },
         sync,
+        flush_interval: std::time::Duration::from_millis(1000),
+        power_loss_log: None,
         reserve_bytes: 0,
         policy: TierPolicy::default(),
         mover_rate_bytes: 1 << 30,

@@ -20,6 +20,7 @@ use cairn_proto::chunk_server::ChunkServer;
 
 pub mod engine;
 pub mod fence;
+pub mod flush;
 pub mod heartbeat;
 pub mod meta;
 pub mod metrics;
@@ -92,7 +93,7 @@ pub async fn serve(
     )?;
     let scrub = tokio::spawn(scrub.run());
 
-    let service = Arc::new(ChunkService::new(store, node_id, fence, caps));
+    let service = Arc::new(ChunkService::new(store.clone(), node_id, fence, caps));
     let (stopped, shutdown) = wire::split_shutdown(shutdown);
     let (incoming, accepting) =
         wire::serve(listener, Arc::new(wire::chunk::Service(service.clone())), stopped);
@@ -109,6 +110,10 @@ pub async fn serve(
     // A move cut short here leaves a temp file or two copies; the next open settles both.
     mover.abort();
     let _ = accepting.await;
+    // What mounts closed is in the page cache: on disk before the process ends.
+    if let Err(e) = store.flush_all().await {
+        tracing::error!("shards written before the stop could not be made durable: {e}");
+    }
     served.map_err(|e| CairnError::io(format!("chunk gRPC server on {local}: {e}")))?;
     tracing::info!("chunkserver stopped");
     Ok(())

@@ -30,6 +30,21 @@ pub const SCRUB_SHARDS: &str = "cairn_chunk_scrub_shards_total";
 pub const SCRUB_BYTES: &str = "cairn_chunk_scrub_bytes_total";
 pub const SCRUB_DAMAGED: &str = "cairn_chunk_scrub_damaged_total";
 
+/// Flush batches and the shards they made durable (counters: their ratio is the mean batch
+/// size), the time a batch took (histogram), the wait of a durable write or `SyncShards` for
+/// its batch (histogram), batches with a failed fsync (counter), shards written and not yet on
+/// disk (gauge).
+pub const FLUSH_BATCHES: &str = "cairn_chunk_flush_batches_total";
+pub const FLUSHED_SHARDS: &str = "cairn_chunk_flushed_shards_total";
+pub const FLUSH_SECONDS: &str = "cairn_chunk_flush_seconds";
+pub const FLUSH_WAIT_SECONDS: &str = "cairn_chunk_flush_wait_seconds";
+pub const FLUSH_FAILURES: &str = "cairn_chunk_flush_failures_total";
+pub const UNFLUSHED_SHARDS: &str = "cairn_chunk_unflushed_shards";
+
+pub fn unflushed(shards: usize) {
+    metrics::gauge!(UNFLUSHED_SHARDS).set(shards as f64);
+}
+
 /// Publish the per-directory values of `usage` (as the heartbeat reports them).
 pub fn publish(usage: &[TierUsage], backlog: usize) {
     for t in usage {

@@ -48,6 +48,8 @@ impl Dirs {
             ssd_dirs: vec![self.ssd.path().to_path_buf()],
             hdd_dirs: vec![self.hdd.path().to_path_buf()],
             sync: true,
+            flush_interval: std::time::Duration::from_millis(1000),
+            power_loss_log: None,
             reserve_bytes: 0,
             // These tests exercise the two-read rule (the default promotes on the first read).
             policy: TierPolicy { ssd_capacity, promote_after_reads: 2, ..TierPolicy::default() },

@@ -14,7 +14,7 @@ use cairn_proto::{
     Capability, CheckShardsReply, CheckShardsRequest, ChunkStatReply, DeleteShardsReply, DeleteShardsRequest,
     Empty, ListShardsReply, ListShardsRequest, PinReply, PinRequest, PromoteReply, PromoteRequest,
     ReadShardReply, ReadShardRequest, RebuildShardReply, RebuildShardRequest, ShardCheck, ShardEntry,
-    ShardState, WriteShardReply, WriteShardRequest,
+    ShardState, SyncShardsRequest, WriteShardReply, WriteShardRequest,
 };
 use tonic::{Request, Response, Status};
 
@@ -96,8 +96,19 @@ impl Chunk for ChunkService {
             ))
             .into());
         }
-        let tier = self.store.write(id, req.data).await?;
+        let tier = match req.buffered {
+            true => self.store.write_buffered(id, req.data).await?,
+            false => self.store.write(id, req.data).await?,
+        };
         Ok(Response::new(WriteShardReply { tier: tier.as_str().into() }))
+    }
+
+    async fn sync_shards(&self, request: Request<SyncShardsRequest>) -> Result<Response<Empty>, Status> {
+        let ino = request.get_ref().ino;
+        let (peer, cap) = (request.extensions().get::<Peer>(), request.get_ref().cap.as_ref());
+        self.authorize(peer, cap, "shard sync", ino, capability::WRITE).await?;
+        self.store.sync_ino(ino).await?;
+        Ok(Response::new(Empty {}))
     }
 
     async fn read_shard(

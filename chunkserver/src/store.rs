@@ -7,8 +7,10 @@
 //!
 //! Invariants:
 //! - A shard file appears under its final name only complete: it is written to
-//!   `{final}.tmp-{random}`, fsynced (with `sync`), renamed over the final name and the bucket
-//!   directory fsynced. Leftover `*.tmp*` files are partial writes and are removed at open.
+//!   `{final}.tmp-{random}` and renamed over the final name; the flusher (`flush.rs`, with
+//!   `sync`) then fsyncs it and the bucket directory, before a durable write is answered and
+//!   within the flush interval for a buffered one. Leftover `*.tmp*` files are partial writes
+//!   and are removed at open.
 //! - The index holds exactly the shard files of the directories, one location per id, and the
 //!   per-directory usage (file bytes including headers, shard count) is the sum over the index.
 //!   Rewriting an existing id (an idempotent retry) replaces its file and its accounting.
@@ -42,6 +44,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::engine::{drop_cached, IoEngine, IoFuture};
+use crate::flush::{Flusher, Unflushed};
 use crate::mover::RateLimiter;
 use crate::pins::Pins;
 use crate::policy::{system_ms, Clock, HotTracker, SystemClock, TierPolicy};
@@ -122,8 +125,13 @@ impl Tier {
 pub struct StoreOptions {
     pub ssd_dirs: Vec<PathBuf>,
     pub hdd_dirs: Vec<PathBuf>,
-    /// fsync shard files and their directories before a write returns.
+    /// Make shards durable at all (false: never fsync, for throwaway data).
     pub sync: bool,
+    /// A buffered write is on disk within this (`flush.rs`).
+    pub flush_interval: std::time::Duration,
+    /// `test_power_loss`: where the flusher lists the shards not on disk yet; a store opened
+    /// with it deletes the shards the list names first.
+    pub power_loss_log: Option<PathBuf>,
     /// Bytes left free on each directory's filesystem.
     pub reserve_bytes: u64,
     /// SSD capacity, watermarks and the promotion rule.
@@ -144,6 +152,8 @@ impl StoreOptions {
             ssd_dirs: config.ssd_dirs.clone(),
             hdd_dirs: config.hdd_dirs.clone(),
             sync: config.sync,
+            flush_interval: std::time::Duration::from_millis(config.flush_interval_ms),
+            power_loss_log: config.test_power_loss.then(|| config.state_dir.join("unflushed")),
             reserve_bytes: config.reserve_bytes,
             policy: TierPolicy::from_config(config),
             mover_rate_bytes: config.mover_rate_bytes,
@@ -376,7 +386,8 @@ pub struct ShardStore {
     pub(crate) engine: Arc<dyn IoEngine>,
     pub(crate) dirs: Vec<TierDir>,
     pub(crate) index: Mutex<Index>,
-    sync: bool,
+    /// Makes written shards durable in batches; `None` when `sync` is off.
+    flusher: Option<Flusher>,
     reserve_bytes: u64,
     next_ssd: AtomicUsize,
     next_hdd: AtomicUsize,
@@ -419,6 +430,22 @@ impl ShardStore {
             return Err(CairnError::invalid("the chunkserver needs at least one ssd or hdd directory"));
         }
         let pins = Pins::load(options.pins_file.clone())?;
+        if let Some(log) = &options.power_loss_log {
+            let dropped = crate::flush::drop_unflushed(log)?;
+            tracing::warn!(
+                dropped,
+                "test_power_loss is on (for crash tests only): shard files never flushed were deleted, \
+                 as a power loss would have"
+            );
+        }
+        let flusher = match options.sync {
+            true => Some(Flusher::start(
+                options.flush_interval,
+                Arc::new(|f: &std::fs::File| f.sync_data()),
+                options.power_loss_log.clone(),
+            )?),
+            false => None,
+        };
         let (dirs, (index, duplicates)) =
             tokio::task::spawn_blocking(move || scan(&dirs).map(|scanned| (dirs, scanned)))
                 .await
@@ -427,7 +454,7 @@ impl ShardStore {
             engine,
             dirs,
             index: Mutex::new(index),
-            sync: options.sync,
+            flusher,
             reserve_bytes: options.reserve_bytes,
             next_ssd: AtomicUsize::new(0),
             next_hdd: AtomicUsize::new(0),
@@ -691,8 +718,40 @@ impl ShardStore {
         ))
     }
 
-    /// Store `data` as shard `id` (replacing any previous copy) and name the tier it went to.
+    /// Store `data` as shard `id` (replacing any previous copy), on disk when this returns, and
+    /// name the tier it went to.
     pub async fn write(&self, id: ShardId, data: Bytes) -> Result<Tier> {
+        self.write_as(id, data, false).await
+    }
+
+    /// [`ShardStore::write`], answered once the shard is in place: the flusher puts it on disk
+    /// within the flush interval (a mount's `durability=close`).
+    pub async fn write_buffered(&self, id: ShardId, data: Bytes) -> Result<Tier> {
+        self.write_as(id, data, true).await
+    }
+
+    /// Answer once every shard of `ino` written before this call is on disk.
+    pub async fn sync_ino(&self, ino: u64) -> Result<()> {
+        match &self.flusher {
+            Some(flusher) => flusher.sync_ino(ino).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Put every shard written so far on disk (a chunkserver stopping).
+    pub async fn flush_all(&self) -> Result<()> {
+        match &self.flusher {
+            Some(flusher) => flusher.flush_all().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Shards written and not yet on disk.
+    pub fn unflushed(&self) -> usize {
+        self.flusher.as_ref().map_or(0, Flusher::unflushed)
+    }
+
+    async fn write_as(&self, id: ShardId, data: Bytes, buffered: bool) -> Result<Tier> {
         id.validate()?;
         if data.len() > MAX_SHARD_BYTES {
             return Err(CairnError::invalid(format!(
@@ -706,13 +765,13 @@ impl ShardStore {
         };
         let file_len = (header.len() + data.len()) as u64;
         let payload = data.len() as u64;
-        let _claim = self.claims.claim(id).await;
+        let claim = self.claims.claim(id).await;
         let current = self.index.lock().shards.get(&id).map(|loc| loc.dir);
         let dir = self.pick_dir(&id, file_len, current)?;
         let path = self.path(dir, &id);
         let tmp = path.with_file_name(format!("{}.tmp-{:016x}", id.file_name(), rand::random::<u64>()));
 
-        self.create_file(dir, tmp, path, header, data).await?;
+        let file = self.create_file(tmp, path.clone(), header, data).await?;
 
         let last_access = self.clock.now_ms();
         let old = {
@@ -731,55 +790,51 @@ impl ShardStore {
                 tracing::warn!(path = %old_path.display(), "cannot remove replaced shard file: {e}");
             }
         }
+        drop(claim);
+        match &self.flusher {
+            Some(flusher) => {
+                let shard = Unflushed { ino: id.ino, file, path, direct: self.dirs[dir].direct };
+                if buffered {
+                    flusher.add(shard);
+                } else {
+                    flusher.add_and_wait(shard).await?;
+                }
+            }
+            None => self.written_to(dir, &file),
+        }
         Ok(self.dirs[dir].tier)
     }
 
-    /// Put a new shard file in place: header and data written to `tmp`, fsynced, renamed to
-    /// `path`, the directory fsynced (without `sync`: written and renamed only), all in one task
-    /// on the blocking pool; on failure `tmp` is removed and `path` untouched. The engine is
-    /// not used here: a shard write costs its fsyncs and the hand-offs between threads, and one
-    /// blocking task makes one hand-off where engine calls (open, two writes, fsync, rename,
-    /// directory fsync) made six, each a thread wake-up (`bench/rpcs.sh` 4 KiB file writes).
+    /// Put a new shard file in place: header and data written to `tmp`, renamed to `path`, in
+    /// one task on the blocking pool; on failure `tmp` is removed and `path` untouched. Making
+    /// it durable is the flusher's. The engine is not used here: one blocking task makes one
+    /// hand-off where engine calls (open, two writes, rename) made several, each a thread
+    /// wake-up (`bench/rpcs.sh` 4 KiB file writes).
     async fn create_file(
         &self,
-        dir: usize,
         tmp: PathBuf,
         path: PathBuf,
         header: Vec<u8>,
         data: Bytes,
-    ) -> Result<()> {
-        let sync = self.sync;
-        let bucket = path.parent().unwrap_or(&self.dirs[dir].shards).to_path_buf();
+    ) -> Result<Arc<std::fs::File>> {
         let file = tokio::task::spawn_blocking(move || {
-            let written = write_new_file(&tmp, &header, &data, sync).and_then(|file| {
+            let written = write_new_file(&tmp, &header, &data).and_then(|file| {
                 std::fs::rename(&tmp, &path)
                     .map_err(|e| CairnError::from_io(&format!("rename {} into place", tmp.display()), &e))?;
                 Ok(file)
             });
-            match written {
-                Ok(file) => {
-                    if sync {
-                        let handle = std::fs::File::open(&bucket).and_then(|d| d.sync_all());
-                        handle.map_err(|e| {
-                            CairnError::from_io(&format!("fsync directory {}", bucket.display()), &e)
-                        })?;
+            if written.is_err() {
+                if let Err(rm) = std::fs::remove_file(&tmp) {
+                    if rm.kind() != io::ErrorKind::NotFound {
+                        tracing::warn!(path = %tmp.display(), "cannot remove partial shard file: {rm}");
                     }
-                    Ok(file)
-                }
-                Err(e) => {
-                    if let Err(rm) = std::fs::remove_file(&tmp) {
-                        if rm.kind() != io::ErrorKind::NotFound {
-                            tracing::warn!(path = %tmp.display(), "cannot remove partial shard file: {rm}");
-                        }
-                    }
-                    Err(e)
                 }
             }
+            written
         })
         .await
         .map_err(|e| CairnError::internal(format!("shard write task: {e}")))??;
-        self.written_to(dir, &file);
-        Ok(())
+        Ok(Arc::new(file))
     }
 
     pub(crate) async fn fsync_dir(&self, dir: &Path) -> Result<()> {
@@ -1017,8 +1072,8 @@ fn open_cached(path: &Path, flags: i32) -> Option<std::fs::File> {
     (fd >= 0).then(|| unsafe { std::fs::File::from_raw_fd(fd as i32) })
 }
 
-/// Create `path` (it must not exist), write `header` then `data`, fsync it when `sync`.
-fn write_new_file(path: &Path, header: &[u8], data: &[u8], sync: bool) -> Result<std::fs::File> {
+/// Create `path` (it must not exist), write `header` then `data`.
+fn write_new_file(path: &Path, header: &[u8], data: &[u8]) -> Result<std::fs::File> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let ctx = |e: io::Error| CairnError::from_io(&format!("write shard file {}", path.display()), &e);
@@ -1026,9 +1081,6 @@ fn write_new_file(path: &Path, header: &[u8], data: &[u8], sync: bool) -> Result
         std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(path).map_err(ctx)?;
     file.write_all(header).map_err(ctx)?;
     file.write_all(data).map_err(ctx)?;
-    if sync {
-        file.sync_all().map_err(|e| CairnError::from_io(&format!("fsync {}", path.display()), &e))?;
-    }
     Ok(file)
 }
 

@@ -221,7 +221,12 @@ async fn shards_over_grpc(engine: IoEngineKind) {
 
     let data: Bytes = (0..(1 << 20) + 3).map(|i: u32| (i % 251) as u8).collect();
     let reply = client
-        .write_shard(WriteShardRequest { id: Some(sid(5, 1)), data: data.clone(), cap: None })
+        .write_shard(WriteShardRequest {
+            id: Some(sid(5, 1)),
+            data: data.clone(),
+            cap: None,
+            buffered: false,
+        })
         .await
         .unwrap();
     assert_eq!(reply.into_inner().tier, "ssd");
@@ -247,18 +252,31 @@ async fn shards_over_grpc(engine: IoEngineKind) {
     assert_eq!(kind(past_end), ErrorKind::InvalidArgument);
     let hostile = cairn_proto::ShardId { ino: 0, stripe: 1, index: 200, version: 1 };
     let r = client
-        .write_shard(WriteShardRequest { id: Some(hostile), data: Bytes::from_static(b"x"), cap: None })
+        .write_shard(WriteShardRequest {
+            id: Some(hostile),
+            data: Bytes::from_static(b"x"),
+            cap: None,
+            buffered: false,
+        })
         .await;
     assert_eq!(kind(r), ErrorKind::InvalidArgument);
-    let r =
-        client.write_shard(WriteShardRequest { id: None, data: Bytes::from_static(b"x"), cap: None }).await;
+    let r = client
+        .write_shard(WriteShardRequest {
+            id: None,
+            data: Bytes::from_static(b"x"),
+            cap: None,
+            buffered: false,
+        })
+        .await;
     assert_eq!(kind(r), ErrorKind::InvalidArgument);
     let r = client
         .delete_shards(DeleteShardsRequest { ids: vec![sid(5, 1), hostile], fence: 0, ..Default::default() })
         .await;
     assert_eq!(kind(r), ErrorKind::InvalidArgument);
     let too_big = Bytes::from(vec![0u8; (64 << 20) + 2048]);
-    let r = client.write_shard(WriteShardRequest { id: Some(sid(5, 2)), data: too_big, cap: None }).await;
+    let r = client
+        .write_shard(WriteShardRequest { id: Some(sid(5, 2)), data: too_big, cap: None, buffered: false })
+        .await;
     assert_eq!(kind(r), ErrorKind::InvalidArgument);
 
     let stat = client.stat(Empty {}).await.unwrap().into_inner();
@@ -306,6 +324,7 @@ async fn deletes_from_a_deposed_metaserver_are_refused() {
                 id: Some(sid(ino, 0)),
                 data: Bytes::from_static(b"kept"),
                 cap: None,
+                buffered: false,
             })
             .await
             .unwrap();
@@ -386,7 +405,12 @@ async fn a_metaserver_of_another_cluster_is_not_joined() {
     // Nor may a metaserver of another cluster delete anything here.
     let mut client = chunk.client().await;
     client
-        .write_shard(WriteShardRequest { id: Some(sid(5, 0)), data: Bytes::from_static(b"kept"), cap: None })
+        .write_shard(WriteShardRequest {
+            id: Some(sid(5, 0)),
+            data: Bytes::from_static(b"kept"),
+            cap: None,
+            buffered: false,
+        })
         .await
         .unwrap();
     let delete = |cluster_id: &str| DeleteShardsRequest {
@@ -457,7 +481,12 @@ async fn serves_while_the_metaserver_is_down_and_registers_when_it_comes() {
     let chunk = start_chunk(config(root.path(), meta_addr, IoEngineKind::Pread)).await;
     let mut client = chunk.client().await;
     client
-        .write_shard(WriteShardRequest { id: Some(sid(9, 0)), data: Bytes::from_static(b"hi"), cap: None })
+        .write_shard(WriteShardRequest {
+            id: Some(sid(9, 0)),
+            data: Bytes::from_static(b"hi"),
+            cap: None,
+            buffered: false,
+        })
         .await
         .unwrap();
     assert_eq!(client.stat(Empty {}).await.unwrap().into_inner().node_id, 0);
@@ -489,8 +518,14 @@ async fn tiers_over_grpc(engine: IoEngineKind) {
     let shard = |n: u32| -> Bytes { (0..252 << 10).map(|i: u32| (i % 241) as u8 ^ n as u8).collect() };
     let mut tiers = Vec::new();
     for n in 0..10 {
-        let reply =
-            client.write_shard(WriteShardRequest { id: Some(sid(20, n)), data: shard(n), cap: None }).await;
+        let reply = client
+            .write_shard(WriteShardRequest {
+                id: Some(sid(20, n)),
+                data: shard(n),
+                cap: None,
+                buffered: false,
+            })
+            .await;
         tiers.push(reply.unwrap().into_inner().tier);
     }
     // The first 8 fill the SSD tier; the mover may already have made room for the last two.

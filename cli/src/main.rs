@@ -140,6 +140,11 @@ enum Command {
         /// with EIO, milliseconds; 0: fail at once.
         #[arg(long, env = "CAIRN_MOUNT_WRITE_WAIT_MS", default_value_t = cairn_client::DEFAULT_WRITE_WAIT_MS)]
         write_wait_ms: u64,
+        /// What close guarantees: `close` (default; like HDFS hflush) answers once the file's
+        /// shards are on every chunkserver, which puts them on disk within its flush interval,
+        /// and fsync puts them on disk; `fsync`: every close is on disk, as durable as an fsync.
+        #[arg(long, env = "CAIRN_MOUNT_DURABILITY", default_value_t = cairn_client::Durability::Close)]
+        durability: cairn_client::Durability,
         /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9410).
         #[arg(long, env = "CAIRN_MOUNT_METRICS")]
         metrics: Option<String>,
@@ -464,6 +469,7 @@ fn main() -> ExitCode {
             cache_mib,
             commit_interval_ms,
             write_wait_ms,
+            durability,
             metrics,
             read_only,
             suid,
@@ -480,6 +486,7 @@ fn main() -> ExitCode {
                 cache_mib,
                 commit_interval_ms,
                 write_wait_ms,
+                durability,
                 metrics,
                 read_only,
                 suid,

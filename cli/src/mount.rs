@@ -24,6 +24,8 @@ pub struct MountArgs {
     pub commit_interval_ms: u64,
     /// How long I/O waits for chunkservers when too few answer, milliseconds (0: fail at once).
     pub write_wait_ms: u64,
+    /// What a close guarantees (`-o durability=close|fsync`).
+    pub durability: cairn_client::Durability,
     pub metrics: Option<String>,
     pub read_only: bool,
     /// `suid`, `dev`, `exec` as mount(8) has them (defaults: nosuid, nodev, exec).
@@ -55,6 +57,7 @@ impl MountArgs {
             exec: self.exec,
             commit_interval: Duration::from_millis(self.commit_interval_ms),
             write_wait: Duration::from_millis(self.write_wait_ms),
+            durability: self.durability,
         }
     }
 
@@ -74,6 +77,8 @@ impl MountArgs {
             self.commit_interval_ms.to_string().into(),
             "--write-wait-ms".into(),
             self.write_wait_ms.to_string().into(),
+            "--durability".into(),
+            self.durability.to_string().into(),
         ];
         if let Some(m) = &self.metrics {
             args.extend(["--metrics".into(), m.into()]);
@@ -249,7 +254,8 @@ pub fn umount(mountpoint: &Path, lazy: bool) -> Result<()> {
 
 /// Parse what mount(8) hands a helper: `SOURCE DIR [-o OPTS] [-n] [-s] [-f] [-v] [-r|-w]`.
 /// SOURCE is the metaserver address (`host:port`, optionally prefixed `cairn:`). Options Cairn
-/// knows: `threads=N`, `attr_ttl_ms=N`, `cache_mib=N`, `commit_interval_ms=N`, `write_wait_ms=N`, `metrics=ADDR`,
+/// knows: `threads=N`, `attr_ttl_ms=N`, `cache_mib=N`, `commit_interval_ms=N`, `write_wait_ms=N`,
+/// `durability=close|fsync`, `metrics=ADDR`,
 /// `log=FILE`, `ro`/`rw`; the generic ones
 /// mount(8), fstab and systemd use (`defaults`, `_netdev`, `noauto`, `nofail`, `x-*`, ...) are
 /// accepted and ignored. Anything else is refused by name.
@@ -285,6 +291,7 @@ pub fn parse_helper_args(args: &[String]) -> Result<MountArgs> {
         cache_mib: cairn_client::default_block_cache_mib(),
         commit_interval_ms: cairn_client::DEFAULT_COMMIT_INTERVAL_MS,
         write_wait_ms: cairn_client::DEFAULT_WRITE_WAIT_MS,
+        durability: cairn_client::Durability::default(),
         metrics: None,
         read_only,
         suid: false,
@@ -309,6 +316,11 @@ pub fn parse_helper_args(args: &[String]) -> Result<MountArgs> {
             "cache_mib" => parsed.cache_mib = number(value)?,
             "commit_interval_ms" => parsed.commit_interval_ms = number(value)?,
             "write_wait_ms" => parsed.write_wait_ms = number(value)?,
+            "durability" => {
+                parsed.durability = value.unwrap_or_default().parse().map_err(|e: CairnError| {
+                    CairnError::invalid(format!("mount option {opt}: {}", e.message()))
+                })?
+            }
             "metrics" => parsed.metrics = Some(value.unwrap_or_default().to_string()),
             "log" => parsed.log = value.map(PathBuf::from),
             "tls" => parsed.tls = value.map(PathBuf::from),
@@ -349,12 +361,16 @@ mod tests {
             "cairn:10.0.0.1:9400",
             "/mnt/data",
             "-o",
-            "rw,_netdev,noauto,x-systemd.automount,tls=/etc/cairn/client,threads=8,attr_ttl_ms=5000,cache_mib=64,metrics=127.0.0.1:9410,commit_interval_ms=250,write_wait_ms=0",
+            "rw,_netdev,noauto,x-systemd.automount,tls=/etc/cairn/client,threads=8,attr_ttl_ms=5000,cache_mib=64,metrics=127.0.0.1:9410,commit_interval_ms=250,write_wait_ms=0,durability=fsync",
         ]))
         .unwrap();
         assert_eq!(a.commit_interval_ms, 250);
         assert_eq!(a.tls, Some(PathBuf::from("/etc/cairn/client")));
         assert_eq!(a.write_wait_ms, 0);
+        assert_eq!(a.durability, cairn_client::Durability::Fsync);
+        let e =
+            parse_helper_args(&strings(&["10.0.0.1:9400", "/mnt", "-o", "durability=maybe"])).unwrap_err();
+        assert!(e.message().contains("durability=maybe"), "{}", e.message());
         assert_eq!(a.meta, "10.0.0.1:9400");
         assert_eq!(a.mountpoint, PathBuf::from("/mnt/data"));
         assert_eq!((a.threads, a.attr_ttl_ms, a.cache_mib, a.read_only), (8, 5000, 64, false));
@@ -379,6 +395,7 @@ mod tests {
             cache_mib: 9,
             commit_interval_ms: 11,
             write_wait_ms: 12,
+            durability: cairn_client::Durability::Fsync,
             metrics: Some("h:2".into()),
             read_only: true,
             suid: true,
@@ -405,6 +422,8 @@ mod tests {
                 "11",
                 "--write-wait-ms",
                 "12",
+                "--durability",
+                "fsync",
                 "--metrics",
                 "h:2",
                 "--read-only",

@@ -82,6 +82,10 @@ pub struct UpArgs {
     /// once).
     #[arg(long, env = "CAIRN_MOUNT_WRITE_WAIT_MS", default_value_t = cairn_client::DEFAULT_WRITE_WAIT_MS)]
     write_wait_ms: u64,
+    /// What the mount's close guarantees: `close` (on every chunkserver, on disk within the
+    /// flush interval; fsync puts it on disk) or `fsync` (on disk).
+    #[arg(long, env = "CAIRN_MOUNT_DURABILITY", default_value_t = cairn_client::Durability::Close)]
+    durability: cairn_client::Durability,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -449,6 +453,7 @@ async fn up(args: UpArgs, plaintext: bool) -> Result<()> {
         let metrics = free_local_addr()?;
         let commit_interval = args.commit_interval_ms.to_string();
         let write_wait = args.write_wait_ms.to_string();
+        let durability = args.durability.to_string();
         let client_tls = tls_dir("client");
         let security = match &tls_root {
             Some(_) => vec!["--tls", client_tls.to_str().unwrap_or_default()],
@@ -464,6 +469,8 @@ async fn up(args: UpArgs, plaintext: bool) -> Result<()> {
             &commit_interval,
             "--write-wait-ms",
             &write_wait,
+            "--durability",
+            &durability,
         ];
         mount_args.extend(security);
         mount_args.push(mountpoint.to_str().unwrap_or_default());

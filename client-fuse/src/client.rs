@@ -35,6 +35,39 @@ pub struct ClientOptions {
     /// needs (`k+1` to write, `k` to read) waits for them, retrying, before it fails with EIO.
     /// Zero: fail at once.
     pub write_wait: Duration,
+    /// What a close guarantees (docs/ARCHITECTURE.md, "Durability").
+    pub durability: Durability,
+}
+
+/// What a close guarantees. `Close` (HDFS's hflush): the file's shards are on every
+/// chunkserver (in its page cache, on disk within its flush interval) and its commit is in the
+/// metaserver's durable log; `fsync` makes them durable on disk (hsync). `Fsync`: every shard
+/// write is on disk before it is answered, so a close is as durable as an fsync.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    #[default]
+    Close,
+    Fsync,
+}
+
+impl std::str::FromStr for Durability {
+    type Err = CairnError;
+    fn from_str(s: &str) -> Result<Durability> {
+        match s {
+            "close" => Ok(Durability::Close),
+            "fsync" => Ok(Durability::Fsync),
+            _ => Err(CairnError::invalid(format!("durability {s:?}: close or fsync"))),
+        }
+    }
+}
+
+impl std::fmt::Display for Durability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Durability::Close => "close",
+            Durability::Fsync => "fsync",
+        })
+    }
 }
 
 /// The commit interval unless told otherwise, in milliseconds (ext4 commits its journal every
@@ -61,6 +94,7 @@ impl Default for ClientOptions {
             block_cache_bytes: (default_block_cache_mib() << 20) as usize,
             commit_interval: Duration::from_millis(DEFAULT_COMMIT_INTERVAL_MS),
             write_wait: Duration::from_millis(DEFAULT_WRITE_WAIT_MS),
+            durability: Durability::default(),
         }
     }
 }
@@ -214,8 +248,11 @@ impl Client {
     pub async fn new(meta: MetaConn, options: ClientOptions) -> Result<Arc<Client>> {
         let client_id = meta.register_client(p::Empty {}).await?.client_id;
         meta.set_client(client_id.into());
-        let nodes =
-            Arc::new(Nodes::new(meta.clone(), options.block_cache_bytes)?.with_wait(options.write_wait));
+        let nodes = Arc::new(
+            Nodes::new(meta.clone(), options.block_cache_bytes)?
+                .with_wait(options.write_wait)
+                .with_durability(options.durability),
+        );
         nodes.refresh().await?;
         let files: Arc<Mutex<HashMap<u64, Opened>>> = Arc::new(Mutex::new(HashMap::new()));
         tokio::spawn(session_heartbeat(meta.clone(), client_id, files.clone()));
@@ -328,7 +365,7 @@ impl Client {
         let file = self.open_file(ino);
         if let (Some(file), Some(_)) = (&file, req.size) {
             // Truncation acts on committed stripes: publish buffered writes first.
-            file.flush(&self.nodes, &self.meta, &self.versions, self.changes(ino)).await?;
+            file.flush(&self.nodes, &self.meta, &self.versions, self.changes(ino), false).await?;
         }
         let size = req.size;
         let before = self.commits.load(Ordering::Acquire);
@@ -606,15 +643,16 @@ impl Client {
     /// Write out buffered data and commit it (close, fsync).
     pub async fn flush(&self, fh: u64) -> Result<()> {
         let (ino, file) = self.handle(fh)?;
-        file.flush(&self.nodes, &self.meta, &self.versions, self.changes(ino)).await.map(|_| ())
+        file.flush(&self.nodes, &self.meta, &self.versions, self.changes(ino), false).await.map(|_| ())
     }
 
-    /// fsync(2): write out and commit what is buffered (a commit is durable at the metaserver,
-    /// with every namespace change before it); with nothing to commit, ask the metaserver to
-    /// make its changes so far durable (the file's create, a chmod, a rename into place).
+    /// fsync(2): write out what is buffered, have the file's chunkservers put its shards on
+    /// disk, and commit (a commit is durable at the metaserver, with every namespace change
+    /// before it); with nothing to commit, ask the metaserver to make its changes so far
+    /// durable (the file's create, a chmod, a rename into place).
     pub async fn fsync(&self, fh: u64) -> Result<()> {
         let (ino, file) = self.handle(fh)?;
-        match file.flush(&self.nodes, &self.meta, &self.versions, self.changes(ino)).await? {
+        match file.flush(&self.nodes, &self.meta, &self.versions, self.changes(ino), true).await? {
             Some(_) => Ok(()),
             None => self.sync_namespace().await,
         }

@@ -470,8 +470,9 @@ impl OpenFile {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Write out every buffered stripe and commit size and stripe versions to the metaserver.
-    /// Returns the committed attributes, or `None` when there was nothing to commit.
+    /// Write out every buffered stripe and commit size and stripe versions to the metaserver;
+    /// with `sync` (fsync), have the chunkservers put the file's shards on disk before the
+    /// commit. Returns the committed attributes, or `None` when there was nothing to commit.
     /// `changes` (the client's change counters) are advanced when a commit goes out, while
     /// this file's lock is still held, so an open or getattr racing with the commit sees them
     /// moved. When a stripe cannot be stored, what was stored below it is still committed (as
@@ -483,6 +484,7 @@ impl OpenFile {
         meta: &crate::MetaConn,
         versions: &Versions,
         changes: Changes<'_>,
+        sync: bool,
     ) -> Result<Option<Attr>> {
         let mut inner = self.inner.lock().await;
         // A background write that failed is dirty again: written once more just below.
@@ -503,6 +505,11 @@ impl OpenFile {
                 Err(c) => tracing::warn!(ino = self.geo.ino, "committing what was stored: {c}"),
             }
             return Err(e);
+        }
+        if sync && nodes.buffered() {
+            // Before the commit: a committed stripe must not name shards a power loss could
+            // still take back once fsync returned.
+            crate::stripe::sync_shards(nodes, &self.geo).await?;
         }
         // Nothing is buffered any more: everything written is committed, with the size.
         Ok(self.commit_stored(&mut inner, meta, changes).await?.attr)

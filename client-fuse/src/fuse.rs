@@ -51,6 +51,8 @@ pub struct MountOptions {
     pub commit_interval: Duration,
     /// How long I/O waits for chunkservers when too few answer (zero: fail at once).
     pub write_wait: Duration,
+    /// What a close guarantees.
+    pub durability: crate::Durability,
 }
 
 /// Connect to the metaserver and serve the mount until it is unmounted (`umount`, or SIGINT /
@@ -80,6 +82,7 @@ pub fn mount(opts: MountOptions) -> Result<()> {
                 block_cache_bytes: opts.block_cache_bytes,
                 commit_interval: opts.commit_interval,
                 write_wait: opts.write_wait,
+                durability: opts.durability,
             },
         )
         .await

@@ -14,7 +14,7 @@ mod nodes;
 mod stripe;
 
 pub use client::{
-    default_block_cache_mib, Client, ClientOptions, OpenOutcome, DEFAULT_COMMIT_INTERVAL_MS,
+    default_block_cache_mib, Client, ClientOptions, Durability, OpenOutcome, DEFAULT_COMMIT_INTERVAL_MS,
     DEFAULT_WRITE_WAIT_MS,
 };
 pub use fuse::{mount, MountOptions};

@@ -50,6 +50,13 @@ impl ChunkConn {
         }
     }
 
+    async fn sync_shards(&self, req: cairn_proto::SyncShardsRequest) -> Result<()> {
+        match self {
+            ChunkConn::Wire(c) => wire::chunk::sync_shards(c, req).await.map(|_| ()),
+            ChunkConn::Grpc(c) => c.clone().sync_shards(req).await.map(|_| ()).map_err(Into::into),
+        }
+    }
+
     async fn read_shard(&self, req: cairn_proto::ReadShardRequest) -> Result<cairn_proto::ReadShardReply> {
         match self {
             ChunkConn::Wire(c) => wire::chunk::read_shard(c, req).await,
@@ -87,6 +94,8 @@ pub struct Nodes {
     blocks: BlockCache,
     /// Shard capabilities by inode, from opens, creates and grants.
     caps: Held,
+    /// Shard writes are answered from the chunkservers' page cache (`durability=close`).
+    buffered: bool,
 }
 
 impl Nodes {
@@ -101,7 +110,20 @@ impl Nodes {
             suspect: RwLock::new(HashMap::new()),
             blocks: BlockCache::new(cache_bytes),
             caps: Held::default(),
+            buffered: true,
         })
+    }
+
+    /// Write shards buffered (`Close`, the default) or durable (`Fsync`).
+    pub fn with_durability(mut self, durability: crate::Durability) -> Nodes {
+        self.buffered = durability == crate::Durability::Close;
+        self
+    }
+
+    /// Whether shard writes are answered before they are on disk, so an fsync must ask the
+    /// chunkservers to flush them ([`Nodes::sync_shards`]).
+    pub fn buffered(&self) -> bool {
+        self.buffered
     }
 
     /// Wait up to `wait` for chunkservers when too few answer (see [`Nodes::waiting`]).
@@ -261,11 +283,26 @@ impl Nodes {
                     id: Some(id.into()),
                     data: data.clone(),
                     cap: Some(cap),
+                    buffered: self.buffered,
                 };
                 c.write_shard(req)
             })
             .await
             .map(|_| ())
+            .map_err(|e| node_error(node, e));
+        self.note(node, &result);
+        result
+    }
+
+    /// Have chunkserver `node` put every shard of `ino` written to it so far on disk.
+    pub async fn sync_shards(&self, node: u32, ino: u64) -> Result<()> {
+        let c = self.client(node).await?;
+        let cap = self.capability(ino).await?;
+        let result = self
+            .with_capability(ino, cap, |cap| {
+                c.sync_shards(cairn_proto::SyncShardsRequest { ino, cap: Some(cap) })
+            })
+            .await
             .map_err(|e| node_error(node, e));
         self.note(node, &result);
         result

@@ -375,6 +375,49 @@ pub async fn reconstruct(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Re
 }
 
 /// A node that did not answer (down, partitioned, timed out) or too few of them.
+/// fsync's part at the chunkservers: every node of the file's placement group puts the shards
+/// of the file it holds on disk (`SyncShards`). A node that reports a failed flush fails the
+/// fsync with EIO; one that cannot be reached (or is suspect) is tolerated like a failed shard
+/// write, at most `m − 1` of them, so every stripe keeps `k + 1` shards on disk.
+pub async fn sync_shards(nodes: &Nodes, geo: &Geometry) -> Result<()> {
+    let mut placement = geo.placement.clone();
+    placement.sort_unstable();
+    placement.dedup();
+    let tolerated = geo.layout.m.saturating_sub(1) as usize;
+    let (suspect, asked): (Vec<u32>, Vec<u32>) = placement.into_iter().partition(|&n| nodes.is_suspect(n));
+    let syncs = asked.iter().map(|&node| async move { (node, nodes.sync_shards(node, geo.ino).await) });
+    let mut unreached = suspect.len();
+    let mut first = None;
+    for (node, result) in join_all(syncs).await {
+        match result {
+            Ok(()) => {}
+            Err(e) if unreachable(&e) => {
+                tracing::warn!(ino = geo.ino, node, "fsync: chunkserver not answering: {e}");
+                unreached += 1;
+                first.get_or_insert(e);
+            }
+            Err(e) => {
+                return Err(CairnError::new(
+                    if e.kind() == ErrorKind::PermissionDenied { e.kind() } else { ErrorKind::Io },
+                    format!("fsync of inode {}: {}", geo.ino, e.message()),
+                ))
+            }
+        }
+    }
+    if unreached > tolerated {
+        let why = first
+            .map_or_else(|| format!("chunkservers {suspect:?} did not answer lately"), |e| e.to_string());
+        return Err(CairnError::new(
+            ErrorKind::Io,
+            format!(
+                "fsync of inode {}: {unreached} chunkservers not answering, at most {tolerated} may: {why}",
+                geo.ino
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn unreachable(e: &CairnError) -> bool {
     matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::TooFewNodes)
 }

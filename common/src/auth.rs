@@ -40,7 +40,7 @@ pub fn required(service: &str, method: &str) -> Roles {
         // Shard data: mounts, and servers repairing or rebuilding. A client-only caller also
         // needs a shard capability for the file (checked by the chunkserver, `capability.rs`).
         ("chunk", "ReadShard") => &[Meta, Chunk, Client, Admin],
-        ("chunk", "WriteShard" | "DeleteShards") => &[Meta, Client, Admin],
+        ("chunk", "WriteShard" | "SyncShards" | "DeleteShards") => &[Meta, Client, Admin],
         ("chunk", "Stat") => &[Meta, Chunk, Client, Admin],
         ("chunk", "RebuildShard" | "ListShards" | "CheckShards" | "Promote" | "Pin") => &[Meta, Admin],
         _ => &[Admin],

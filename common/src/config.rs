@@ -236,8 +236,15 @@ pub struct ChunkConfig {
     pub io_engine: IoEngineKind,
     /// io_uring submission queue depth.
     pub queue_depth: u32,
-    /// fsync each shard (and its directory) before acknowledging the write.
+    /// Make shards durable at all (false: nothing is ever fsynced, for throwaway test data).
     pub sync: bool,
+    /// A buffered shard write (a mount's `durability=close`) is made durable within this many
+    /// milliseconds by the flusher (default 1000): the window in which a power loss of this
+    /// machine can take it back.
+    pub flush_interval_ms: u64,
+    /// For Cairn's crash tests only: remember the shards not yet flushed, and delete them at the
+    /// next start, as a power loss would have (docs/ARCHITECTURE.md).
+    pub test_power_loss: bool,
     /// Bytes kept free on each tier's filesystem; a write that would go below fails with ENOSPC.
     pub reserve_bytes: u64,
     pub heartbeat_ms: u64,
@@ -297,6 +304,8 @@ impl Default for ChunkConfig {
             io_engine: IoEngineKind::Uring,
             queue_depth: 64,
             sync: true,
+            flush_interval_ms: 1_000,
+            test_power_loss: false,
             reserve_bytes: 64 << 20,
             heartbeat_ms: 1_000,
             scrub_rate_bytes: 20 << 20,
@@ -340,6 +349,9 @@ impl ChunkConfig {
         }
         if self.queue_depth == 0 || self.queue_depth > 4096 {
             return Err(CairnError::invalid("config: queue_depth must be 1..=4096"));
+        }
+        if self.flush_interval_ms == 0 || self.flush_interval_ms > 60_000 {
+            return Err(CairnError::invalid("config: flush_interval_ms must be 1..=60000"));
         }
         if self.heartbeat_ms == 0 {
             return Err(CairnError::invalid("config: heartbeat_ms must be > 0"));

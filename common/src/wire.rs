@@ -128,6 +128,7 @@ plain_messages!(
     OpenRequest,
     PinReply,
     PinRequest,
+    SyncShardsRequest,
     PromoteReply,
     PromoteRequest,
     ReadDirReply,
@@ -361,6 +362,7 @@ service!(chunk, "chunk", cairn_proto::chunk_server::Chunk,
     7 list_shards "ListShards" (ListShardsRequest) -> ListShardsReply;
     8 check_shards "CheckShards" (CheckShardsRequest) -> CheckShardsReply;
     9 pin "Pin" (PinRequest) -> PinReply;
+    10 sync_shards "SyncShards" (SyncShardsRequest) -> Empty;
 );
 
 /// A client's connections to one server: a pool of idle wire connections, each carrying one

@@ -77,6 +77,12 @@ impl Chunk for FakeChunk {
     async fn pin(&self, _: Request<PinRequest>) -> Result<Response<PinReply>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn sync_shards(
+        &self,
+        _: Request<cairn_proto::SyncShardsRequest>,
+    ) -> Result<Response<Empty>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
 }
 
 async fn fake_chunkserver() -> (String, FakeChunk) {

@@ -328,11 +328,27 @@ fn shard_access_needs_the_metaservers_capability_for_that_file() {
         // Writes and deletes: without a capability, or of another file's shards, refused.
         let write = wire::chunk::write_shard(
             &chunks[0],
-            p::WriteShardRequest { id: Some(shard(secret)), data: b"evil".to_vec().into(), cap: None },
+            p::WriteShardRequest {
+                id: Some(shard(secret)),
+                data: b"evil".to_vec().into(),
+                cap: None,
+                buffered: false,
+            },
         )
         .await
         .expect_err("a write without a capability");
         assert!(write.message().contains("no capability"), "{write}");
+        let sync = wire::chunk::sync_shards(&chunks[0], p::SyncShardsRequest { ino: secret, cap: None })
+            .await
+            .expect_err("a shard sync without a capability");
+        assert!(sync.message().contains("no capability"), "{sync}");
+        let sync = wire::chunk::sync_shards(
+            &chunks[0],
+            p::SyncShardsRequest { ino: secret, cap: Some(for_mine.clone()) },
+        )
+        .await
+        .expect_err("a shard sync of another file");
+        assert!(sync.kind() == cairn_common::ErrorKind::PermissionDenied, "{sync}");
         let delete = wire::chunk::delete_shards(
             &chunks[0],
             p::DeleteShardsRequest {
