@@ -60,14 +60,19 @@ peer_stop() {
 }
 
 # on_every_system FUNC: FUNC DIR LABEL on local ext4 ($work/ext4), on Cairn (`cairn up`,
-# mounted at $work/mnt) and on each peer in $peers that starts, one after the other.
+# mounted at $work/mnt) and on each peer in $peers that starts, one after the other. Cairn runs
+# once per mount durability in $CAIRN_DURABILITY (default "close"; "close fsync" for both), on
+# a fresh cluster each time, labelled `cairn` for close and `cairn-fsync` for fsync.
 on_every_system() {
-  local peer
+  local peer mode
   mkdir -p "$work/ext4"
   "$1" "$work/ext4" ext4
-  cairn_start "$work/mnt"
-  "$1" "$work/mnt" cairn
-  cairn_stop
+  for mode in ${CAIRN_DURABILITY:-close}; do
+    rm -rf "$work/cairn"
+    cairn_start "$work/mnt" --durability "$mode"
+    "$1" "$work/mnt" "$([ "$mode" = close ] && echo cairn || echo "cairn-$mode")"
+    cairn_stop
+  done
   for peer in ${peers:-}; do
     peer_start "$peer" || continue
     "$1" "$peer_mnt" "$peer"

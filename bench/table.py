@@ -40,21 +40,26 @@ for line in open(sys.argv[1]):
         value = mib
     values[(label, job)] = value
 
-cols = [l for l in labels if l not in ("cairn",)]
+# Cairn's columns (`cairn`, and `cairn-fsync` when both durabilities ran) come first, each
+# with its ratios; every other column but ext4 is a peer.
+mine = [l for l in labels if l == "cairn" or l.startswith("cairn-")]
+cols = [l for l in labels if l not in mine]
 peers = [l for l in cols if l != "ext4"]
-header = ["", "unit", "cairn"] + cols + ["cairn / ext4", "cairn / best peer"]
+ratios = [f"{m} / {base}" for m in mine for base in ("ext4", "best peer")]
+header = ["", "unit"] + mine + cols + ratios
 print("| " + " | ".join(header) + " |")
 print("|" + "---|" * len(header))
 for job, name, unit in ROWS:
     if not any((l, job) in values for l in labels):
         continue
     row = [name, unit]
-    for l in ["cairn"] + cols:
+    for l in mine + cols:
         v = values.get((l, job))
         row.append("-" if v is None else f"{v:,.0f}")
-    c = values.get(("cairn", job))
     e = values.get(("ext4", job))
-    row.append("-" if c is None or not e else f"{c / e:.2f}")
     best = max((values[(p, job)] for p in peers if (p, job) in values), default=None)
-    row.append("-" if c is None or not best else f"{c / best:.2f}")
+    for m in mine:
+        c = values.get((m, job))
+        row.append("-" if c is None or not e else f"{c / e:.2f}")
+        row.append("-" if c is None or not best else f"{c / best:.2f}")
     print("| " + " | ".join(row) + " |")
