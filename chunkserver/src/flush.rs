@@ -22,6 +22,10 @@ use crate::metrics;
 /// that time fails too, so a retried fsync cannot succeed over data that never reached the disk.
 const FAILED_MEMORY: Duration = Duration::from_secs(600);
 
+/// A batch starts as soon as this many shards wait, whatever the interval: each holds an open
+/// file until it is flushed, and a burst of small files must not run out of descriptors.
+const MAX_PENDING: usize = 1024;
+
 /// Makes a file's data durable; `File::sync_data` except in tests that inject failures.
 pub type SyncFile = Arc<dyn Fn(&File) -> io::Result<()> + Send + Sync>;
 
@@ -98,7 +102,7 @@ impl Flusher {
         state.oldest.get_or_insert_with(Instant::now);
         state.pending.push(shard);
         metrics::unflushed(state.pending.len());
-        if first {
+        if first || state.pending.len() >= MAX_PENDING {
             self.shared.wake.notify_one();
         }
     }
@@ -192,7 +196,8 @@ impl Shared {
             let (batch, waiters) = {
                 let mut state = self.state.lock();
                 loop {
-                    if !state.waiters.is_empty() || (state.stop && !state.pending.is_empty()) {
+                    let full = state.pending.len() >= MAX_PENDING;
+                    if full || !state.waiters.is_empty() || (state.stop && !state.pending.is_empty()) {
                         break;
                     }
                     if state.stop {
@@ -356,6 +361,21 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(count.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_full_batch_is_flushed_before_the_interval() {
+        let dir = tempfile::tempdir().unwrap();
+        let (sync, count, _) = counting();
+        let flusher = Flusher::start(Duration::from_secs(60), sync, None).unwrap();
+        for n in 0..MAX_PENDING as u32 {
+            flusher.add(shard(dir.path(), 1, n));
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while count.load(Ordering::SeqCst) < MAX_PENDING {
+            assert!(Instant::now() < deadline, "a full batch waited for the interval");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     #[tokio::test]
