@@ -486,6 +486,8 @@ impl OpenFile {
         changes: Changes<'_>,
         sync: bool,
     ) -> Result<Option<Attr>> {
+        // Under `durability=close` a close's commit need only be in the metaserver's log.
+        let durable = sync || !nodes.buffered();
         let mut inner = self.inner.lock().await;
         // A background write that failed is dirty again: written once more just below.
         if let Err(e) = self.settle(&mut inner, None).await {
@@ -494,7 +496,7 @@ impl OpenFile {
         let all: Vec<u64> = inner.dirty.keys().copied().collect();
         if let Err(e) = self.write_out(&mut inner, nodes, versions, &all).await {
             self.pending.lock().tried = Some(Instant::now());
-            match self.commit_stored(&mut inner, meta, changes).await {
+            match self.commit_stored(&mut inner, meta, changes, durable).await {
                 Ok(done) if done.stripes > 0 => tracing::warn!(
                     ino = self.geo.ino,
                     stripes = done.stripes,
@@ -512,7 +514,7 @@ impl OpenFile {
             crate::stripe::sync_shards(nodes, &self.geo).await?;
         }
         // Nothing is buffered any more: everything written is committed, with the size.
-        Ok(self.commit_stored(&mut inner, meta, changes).await?.attr)
+        Ok(self.commit_stored(&mut inner, meta, changes, durable).await?.attr)
     }
 
     /// Write-back: if the oldest uncommitted change was made before `due` and this file was
@@ -562,11 +564,12 @@ impl OpenFile {
             // A background write that had failed was stored on the second try.
             failure = None;
         }
-        let done = self.commit_stored(&mut inner, meta, changes).await?;
+        let done = self.commit_stored(&mut inner, meta, changes, !nodes.buffered()).await?;
         Ok((done.attr.is_some() || failure.is_some()).then_some(WrittenBack { error: failure, ..done }))
     }
 
-    /// Commit the stripes written and not yet committed that lie below the first stripe still
+    /// Commit (on the metaserver's disk before the answer when `durable`) the stripes written
+    /// and not yet committed that lie below the first stripe still
     /// buffered (one that could not be stored), with the size up to there; with none buffered,
     /// all of them and the file's size. Nothing at or past a buffered stripe is committed: the
     /// committed size must never cover bytes that are not stored. `Commit` grows a size,
@@ -576,6 +579,7 @@ impl OpenFile {
         inner: &mut Inner,
         meta: &MetaConn,
         changes: Changes<'_>,
+        durable: bool,
     ) -> Result<WrittenBack> {
         let first_unwritten = inner.dirty.keys().next().copied();
         let (size, stripes): (u64, Vec<StripeInfo>) = match first_unwritten {
@@ -596,6 +600,7 @@ impl OpenFile {
             size,
             stripes: stripes.clone(),
             mtime: Some(cairn_common::time::now()),
+            buffered: !durable,
             once: None,
         };
         let committed = meta.commit(req).await;

@@ -706,12 +706,14 @@ impl Meta for MetaService {
         let r = req.into_inner();
         let once = once_of(&r.once);
         let ino = check_ino(r.ino)?;
-        // A commit waits for the disk (a lone metaserver fsyncs it): on the blocking pool.
+        // A durable commit waits for the disk (a lone metaserver fsyncs it): on the blocking
+        // pool; a buffered one only appends to the WAL, inline.
+        let durable = !r.buffered;
         let inode = self
             .once_change_on(
                 once,
-                true,
-                move |ns| ns.commit(ino, r.size, &r.stripes, r.mtime.as_ref()),
+                durable,
+                move |ns| ns.commit_as(ino, r.size, &r.stripes, r.mtime.as_ref(), durable),
                 |ns| ns.getattr(ino),
             )
             .await?;

@@ -162,7 +162,14 @@ async fn serves_the_namespace_over_grpc() {
 
     let stripe = StripeInfo { index: 0, version: 1, len: 100, written_len: 100, missing: 0 };
     let attr = c
-        .commit(CommitRequest { ino, size: 100, stripes: vec![stripe], mtime: None, once: None })
+        .commit(CommitRequest {
+            ino,
+            size: 100,
+            stripes: vec![stripe],
+            mtime: None,
+            once: None,
+            buffered: false,
+        })
         .await
         .unwrap()
         .into_inner()
@@ -198,7 +205,14 @@ async fn serves_the_namespace_over_grpc() {
         missing: u32::MAX,
     };
     let err = c
-        .commit(CommitRequest { ino, size: u64::MAX, stripes: vec![huge], mtime: None, once: None })
+        .commit(CommitRequest {
+            ino,
+            size: u64::MAX,
+            stripes: vec![huge],
+            mtime: None,
+            once: None,
+            buffered: false,
+        })
         .await
         .unwrap_err();
     assert!(matches!(kind(err), ErrorKind::InvalidArgument | ErrorKind::TooBig));

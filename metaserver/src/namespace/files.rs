@@ -74,13 +74,28 @@ impl Namespace {
     }
 
     /// Publish written stripes: replace their records, grow the size to at least `size`, set
-    /// mtime (given or now) and ctime (now). Returns the new inode.
+    /// mtime (given or now) and ctime (now), on disk before this returns. Returns the new inode.
     pub fn commit(
         &self,
         ino: u64,
         size: u64,
         stripes: &[StripeInfo],
         mtime: Option<&Timespec>,
+    ) -> Result<Inode> {
+        self.commit_as(ino, size, stripes, mtime, true)
+    }
+
+    /// [`Namespace::commit`]; without `durable` (a mount's close under `durability=close`) it
+    /// is answered once in the log, like other namespace changes: a lone metaserver's WAL is
+    /// fsynced by the group commit within about a millisecond (a replicated one's Raft log is
+    /// always on disk before an answer).
+    pub fn commit_as(
+        &self,
+        ino: u64,
+        size: u64,
+        stripes: &[StripeInfo],
+        mtime: Option<&Timespec>,
+        durable: bool,
     ) -> Result<Inode> {
         if let Some(t) = mtime {
             check_time(t)?;
@@ -156,9 +171,11 @@ impl Namespace {
                 inode.set_mtime(mtime.unwrap_or(&now));
                 inode.set_ctime(&now);
                 let out = inode.clone();
-                // close/fsync of written data: on disk before it is answered (and with it
-                // every change before it, the file's create included).
-                tx.batch.set_durable();
+                // fsync (or a close that asks for it) of written data: on disk before it is
+                // answered (and with it every change before it, the file's create included).
+                if durable {
+                    tx.batch.set_durable();
+                }
                 tx.commit()?;
                 Ok(out)
             },
