@@ -110,7 +110,8 @@ struct Inner {
 
 /// A full stripe being written in the background.
 struct InFlight {
-    buf: Arc<Vec<u8>>,
+    /// The stripe's bytes, shared with the write (its shards are slices of it).
+    buf: Bytes,
     task: tokio::task::JoinHandle<Result<StripeInfo>>,
 }
 
@@ -232,8 +233,11 @@ impl OpenFile {
                 let stripe = layout.stripe_of(pos);
                 let in_stripe = pos - layout.stripe_start(stripe);
                 let take = (stripe_bytes - in_stripe).min(offset + len - pos);
-                let pending =
-                    inner.dirty.get(&stripe).or_else(|| inner.in_flight.get(&stripe).map(|f| &*f.buf));
+                let pending = inner
+                    .dirty
+                    .get(&stripe)
+                    .map(|b| &b[..])
+                    .or_else(|| inner.in_flight.get(&stripe).map(|f| &f.buf[..]));
                 let source = if let Some(buf) = pending {
                     let from = (in_stripe as usize).min(buf.len());
                     let to = ((in_stripe + take) as usize).min(buf.len());
@@ -402,7 +406,7 @@ impl OpenFile {
     /// Start writing the full dirty stripe `stripe` in the background.
     fn start_write(&self, inner: &mut Inner, nodes: &Arc<Nodes>, versions: &Versions, stripe: u64) {
         let Some(buf) = inner.dirty.remove(&stripe) else { return };
-        let buf = Arc::new(buf);
+        let buf = Bytes::from(buf);
         let (nodes, geo, versions, data) = (nodes.clone(), self.geo.clone(), versions.clone(), buf.clone());
         let task = tokio::spawn(async move {
             write_stripe_waiting(&nodes, &geo, stripe, || versions.next(), &data).await
@@ -431,7 +435,7 @@ impl OpenFile {
                     inner.uncommitted.insert(stripe, info);
                 }
                 Err(e) => {
-                    inner.dirty.insert(stripe, Arc::try_unwrap(f.buf).unwrap_or_else(|b| (*b).clone()));
+                    inner.dirty.insert(stripe, Vec::from(f.buf));
                     first_error.get_or_insert(e);
                 }
             }
@@ -448,8 +452,8 @@ impl OpenFile {
         versions: &Versions,
         which: &[u64],
     ) -> Result<()> {
-        let bufs: Vec<(u64, Vec<u8>)> =
-            which.iter().filter_map(|s| inner.dirty.remove(s).map(|b| (*s, b))).collect();
+        let bufs: Vec<(u64, Bytes)> =
+            which.iter().filter_map(|s| inner.dirty.remove(s).map(|b| (*s, Bytes::from(b)))).collect();
         let writes = bufs
             .iter()
             .map(|(stripe, buf)| write_stripe_waiting(nodes, &self.geo, *stripe, || versions.next(), buf));
@@ -462,7 +466,7 @@ impl OpenFile {
                     inner.uncommitted.insert(stripe, info);
                 }
                 Err(e) => {
-                    inner.dirty.insert(stripe, buf);
+                    inner.dirty.insert(stripe, Vec::from(buf));
                     first_error.get_or_insert(e);
                 }
             }

@@ -52,30 +52,39 @@ pub async fn write_stripe(
     geo: &Geometry,
     stripe: u64,
     version: u64,
-    data: &[u8],
+    data: &Bytes,
     retrying: bool,
 ) -> Result<StripeInfo> {
     let layout = geo.layout;
     let written = data.len() as u64;
     let unit = layout.unit as usize;
     let coded = layout.coded_len(written) as usize;
+    // The data shards are slices of the stripe's buffer, not copies.
     let mut shards: Vec<Bytes> = (0..layout.k as usize)
         .map(|i| {
             let start = (i * unit).min(data.len());
             let end = ((i + 1) * unit).min(data.len());
-            Bytes::copy_from_slice(&data[start..end])
+            data.slice(start..end)
         })
         .collect();
     if layout.m > 0 && written > 0 {
-        let padded: Vec<Vec<u8>> = shards
-            .iter()
-            .map(|s| {
-                let mut v = s.to_vec();
-                v.resize(coded, 0);
-                v
-            })
-            .collect();
-        let parity = Codec::new(layout.k, layout.m).encode(&padded)?;
+        // The codec wants shards of one length: a full stripe's are already; only a partial
+        // stripe's shorter shards are copied to be zero-padded.
+        let codec = Codec::new(layout.k, layout.m);
+        let parity = if shards.iter().all(|s| s.len() == coded) {
+            codec.encode(&shards)?
+        } else {
+            let padded: Vec<Vec<u8>> = shards
+                .iter()
+                .map(|s| {
+                    let mut v = Vec::with_capacity(coded);
+                    v.extend_from_slice(s);
+                    v.resize(coded, 0);
+                    v
+                })
+                .collect();
+            codec.encode(&padded)?
+        };
         shards.extend(parity.into_iter().map(Bytes::from));
     }
     let tolerated = layout.m.saturating_sub(1);
@@ -167,7 +176,7 @@ pub async fn write_stripe_waiting(
     geo: &Geometry,
     stripe: u64,
     next_version: impl Fn() -> u64,
-    data: &[u8],
+    data: &Bytes,
 ) -> Result<StripeInfo> {
     let mut wait = nodes.wait_for("write");
     let mut retrying = false;
