@@ -55,8 +55,9 @@ struct State {
     /// When the oldest pending shard was handed over.
     oldest: Option<Instant>,
     waiters: Vec<Waiter>,
-    /// The inodes of the batch being flushed now.
+    /// The inodes of the batch being flushed now, and its size.
     in_flight: HashSet<u64>,
+    in_flight_shards: usize,
     /// Inodes whose shards failed to flush, and when.
     failed: HashMap<u64, Instant>,
     stop: bool,
@@ -155,7 +156,7 @@ impl Flusher {
     /// Shards handed over and not yet on disk (a batch in flight included).
     pub fn unflushed(&self) -> usize {
         let state = self.shared.state.lock();
-        state.pending.len() + state.in_flight.len()
+        state.pending.len() + state.in_flight_shards
     }
 
     async fn wait(&self, wait: oneshot::Receiver<Result<()>>) -> Result<()> {
@@ -215,6 +216,7 @@ impl Shared {
                 let batch = std::mem::take(&mut state.pending);
                 state.oldest = None;
                 state.in_flight = batch.iter().map(|s| s.ino).collect();
+                state.in_flight_shards = batch.len();
                 (batch, std::mem::take(&mut state.waiters))
             };
             let started = Instant::now();
@@ -224,6 +226,7 @@ impl Shared {
             ::metrics::histogram!(metrics::FLUSH_SECONDS).record(started.elapsed().as_secs_f64());
             let mut state = self.state.lock();
             state.in_flight.clear();
+            state.in_flight_shards = 0;
             let now = Instant::now();
             state.failed.retain(|_, at| now.duration_since(*at) < FAILED_MEMORY);
             for ino in &failed {

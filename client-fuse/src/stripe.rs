@@ -400,6 +400,9 @@ pub async fn sync_shards(nodes: &Nodes, geo: &Geometry) -> Result<()> {
     for (node, result) in join_all(syncs).await {
         match result {
             Ok(()) => {}
+            // A chunkserver older than SyncShards ignores `buffered`: its shards were on disk
+            // before their writes were answered.
+            Err(e) if e.kind() == ErrorKind::NotSupported => {}
             Err(e) if unreachable(&e) => {
                 tracing::warn!(ino = geo.ino, node, "fsync: chunkserver not answering: {e}");
                 unreached += 1;
