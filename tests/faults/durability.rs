@@ -28,6 +28,14 @@ fn kill_and_restart_all(cluster: &Cluster, chunkservers: usize) -> Vec<KillOnDro
     let revived: Vec<KillOnDrop> = (1..=chunkservers)
         .map(|n| KillOnDrop(Some(restart_server(cluster, "chunk", &format!("chunk-{n}")))))
         .collect();
+    // Serving again (the metaserver may not even have noticed the deaths yet, so its count of
+    // nodes up says nothing until each restarted process has opened its store).
+    eventually(60, "every restarted chunkserver serves", || {
+        (1..=chunkservers).all(|n| {
+            fs::read_to_string(cluster.data.join(format!("logs/chunk-{n}-restarted.log")))
+                .is_ok_and(|log| log.contains("chunkserver serving"))
+        })
+    });
     eventually(60, "every chunkserver is up again", || status(cluster)["nodes_up"] == chunkservers as u64);
     revived
 }
