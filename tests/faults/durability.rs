@@ -25,6 +25,13 @@ fn kill_and_restart_all(cluster: &Cluster, chunkservers: usize) -> Vec<KillOnDro
     for node in &nodes {
         kill9(node.pid);
     }
+    // A killed process is reported dead (its leader thread a zombie) a moment before its last
+    // thread has closed the listening socket: wait until each port is free again.
+    for node in &nodes {
+        eventually(10, "the killed chunkserver's port is free", || {
+            std::net::TcpListener::bind(node.addr.as_str()).is_ok()
+        });
+    }
     let revived: Vec<KillOnDrop> = (1..=chunkservers)
         .map(|n| KillOnDrop(Some(restart_server(cluster, "chunk", &format!("chunk-{n}")))))
         .collect();
