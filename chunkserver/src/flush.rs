@@ -98,11 +98,8 @@ impl Flusher {
     /// Hand over a buffered shard: on disk within the interval.
     pub fn add(&self, shard: Unflushed) {
         let mut state = self.shared.state.lock();
-        self.shared.note(&shard);
         let first = state.pending.is_empty();
-        state.oldest.get_or_insert_with(Instant::now);
-        state.pending.push(shard);
-        metrics::unflushed(state.pending.len());
+        self.shared.push(&mut state, shard);
         if first || state.pending.len() >= MAX_PENDING {
             self.shared.wake.notify_one();
         }
@@ -113,11 +110,8 @@ impl Flusher {
         let (done, wait) = oneshot::channel();
         {
             let mut state = self.shared.state.lock();
-            self.shared.note(&shard);
-            state.oldest.get_or_insert_with(Instant::now);
             state.waiters.push(Waiter { ino: Some(shard.ino), sync: false, done });
-            state.pending.push(shard);
-            metrics::unflushed(state.pending.len());
+            self.shared.push(&mut state, shard);
             self.shared.wake.notify_one();
         }
         self.wait(wait).await
@@ -190,6 +184,14 @@ fn failed_check(state: &mut State, ino: u64) -> Result<()> {
 }
 
 impl Shared {
+    /// Add `shard` to the next batch (listed first under `test_power_loss`).
+    fn push(&self, state: &mut State, shard: Unflushed) {
+        self.note(&shard);
+        state.oldest.get_or_insert_with(Instant::now);
+        state.pending.push(shard);
+        metrics::unflushed(state.pending.len());
+    }
+
     /// The thread: wait for a batch to be due (a waiter, or the oldest shard `interval` old),
     /// flush it, answer its waiters; after a stop, flush what is left and end.
     fn run(self: Arc<Self>) {
@@ -334,6 +336,15 @@ mod tests {
         Unflushed { ino, file: Arc::new(File::open(&path).unwrap()), path, direct: false }
     }
 
+    /// Poll `done` until it holds, failing after `secs`.
+    async fn until(secs: u64, what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     fn counting() -> (SyncFile, Arc<AtomicUsize>, Arc<AtomicBool>) {
         let count = Arc::new(AtomicUsize::new(0));
         let fail = Arc::new(AtomicBool::new(false));
@@ -358,11 +369,7 @@ mod tests {
         flusher.add(shard(dir.path(), 1, 1));
         assert_eq!(flusher.unflushed(), 2);
         assert_eq!(count.load(Ordering::SeqCst), 0, "nothing is flushed before the interval");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while flusher.unflushed() > 0 {
-            assert!(Instant::now() < deadline, "not flushed within 5 s");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until(5, "flushed within the interval", || flusher.unflushed() == 0).await;
         assert_eq!(count.load(Ordering::SeqCst), 2);
     }
 
@@ -374,11 +381,8 @@ mod tests {
         for n in 0..MAX_PENDING as u32 {
             flusher.add(shard(dir.path(), 1, n));
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while count.load(Ordering::SeqCst) < MAX_PENDING {
-            assert!(Instant::now() < deadline, "a full batch waited for the interval");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until(10, "a full batch flushed before the interval", || count.load(Ordering::SeqCst) == MAX_PENDING)
+            .await;
     }
 
     #[tokio::test]
