@@ -145,6 +145,11 @@ enum Command {
         /// and fsync puts them on disk; `fsync`: every close is on disk, as durable as an fsync.
         #[arg(long, env = "CAIRN_MOUNT_DURABILITY", default_value_t = cairn_client::Durability::Close)]
         durability: cairn_client::Durability,
+        /// The most a sequential reader of one file may have fetched ahead, MiB: its window
+        /// starts at two stripes and doubles while the reader catches up with it (the mount
+        /// reads ahead at most eight times this in all); 0: two stripes only.
+        #[arg(long, env = "CAIRN_MOUNT_READAHEAD_MIB", default_value_t = cairn_client::DEFAULT_READAHEAD_MIB)]
+        readahead_mib: u64,
         /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9410).
         #[arg(long, env = "CAIRN_MOUNT_METRICS")]
         metrics: Option<String>,
@@ -470,6 +475,7 @@ fn main() -> ExitCode {
             commit_interval_ms,
             write_wait_ms,
             durability,
+            readahead_mib,
             metrics,
             read_only,
             suid,
@@ -487,6 +493,7 @@ fn main() -> ExitCode {
                 commit_interval_ms,
                 write_wait_ms,
                 durability,
+                readahead_mib,
                 metrics,
                 read_only,
                 suid,

@@ -26,6 +26,8 @@ pub struct MountArgs {
     pub write_wait_ms: u64,
     /// What a close guarantees (`-o durability=close|fsync`).
     pub durability: cairn_client::Durability,
+    /// The most one file's sequential reader has fetched ahead, MiB.
+    pub readahead_mib: u64,
     pub metrics: Option<String>,
     pub read_only: bool,
     /// `suid`, `dev`, `exec` as mount(8) has them (defaults: nosuid, nodev, exec).
@@ -58,6 +60,7 @@ impl MountArgs {
             commit_interval: Duration::from_millis(self.commit_interval_ms),
             write_wait: Duration::from_millis(self.write_wait_ms),
             durability: self.durability,
+            readahead_bytes: self.readahead_mib.saturating_mul(1 << 20),
         }
     }
 
@@ -79,6 +82,8 @@ impl MountArgs {
             self.write_wait_ms.to_string().into(),
             "--durability".into(),
             self.durability.to_string().into(),
+            "--readahead-mib".into(),
+            self.readahead_mib.to_string().into(),
         ];
         if let Some(m) = &self.metrics {
             args.extend(["--metrics".into(), m.into()]);
@@ -255,7 +260,7 @@ pub fn umount(mountpoint: &Path, lazy: bool) -> Result<()> {
 /// Parse what mount(8) hands a helper: `SOURCE DIR [-o OPTS] [-n] [-s] [-f] [-v] [-r|-w]`.
 /// SOURCE is the metaserver address (`host:port`, optionally prefixed `cairn:`). Options Cairn
 /// knows: `threads=N`, `attr_ttl_ms=N`, `cache_mib=N`, `commit_interval_ms=N`, `write_wait_ms=N`,
-/// `durability=close|fsync`, `metrics=ADDR`,
+/// `durability=close|fsync`, `readahead_mib=N`, `metrics=ADDR`,
 /// `log=FILE`, `ro`/`rw`; the generic ones
 /// mount(8), fstab and systemd use (`defaults`, `_netdev`, `noauto`, `nofail`, `x-*`, ...) are
 /// accepted and ignored. Anything else is refused by name.
@@ -292,6 +297,7 @@ pub fn parse_helper_args(args: &[String]) -> Result<MountArgs> {
         commit_interval_ms: cairn_client::DEFAULT_COMMIT_INTERVAL_MS,
         write_wait_ms: cairn_client::DEFAULT_WRITE_WAIT_MS,
         durability: cairn_client::Durability::default(),
+        readahead_mib: cairn_client::DEFAULT_READAHEAD_MIB,
         metrics: None,
         read_only,
         suid: false,
@@ -316,6 +322,7 @@ pub fn parse_helper_args(args: &[String]) -> Result<MountArgs> {
             "cache_mib" => parsed.cache_mib = number(value)?,
             "commit_interval_ms" => parsed.commit_interval_ms = number(value)?,
             "write_wait_ms" => parsed.write_wait_ms = number(value)?,
+            "readahead_mib" => parsed.readahead_mib = number(value)?,
             "durability" => {
                 parsed.durability = value.unwrap_or_default().parse().map_err(|e: CairnError| {
                     CairnError::invalid(format!("mount option {opt}: {}", e.message()))
@@ -361,13 +368,14 @@ mod tests {
             "cairn:10.0.0.1:9400",
             "/mnt/data",
             "-o",
-            "rw,_netdev,noauto,x-systemd.automount,tls=/etc/cairn/client,threads=8,attr_ttl_ms=5000,cache_mib=64,metrics=127.0.0.1:9410,commit_interval_ms=250,write_wait_ms=0,durability=fsync",
+            "rw,_netdev,noauto,x-systemd.automount,tls=/etc/cairn/client,threads=8,attr_ttl_ms=5000,cache_mib=64,metrics=127.0.0.1:9410,commit_interval_ms=250,write_wait_ms=0,durability=fsync,readahead_mib=256",
         ]))
         .unwrap();
         assert_eq!(a.commit_interval_ms, 250);
         assert_eq!(a.tls, Some(PathBuf::from("/etc/cairn/client")));
         assert_eq!(a.write_wait_ms, 0);
         assert_eq!(a.durability, cairn_client::Durability::Fsync);
+        assert_eq!(a.readahead_mib, 256);
         let e =
             parse_helper_args(&strings(&["10.0.0.1:9400", "/mnt", "-o", "durability=maybe"])).unwrap_err();
         assert!(e.message().contains("durability=maybe"), "{}", e.message());
@@ -396,6 +404,7 @@ mod tests {
             commit_interval_ms: 11,
             write_wait_ms: 12,
             durability: cairn_client::Durability::Fsync,
+            readahead_mib: 13,
             metrics: Some("h:2".into()),
             read_only: true,
             suid: true,
@@ -424,6 +433,8 @@ mod tests {
                 "12",
                 "--durability",
                 "fsync",
+                "--readahead-mib",
+                "13",
                 "--metrics",
                 "h:2",
                 "--read-only",

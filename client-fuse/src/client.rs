@@ -16,6 +16,7 @@ use crate::dir::DirHandle;
 use crate::file::{Changes, OpenFile, Versions};
 use crate::meta::MetaConn;
 use crate::nodes::Nodes;
+use crate::readahead::Readahead;
 use crate::stripe::Geometry;
 
 mod write_back;
@@ -37,6 +38,9 @@ pub struct ClientOptions {
     pub write_wait: Duration,
     /// What a close guarantees (docs/ARCHITECTURE.md, "Durability").
     pub durability: Durability,
+    /// The most a sequential reader of one file may have fetched ahead, bytes; the mount as a
+    /// whole reads ahead at most eight times this (docs/ARCHITECTURE.md, "Read-ahead").
+    pub readahead_bytes: u64,
 }
 
 /// What a close guarantees. `Close` (HDFS's hflush): the file's shards are on every
@@ -95,6 +99,7 @@ impl Default for ClientOptions {
             commit_interval: Duration::from_millis(DEFAULT_COMMIT_INTERVAL_MS),
             write_wait: Duration::from_millis(DEFAULT_WRITE_WAIT_MS),
             durability: Durability::default(),
+            readahead_bytes: crate::readahead::DEFAULT_READAHEAD_MIB << 20,
         }
     }
 }
@@ -119,6 +124,7 @@ pub struct Client {
     pub meta: MetaConn,
     nodes: Arc<Nodes>,
     pub options: ClientOptions,
+    readahead: Arc<Readahead>,
     versions: Versions,
     next_fh: AtomicU64,
     files: Arc<Mutex<HashMap<u64, Opened>>>,
@@ -261,6 +267,7 @@ impl Client {
         let client = Arc::new(Client {
             meta,
             nodes,
+            readahead: Readahead::new(options.readahead_bytes),
             options,
             versions: Versions::new(client_id),
             next_fh: AtomicU64::new(1),
@@ -602,7 +609,7 @@ impl Client {
                 }
                 None => {
                     let geo = Geometry { ino: attr.ino, layout, placement: info.placement };
-                    let file = Arc::new(OpenFile::new(geo, attr.size, stripes.clone()));
+                    let file = Arc::new(OpenFile::new(geo, attr.size, stripes.clone(), &self.readahead));
                     files.insert(attr.ino, Opened { file, handles: 1, generation });
                     None
                 }

@@ -21,7 +21,7 @@
 //!   error later loses only what came after (see `docs/ARCHITECTURE.md`, "Write-back"). A
 //!   flush that cannot store a stripe commits by the same rule before it returns the error.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,12 +31,17 @@ use cairn_common::{CairnError, Result};
 use cairn_proto::{Attr, StripeInfo};
 use futures::future::join_all;
 use parking_lot::Mutex as SyncMutex;
-use tokio::sync::{Mutex, OnceCell};
+use tokio::sync::Mutex;
 
 use crate::meta::MetaConn;
 use crate::metrics;
 use crate::nodes::Nodes;
-use crate::stripe::{read_stripe_waiting as read_stripe, write_stripe_waiting, Geometry, Reader};
+use crate::readahead::{Readahead, Window};
+use crate::stripe::{
+    read_stripe_waiting as read_stripe, read_whole_stripe_waiting, write_stripe_waiting, Geometry, Pieces,
+    Reader,
+};
+use crate::stripe_cache::StripeCache;
 
 /// The change counters a commit or truncation advances: the client's sequence of changes
 /// (`any`), and for the inode (bucketed) the number of its latest change in that sequence.
@@ -58,15 +63,16 @@ const MAX_DIRTY_STRIPES: usize = 4;
 /// Full stripes per file written in the background at once; a writer past this waits for
 /// the oldest.
 const WRITES_IN_FLIGHT: usize = 2;
-/// Whole stripes cached per file for sequential readers.
-const CACHED_STRIPES: usize = 6;
-/// Stripes fetched ahead of a sequential reader.
-const READAHEAD_STRIPES: u64 = 2;
+/// How far from the end of a sequential stream a read may start and still continue it: the
+/// kernel has at most 64 FUSE requests of up to 1 MiB in flight, answered in any order.
+const REORDERED: u64 = 64 << 20;
 
 pub struct OpenFile {
     pub geo: Geometry,
     inner: Mutex<Inner>,
     cache: SyncMutex<StripeCache>,
+    /// How far ahead of a sequential reader stripes are fetched.
+    readahead: Window,
     /// When the oldest change not yet committed was made (`None`: everything is committed),
     /// and when write-back last tried this file. Changed only with `inner` locked; kept
     /// outside it so the write-back scan of every open file takes no async lock.
@@ -102,7 +108,10 @@ struct Inner {
     dirty: BTreeMap<u64, Vec<u8>>,
     in_flight: BTreeMap<u64, InFlight>,
     size_dirty: bool,
+    /// The end of the last read, or of the furthest one while a sequential stream goes on.
     last_read_end: u64,
+    /// The last read was sequential: reads near `last_read_end` continue its stream.
+    streaming: bool,
     /// The bytes of the partial stripe write-back last stored (stripe, version, bytes), so an
     /// appending writer continues it from memory instead of reading it back.
     written_tail: Option<(u64, u64, Vec<u8>)>,
@@ -115,34 +124,11 @@ struct InFlight {
     task: tokio::task::JoinHandle<Result<StripeInfo>>,
 }
 
-type Cell = Arc<OnceCell<Bytes>>;
-
-#[derive(Default)]
-struct StripeCache {
-    entries: VecDeque<((u64, u64), Cell)>,
-}
-
-impl StripeCache {
-    fn cell(&mut self, key: (u64, u64)) -> Cell {
-        if let Some((_, c)) = self.entries.iter().find(|(k, _)| *k == key) {
-            return c.clone();
-        }
-        let cell: Cell = Arc::new(OnceCell::new());
-        self.entries.push_back((key, cell.clone()));
-        while self.entries.len() > CACHED_STRIPES {
-            self.entries.pop_front();
-        }
-        cell
-    }
-
-    fn forget(&mut self, stripe: u64) {
-        self.entries.retain(|((s, _), _)| *s != stripe);
-    }
-}
-
 impl OpenFile {
-    pub fn new(geo: Geometry, size: u64, stripes: Vec<StripeInfo>) -> OpenFile {
+    pub fn new(geo: Geometry, size: u64, stripes: Vec<StripeInfo>, readahead: &Arc<Readahead>) -> OpenFile {
+        let readahead = Window::new(readahead.clone(), geo.layout.stripe_bytes());
         OpenFile {
+            readahead,
             geo,
             inner: Mutex::new(Inner {
                 size,
@@ -152,6 +138,7 @@ impl OpenFile {
                 in_flight: BTreeMap::new(),
                 size_dirty: false,
                 last_read_end: 0,
+                streaming: false,
                 written_tail: None,
             }),
             cache: SyncMutex::new(StripeCache::default()),
@@ -225,8 +212,13 @@ impl OpenFile {
                 return Ok(Bytes::new());
             }
             let len = (len as u64).min(inner.size - offset);
-            let sequential = offset == inner.last_read_end || offset == 0;
-            inner.last_read_end = offset + len;
+            // The kernel's read-ahead sends several requests at once and they may be served out
+            // of order: once a stream is established, a read near its end continues it.
+            let near = offset + REORDERED >= inner.last_read_end && offset <= inner.last_read_end + REORDERED;
+            let sequential = offset == 0 || offset == inner.last_read_end || (inner.streaming && near);
+            inner.streaming = sequential;
+            inner.last_read_end =
+                if sequential { inner.last_read_end.max(offset + len) } else { offset + len };
             let mut plan = Vec::new();
             let mut pos = offset;
             while pos < offset + len {
@@ -261,7 +253,7 @@ impl OpenFile {
                 if from + *take as usize <= whole.len() {
                     let last = *info;
                     self.read_ahead(nodes, &last).await;
-                    return Ok(whole.slice(from..from + *take as usize));
+                    return Ok(whole.slice(from, *take as usize));
                 }
             }
         }
@@ -282,9 +274,7 @@ impl OpenFile {
                 }
                 Source::Stripe(info) if sequential => {
                     let whole = self.cached_stripe(nodes, info).await?;
-                    let from = (*in_stripe as usize).min(whole.len());
-                    let to = (from + buf.len()).min(whole.len());
-                    buf[..to - from].copy_from_slice(&whole[from..to]);
+                    whole.copy_to(*in_stripe as usize, buf);
                     Ok(())
                 }
                 Source::Stripe(info) => {
@@ -303,36 +293,40 @@ impl OpenFile {
         Ok(Bytes::from(out))
     }
 
-    /// A sequential reader just read stripe `last`: fetch the next ones.
+    /// A sequential reader just read stripe `last`: fetch the next ones, as many as its window.
     async fn read_ahead(&self, nodes: &Arc<Nodes>, last: &StripeInfo) {
-        for ahead in 1..=READAHEAD_STRIPES {
-            self.prefetch(nodes, last.index + ahead).await;
+        let range = self.readahead.next_range(last.index);
+        if range.is_empty() {
+            return;
+        }
+        let infos: Vec<StripeInfo> = {
+            let inner = self.inner.lock().await;
+            inner.stripes.range(range).map(|(_, info)| *info).collect()
+        };
+        for info in infos {
+            let cell = self.cache.lock().cell(info.index, info.version, true);
+            if cell.initialized() {
+                continue;
+            }
+            let (nodes, geo) = (nodes.clone(), self.geo.clone());
+            tokio::spawn(async move {
+                let _ = cell.get_or_try_init(|| fetch_stripe(&nodes, &geo, &info)).await;
+            });
         }
     }
 
-    /// A whole stripe's valid bytes, fetched once and shared by concurrent readers.
-    async fn cached_stripe(&self, nodes: &Arc<Nodes>, info: &StripeInfo) -> Result<Bytes> {
-        let cell = self.cache.lock().cell((info.index, info.version));
+    /// A whole stripe's valid bytes, fetched once and shared by concurrent readers. A
+    /// sequential reader that finds it still being fetched by read-ahead widens its window.
+    async fn cached_stripe(&self, nodes: &Arc<Nodes>, info: &StripeInfo) -> Result<Pieces> {
+        let window = self.readahead.stripes();
+        let (cell, caught_up) = self.cache.lock().for_reader(info.index, info.version, window);
+        if caught_up {
+            self.readahead.stalled();
+        }
         let name = if cell.initialized() { metrics::STRIPE_CACHE_HITS } else { metrics::STRIPE_CACHE_MISSES };
         ::metrics::counter!(name).increment(1);
         let data = cell.get_or_try_init(|| fetch_stripe(nodes, &self.geo, info)).await?;
         Ok(data.clone())
-    }
-
-    /// Start fetching `stripe` in the background if it exists and is not cached.
-    async fn prefetch(&self, nodes: &Arc<Nodes>, stripe: u64) {
-        let info = match self.inner.lock().await.stripes.get(&stripe) {
-            Some(info) => *info,
-            None => return,
-        };
-        let cell = self.cache.lock().cell((info.index, info.version));
-        if cell.initialized() {
-            return;
-        }
-        let (nodes, geo) = (nodes.clone(), self.geo.clone());
-        tokio::spawn(async move {
-            let _ = cell.get_or_try_init(|| fetch_stripe(&nodes, &geo, &info)).await;
-        });
     }
 
     /// Buffer a write; a stripe that becomes full is encoded and written in the background.
@@ -756,8 +750,6 @@ enum Source {
 }
 
 /// A whole stripe's valid bytes, read from the chunkservers (what the stripe cache holds).
-async fn fetch_stripe(nodes: &Arc<Nodes>, geo: &Geometry, info: &StripeInfo) -> Result<Bytes> {
-    let mut buf = vec![0u8; info.len as usize];
-    read_stripe(nodes, geo, info, 0, &mut buf, Reader::Whole).await?;
-    Ok(Bytes::from(buf))
+async fn fetch_stripe(nodes: &Arc<Nodes>, geo: &Geometry, info: &StripeInfo) -> Result<Pieces> {
+    read_whole_stripe_waiting(nodes, geo, info).await
 }

@@ -53,6 +53,8 @@ pub struct MountOptions {
     pub write_wait: Duration,
     /// What a close guarantees.
     pub durability: crate::Durability,
+    /// The most a sequential reader of one file may have fetched ahead, bytes.
+    pub readahead_bytes: u64,
 }
 
 /// Connect to the metaserver and serve the mount until it is unmounted (`umount`, or SIGINT /
@@ -83,6 +85,7 @@ pub fn mount(opts: MountOptions) -> Result<()> {
                 commit_interval: opts.commit_interval,
                 write_wait: opts.write_wait,
                 durability: opts.durability,
+                readahead_bytes: opts.readahead_bytes,
             },
         )
         .await

@@ -11,7 +11,9 @@ pub mod fuse;
 mod meta;
 pub mod metrics;
 mod nodes;
+mod readahead;
 mod stripe;
+mod stripe_cache;
 
 pub use client::{
     default_block_cache_mib, Client, ClientOptions, Durability, OpenOutcome, DEFAULT_COMMIT_INTERVAL_MS,
@@ -19,3 +21,4 @@ pub use client::{
 };
 pub use fuse::{mount, MountOptions};
 pub use meta::{connect_meta, connect_meta_with_timeout, MetaConn, Transport};
+pub use readahead::DEFAULT_READAHEAD_MIB;

@@ -22,6 +22,11 @@ pub const SHARD_WRITE_FAILURES: &str = "cairn_client_shard_write_failures_total"
 /// chunkservers (counters).
 pub const STRIPE_CACHE_HITS: &str = "cairn_client_stripe_cache_hits_total";
 pub const STRIPE_CACHE_MISSES: &str = "cairn_client_stripe_cache_misses_total";
+/// Sequential reads that reached a stripe read-ahead was still fetching, so the file's
+/// read-ahead window grew (counter); bytes by which open files' windows have grown beyond their
+/// base, mount-wide (gauge; bounded by 8 × `readahead_mib`).
+pub const READAHEAD_STALLS: &str = "cairn_client_readahead_stalls_total";
+pub const READAHEAD_BYTES: &str = "cairn_client_readahead_bytes";
 /// Random reads answered from the client's block cache, and those that went to a chunkserver
 /// (counters; one per shard range).
 pub const BLOCK_CACHE_HITS: &str = "cairn_client_block_cache_hits_total";

@@ -216,12 +216,79 @@ pub async fn read_stripe_waiting(
     }
 }
 
+/// [`read_whole_stripe`], waiting for chunkservers as [`read_stripe_waiting`] does.
+pub async fn read_whole_stripe_waiting(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Result<Pieces> {
+    let mut wait = nodes.wait_for("read");
+    loop {
+        match read_whole_stripe(nodes, geo, info).await {
+            Ok(p) => {
+                wait.succeeded();
+                return Ok(p);
+            }
+            Err(e) => wait.again(e).await?,
+        }
+    }
+}
+
 /// Who reads: a random reader goes through the client's block cache, whole-stripe reads (the
 /// sequential readers' stripe cache, read-modify-write) do not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reader {
     Random,
     Whole,
+}
+
+/// A stripe's valid bytes as the shards' answers arrived, in order, without copying them into
+/// one buffer: a read inside one piece is a slice of it.
+#[derive(Clone, Debug, Default)]
+pub struct Pieces {
+    pieces: Vec<Bytes>,
+    len: usize,
+}
+
+impl Pieces {
+    fn new(pieces: Vec<Bytes>) -> Pieces {
+        let len = pieces.iter().map(Bytes::len).sum();
+        Pieces { pieces, len }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Bytes `from..from + len` (clamped to the valid ones): a slice of one piece when they lie
+    /// in one, else copied together.
+    pub fn slice(&self, from: usize, len: usize) -> Bytes {
+        let to = (from + len).min(self.len);
+        let from = from.min(to);
+        let mut at = 0;
+        for p in &self.pieces {
+            if from >= at && to <= at + p.len() {
+                return p.slice(from - at..to - at);
+            }
+            at += p.len();
+        }
+        let mut out = vec![0u8; to - from];
+        self.copy_to(from, &mut out);
+        Bytes::from(out)
+    }
+
+    /// Copy bytes from `from` into `out`, as many as there are; returns how many.
+    pub fn copy_to(&self, from: usize, out: &mut [u8]) -> usize {
+        let mut at = 0;
+        let mut done = 0;
+        for p in &self.pieces {
+            let end = at + p.len();
+            let pos = from + done;
+            if done < out.len() && pos < end && pos >= at {
+                let n = (end - pos).min(out.len() - done);
+                out[done..done + n].copy_from_slice(&p[pos - at..pos - at + n]);
+                done += n;
+            }
+            at = end;
+        }
+        done
+    }
 }
 
 /// Fill `out` with stripe bytes starting at `offset` (relative to the stripe start). Bytes at
@@ -234,94 +301,131 @@ pub async fn read_stripe(
     out: &mut [u8],
     reader: Reader,
 ) -> Result<()> {
-    let layout = geo.layout;
     let valid = info.len.saturating_sub(offset).min(out.len() as u64) as usize;
     out[valid..].fill(0);
     if valid == 0 {
         return Ok(());
     }
-    let start = layout.stripe_start(info.index);
-    let segments = layout.segments(start + offset, valid as u64);
-    let healthy = segments
-        .iter()
-        .all(|s| info.missing & (1 << s.shard) == 0 && !nodes.is_suspect(geo.node(info.index, s.shard)));
-    if healthy {
-        let mut reads: FuturesUnordered<_> = segments
-            .iter()
-            .enumerate()
-            .map(|(at, s)| {
-                let id = geo.shard(info.index, s.shard, info.version);
-                let node = geo.node(info.index, s.shard);
-                async move {
-                    let read = match reader {
-                        Reader::Random => nodes.read_shard_cached(node, id, s.shard_offset, s.len).await,
-                        Reader::Whole => nodes.read_shard(node, id, s.shard_offset, s.len).await,
-                    };
-                    (at, read)
-                }
-            })
-            .collect();
-        let mut results: Vec<Option<Result<Bytes>>> = (0..segments.len()).map(|_| None).collect();
-        let deadline = tokio::time::sleep(HEDGE_AFTER);
-        tokio::pin!(deadline);
-        loop {
-            tokio::select! {
-                next = reads.next() => match next {
-                    Some((at, r)) => results[at] = Some(r),
-                    None => break,
-                },
-                _ = &mut deadline => {
-                    metrics::counter!(crate::metrics::HEDGED_READS).increment(1);
-                    for (s, r) in segments.iter().zip(&results) {
-                        if r.is_none() {
-                            nodes.mark_slow(geo.node(info.index, s.shard));
-                        }
-                    }
-                    break;
-                }
-            }
+    if let Some(pieces) = read_data_shards(nodes, geo, info, offset, valid as u64, reader).await {
+        let mut at = 0;
+        for p in pieces {
+            out[at..at + p.len()].copy_from_slice(&p);
+            at += p.len();
         }
-        drop(reads);
-        let complete =
-            results.iter().zip(&segments).all(|(r, s)| matches!(r, Some(Ok(d)) if d.len() as u64 >= s.len));
-        if complete {
-            for (s, r) in segments.iter().zip(results) {
-                let data = r.expect("complete").expect("checked above");
-                let at = s.buf_offset as usize;
-                out[at..at + s.len as usize].copy_from_slice(&data[..s.len as usize]);
-            }
-            return Ok(());
-        }
-        for (s, r) in segments.iter().zip(&results) {
-            match r {
-                None => tracing::warn!(
-                    ino = geo.ino,
-                    stripe = info.index,
-                    shard = s.shard,
-                    "degraded read: no answer within {HEDGE_AFTER:?}"
-                ),
-                Some(Err(e)) => {
-                    tracing::warn!(ino = geo.ino, stripe = info.index, shard = s.shard, "degraded read: {e}");
-                    if is_damage(e) {
-                        nodes.report_damaged(geo.shard(info.index, s.shard, info.version));
-                    }
-                }
-                Some(Ok(d)) if (d.len() as u64) < s.len => {
-                    tracing::warn!(
-                        ino = geo.ino,
-                        stripe = info.index,
-                        shard = s.shard,
-                        "degraded read: short shard"
-                    )
-                }
-                Some(Ok(_)) => {}
-            }
-        }
+        return Ok(());
     }
     let data = reconstruct(nodes, geo, info).await?;
     let from = offset as usize;
     out[..valid].copy_from_slice(&data[from..from + valid]);
     Ok(())
+}
+
+/// The stripe's valid bytes (what a sequential reader's stripe cache holds), each data shard's
+/// answer kept as it came.
+pub async fn read_whole_stripe(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Result<Pieces> {
+    if info.len == 0 {
+        return Ok(Pieces::default());
+    }
+    if let Some(pieces) = read_data_shards(nodes, geo, info, 0, info.len, Reader::Whole).await {
+        return Ok(Pieces::new(pieces));
+    }
+    let mut data = reconstruct(nodes, geo, info).await?;
+    data.resize(info.len as usize, 0);
+    Ok(Pieces::new(vec![Bytes::from(data)]))
+}
+
+/// Read stripe bytes `offset..offset + len` (all valid) from the data shards holding them, one
+/// piece per shard segment, in order. `None` when that cannot be done (a shard missing, on a
+/// suspect node, failing, short or slower than [`HEDGE_AFTER`]): the caller reconstructs.
+async fn read_data_shards(
+    nodes: &Nodes,
+    geo: &Geometry,
+    info: &StripeInfo,
+    offset: u64,
+    len: u64,
+    reader: Reader,
+) -> Option<Vec<Bytes>> {
+    let layout = geo.layout;
+    let start = layout.stripe_start(info.index);
+    let segments = layout.segments(start + offset, len);
+    let healthy = segments
+        .iter()
+        .all(|s| info.missing & (1 << s.shard) == 0 && !nodes.is_suspect(geo.node(info.index, s.shard)));
+    if !healthy {
+        return None;
+    }
+    let mut reads: FuturesUnordered<_> = segments
+        .iter()
+        .enumerate()
+        .map(|(at, s)| {
+            let id = geo.shard(info.index, s.shard, info.version);
+            let node = geo.node(info.index, s.shard);
+            async move {
+                let read = match reader {
+                    Reader::Random => nodes.read_shard_cached(node, id, s.shard_offset, s.len).await,
+                    Reader::Whole => nodes.read_shard(node, id, s.shard_offset, s.len).await,
+                };
+                (at, read)
+            }
+        })
+        .collect();
+    let mut results: Vec<Option<Result<Bytes>>> = (0..segments.len()).map(|_| None).collect();
+    let deadline = tokio::time::sleep(HEDGE_AFTER);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            next = reads.next() => match next {
+                Some((at, r)) => results[at] = Some(r),
+                None => break,
+            },
+            _ = &mut deadline => {
+                metrics::counter!(crate::metrics::HEDGED_READS).increment(1);
+                for (s, r) in segments.iter().zip(&results) {
+                    if r.is_none() {
+                        nodes.mark_slow(geo.node(info.index, s.shard));
+                    }
+                }
+                break;
+            }
+        }
+    }
+    drop(reads);
+    let complete =
+        results.iter().zip(&segments).all(|(r, s)| matches!(r, Some(Ok(d)) if d.len() as u64 >= s.len));
+    if complete {
+        let pieces = segments
+            .iter()
+            .zip(results)
+            .map(|(s, r)| r.expect("complete").expect("checked above").slice(..s.len as usize))
+            .collect();
+        return Some(pieces);
+    }
+    for (s, r) in segments.iter().zip(&results) {
+        match r {
+            None => tracing::warn!(
+                ino = geo.ino,
+                stripe = info.index,
+                shard = s.shard,
+                "degraded read: no answer within {HEDGE_AFTER:?}"
+            ),
+            Some(Err(e)) => {
+                tracing::warn!(ino = geo.ino, stripe = info.index, shard = s.shard, "degraded read: {e}");
+                if is_damage(e) {
+                    nodes.report_damaged(geo.shard(info.index, s.shard, info.version));
+                }
+            }
+            Some(Ok(d)) if (d.len() as u64) < s.len => {
+                tracing::warn!(
+                    ino = geo.ino,
+                    stripe = info.index,
+                    shard = s.shard,
+                    "degraded read: short shard"
+                )
+            }
+            Some(Ok(_)) => {}
+        }
+    }
+    None
 }
 
 /// Rebuild the stripe's data (its first `written_len` bytes) from any `k` shards: every
@@ -438,4 +542,41 @@ fn unreachable(e: &CairnError) -> bool {
 /// opposed to a node that is down, which the repair handles by itself).
 fn is_damage(e: &CairnError) -> bool {
     matches!(e.kind(), ErrorKind::Corrupt | ErrorKind::NotFound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pieces() -> (Pieces, Vec<u8>) {
+        let all: Vec<u8> = (0..100u8).collect();
+        let p = Pieces::new(vec![
+            Bytes::copy_from_slice(&all[..40]),
+            Bytes::copy_from_slice(&all[40..90]),
+            Bytes::copy_from_slice(&all[90..]),
+        ]);
+        (p, all)
+    }
+
+    #[test]
+    fn a_slice_inside_one_piece_shares_its_bytes() {
+        let (p, all) = pieces();
+        assert_eq!(p.len(), 100);
+        let s = p.slice(45, 20);
+        assert_eq!(&s[..], &all[45..65]);
+        assert_eq!(s.as_ptr(), p.pieces[1][5..].as_ptr(), "no copy");
+    }
+
+    #[test]
+    fn slices_and_copies_across_pieces_and_past_the_end() {
+        let (p, all) = pieces();
+        for (from, len) in [(0, 100), (30, 20), (39, 2), (85, 10), (95, 20), (100, 5), (120, 1)] {
+            let want = &all[from.min(100)..(from + len).min(100)];
+            assert_eq!(&p.slice(from, len)[..], want, "slice {from}+{len}");
+            let mut out = vec![0xAA; len];
+            let n = p.copy_to(from, &mut out);
+            assert_eq!(&out[..n], want, "copy {from}+{len}");
+            assert!(out[n..].iter().all(|&b| b == 0xAA), "nothing written past the valid bytes");
+        }
+    }
 }
