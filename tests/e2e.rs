@@ -639,3 +639,47 @@ fn fsync_of_a_clean_file_or_a_directory_makes_the_namespace_durable() {
     drop((f, g));
     assert_eq!(fs::read(dir.join("data")).unwrap(), b"bytes");
 }
+
+/// The FUSE bdi of the mount at `dir` (`MAJOR:MINOR`), whose `read_ahead_kb` is the kernel's
+/// read-ahead for it.
+fn bdi_of(dir: &std::path::Path) -> String {
+    let dev = fs::metadata(dir).unwrap().dev();
+    format!("{}:{}", libc::major(dev), libc::minor(dev))
+}
+
+#[test]
+fn sequential_readers_fetch_each_stripe_once_whatever_the_kernels_read_ahead() {
+    // Stripes of 256 KiB: a 24 MiB file is 96 of them, so the read-ahead window (starting at
+    // two stripes, up to 64 MiB) grows and the kernel's 16 MiB read-ahead spans 64 stripes,
+    // its requests answered in any order by the mount's threads.
+    let mut cluster = Cluster::start(6, "4+2", 64);
+    let data = random_bytes(24 << 20, 41);
+    write_and_close(&cluster.mnt.join("big"), &data).unwrap();
+    for (name, read_ahead_kb) in [("ra-small", 128), ("ra-large", 16384)] {
+        // A mount of its own: nothing of the file in its page cache, every byte through FUSE.
+        let metrics = support::free_addr();
+        let mount = support::Mount::with_args(&cluster, name, &["--metrics", &metrics, "--threads", "8"]);
+        fs::write(format!("/sys/class/bdi/{}/read_ahead_kb", bdi_of(&mount.dir)), read_ahead_kb.to_string())
+            .unwrap();
+        let mut back = Vec::with_capacity(data.len());
+        let mut f = fs::File::open(mount.dir.join("big")).unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            back.extend_from_slice(&buf[..n]);
+        }
+        assert!(back == data, "{name}: the file read back differs");
+        let text = support::scrape(&metrics);
+        let fetched = support::metric(&text, "cairn_client_stripe_fetched_bytes_total", &[]).unwrap_or(0.0);
+        let ratio = fetched / data.len() as f64;
+        // Every stripe is needed once (and by read-ahead, not fetched again for a request that
+        // came late). Below 1: a few requests at the start were taken for random reads.
+        assert!((0.95..1.07).contains(&ratio), "{name}: fetched {ratio:.2}x the file's bytes");
+        let stalls = support::metric(&text, "cairn_client_readahead_stalls_total", &[]);
+        eprintln!("{name}: fetched {ratio:.3}x, read-ahead caught up with {stalls:?} times");
+    }
+    cluster.stop();
+}

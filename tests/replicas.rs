@@ -225,27 +225,6 @@ fn with_a_majority_of_metaservers_gone_changes_fail_and_resume_when_it_returns()
     fsck_clean(&cluster);
 }
 
-/// A free port on 127.0.0.1.
-/// A free port below the kernel's ephemeral range, as `cairn up` picks them: a port from the
-/// range (what binding port 0 gives) can be taken meanwhile by the local end of any outgoing
-/// connection, and the test's connections are many.
-fn free_addr() -> String {
-    let ephemeral_low: u16 = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|t| t.split_whitespace().next().and_then(|p| p.parse().ok()))
-        .unwrap_or(32768);
-    let mut rng =
-        support::Rng(std::process::id() as u64 ^ std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos() as u64);
-    for _ in 0..1000 {
-        let port = 10_000 + rng.below(u64::from(ephemeral_low.saturating_sub(10_000)).max(1)) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return format!("127.0.0.1:{port}");
-        }
-    }
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().to_string()
-}
-
 /// `cairn <args>` with `--meta` set to `meta`: exit code and output.
 fn cli_on(cluster: &Cluster, meta: &str, args: &[&str]) -> (i32, String) {
     let mut all = args.to_vec();
@@ -286,7 +265,7 @@ fn a_lost_replica_is_replaced_and_a_backup_restores_the_namespace_into_a_new_gro
     let mut config: toml::Table =
         toml::from_str(&fs::read_to_string(cluster.data.join(format!("meta-{lost}/meta.toml"))).unwrap())
             .unwrap();
-    let addr = free_addr();
+    let addr = support::free_addr();
     let dir = cluster.data.join("meta-4");
     fs::create_dir_all(&dir).unwrap();
     let mut replicas: Vec<toml::Value> = config["replicas"].as_array().unwrap().clone();
@@ -294,7 +273,7 @@ fn a_lost_replica_is_replaced_and_a_backup_restores_the_namespace_into_a_new_gro
     config.insert("replicas".into(), toml::Value::Array(replicas));
     config.insert("raft_id".into(), toml::Value::Integer(4));
     config.insert("listen".into(), toml::Value::String(addr.clone()));
-    config.insert("metrics_listen".into(), toml::Value::String(free_addr()));
+    config.insert("metrics_listen".into(), toml::Value::String(support::free_addr()));
     config.insert("data_dir".into(), toml::Value::String(dir.join("db").to_str().unwrap().into()));
     fs::write(dir.join("meta.toml"), toml::to_string(&config).unwrap()).unwrap();
     // Adding a replica that does not answer fails clearly and changes nothing.

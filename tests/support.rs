@@ -528,3 +528,22 @@ pub fn restart_server(cluster: &Cluster, role: &str, dir: &str) -> std::process:
         .spawn()
         .expect("spawn a cairn server")
 }
+
+/// A free port below the kernel's ephemeral range, as `cairn up` picks them: a port from the
+/// range (what binding port 0 gives) can be taken meanwhile by the local end of any outgoing
+/// connection, and the test's connections are many.
+pub fn free_addr() -> String {
+    let ephemeral_low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next().and_then(|p| p.parse().ok()))
+        .unwrap_or(32768);
+    let mut rng = Rng(std::process::id() as u64 ^ std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos() as u64);
+    for _ in 0..1000 {
+        let port = 10_000 + rng.below(u64::from(ephemeral_low.saturating_sub(10_000)).max(1)) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return format!("127.0.0.1:{port}");
+        }
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}

@@ -115,12 +115,6 @@ impl Drop for Writer {
     }
 }
 
-/// A free loopback address for a mount's metrics.
-fn free_addr() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").to_string()
-}
-
 /// The file as the metaserver has it now, read by a new client (one whose kernel has cached
 /// nothing of it): its size is the committed one, and every byte up to it must be the
 /// reference's (the committed prefix of what was written), nothing torn or zeroed.
@@ -143,7 +137,7 @@ static READERS: AtomicUsize = AtomicUsize::new(0);
 #[test]
 fn a_writer_that_never_closes_loses_only_the_last_interval_when_its_client_dies() {
     let cluster = Cluster::start_with(Path::new("/tmp"), 6, "4+2", UNIT_KIB, &["--client-lease-ms", "2000"]);
-    let metrics = free_addr();
+    let metrics = support::free_addr();
     let mut client =
         Mount::with_args(&cluster, "writer", &["--commit-interval-ms", "1000", "--metrics", &metrics]);
     let reference = cluster.root.path().join("reference");
@@ -216,7 +210,7 @@ fn two_chunkservers_lost_mid_write_fail_the_writer_and_keep_what_was_committed()
 #[test]
 fn a_stripe_that_cannot_be_stored_is_never_committed_as_a_hole() {
     let cluster = Cluster::start(6, "4+2", UNIT_KIB);
-    let metrics = free_addr();
+    let metrics = support::free_addr();
     // Not waiting for chunkservers: the pass fails at once.
     let client = Mount::with_args(
         &cluster,

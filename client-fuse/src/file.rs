@@ -41,7 +41,7 @@ use crate::stripe::{
     read_stripe_waiting as read_stripe, read_whole_stripe_waiting, write_stripe_waiting, Geometry, Pieces,
     Reader,
 };
-use crate::stripe_cache::StripeCache;
+use crate::stripe_cache::{StripeCache, REORDERED};
 
 /// The change counters a commit or truncation advances: the client's sequence of changes
 /// (`any`), and for the inode (bucketed) the number of its latest change in that sequence.
@@ -63,9 +63,6 @@ const MAX_DIRTY_STRIPES: usize = 4;
 /// Full stripes per file written in the background at once; a writer past this waits for
 /// the oldest.
 const WRITES_IN_FLIGHT: usize = 2;
-/// How far from the end of a sequential stream a read may start and still continue it: the
-/// kernel has at most 64 FUSE requests of up to 1 MiB in flight, answered in any order.
-const REORDERED: u64 = 64 << 20;
 
 pub struct OpenFile {
     pub geo: Geometry,
@@ -127,7 +124,9 @@ struct InFlight {
 impl OpenFile {
     pub fn new(geo: Geometry, size: u64, stripes: Vec<StripeInfo>, readahead: &Arc<Readahead>) -> OpenFile {
         let readahead = Window::new(readahead.clone(), geo.layout.stripe_bytes());
+        let cache = SyncMutex::new(StripeCache::new(geo.layout.stripe_bytes()));
         OpenFile {
+            cache,
             readahead,
             geo,
             inner: Mutex::new(Inner {
@@ -141,7 +140,6 @@ impl OpenFile {
                 streaming: false,
                 written_tail: None,
             }),
-            cache: SyncMutex::new(StripeCache::default()),
             pending: SyncMutex::new(Pending::default()),
         }
     }
@@ -248,7 +246,7 @@ impl OpenFile {
         // slice of the stripe's bytes: no buffer to zero and fill.
         if let [(_, in_stripe, take, Source::Stripe(info))] = plan.as_slice() {
             if sequential {
-                let whole = self.cached_stripe(nodes, info).await?;
+                let whole = self.cached_stripe(nodes, info, *take).await?;
                 let from = *in_stripe as usize;
                 if from + *take as usize <= whole.len() {
                     let last = *info;
@@ -273,7 +271,7 @@ impl OpenFile {
                     Ok(())
                 }
                 Source::Stripe(info) if sequential => {
-                    let whole = self.cached_stripe(nodes, info).await?;
+                    let whole = self.cached_stripe(nodes, info, buf.len() as u64).await?;
                     whole.copy_to(*in_stripe as usize, buf);
                     Ok(())
                 }
@@ -317,9 +315,9 @@ impl OpenFile {
 
     /// A whole stripe's valid bytes, fetched once and shared by concurrent readers. A
     /// sequential reader that finds it still being fetched by read-ahead widens its window.
-    async fn cached_stripe(&self, nodes: &Arc<Nodes>, info: &StripeInfo) -> Result<Pieces> {
+    async fn cached_stripe(&self, nodes: &Arc<Nodes>, info: &StripeInfo, bytes: u64) -> Result<Pieces> {
         let window = self.readahead.stripes();
-        let (cell, caught_up) = self.cache.lock().for_reader(info.index, info.version, window);
+        let (cell, caught_up) = self.cache.lock().for_reader(info.index, info.version, bytes, window);
         if caught_up {
             self.readahead.stalled();
         }
@@ -720,7 +718,7 @@ impl OpenFile {
                 buf.truncate(valid as usize);
             }
         }
-        *self.cache.lock() = StripeCache::default();
+        *self.cache.lock() = StripeCache::new(self.geo.layout.stripe_bytes());
     }
 }
 
@@ -751,5 +749,7 @@ enum Source {
 
 /// A whole stripe's valid bytes, read from the chunkservers (what the stripe cache holds).
 async fn fetch_stripe(nodes: &Arc<Nodes>, geo: &Geometry, info: &StripeInfo) -> Result<Pieces> {
-    read_whole_stripe_waiting(nodes, geo, info).await
+    let pieces = read_whole_stripe_waiting(nodes, geo, info).await?;
+    ::metrics::counter!(metrics::STRIPE_FETCHED_BYTES).increment(pieces.len() as u64);
+    Ok(pieces)
 }

@@ -22,6 +22,9 @@ pub const SHARD_WRITE_FAILURES: &str = "cairn_client_shard_write_failures_total"
 /// chunkservers (counters).
 pub const STRIPE_CACHE_HITS: &str = "cairn_client_stripe_cache_hits_total";
 pub const STRIPE_CACHE_MISSES: &str = "cairn_client_stripe_cache_misses_total";
+/// Bytes of whole stripes fetched for sequential readers and read-ahead (counter): about the
+/// bytes they read; much more means stripes are fetched again or read ahead in vain.
+pub const STRIPE_FETCHED_BYTES: &str = "cairn_client_stripe_fetched_bytes_total";
 /// Sequential reads that reached a stripe read-ahead was still fetching, so the file's
 /// read-ahead window grew (counter); bytes by which open files' windows have grown beyond their
 /// base, mount-wide (gauge; bounded by 8 × `readahead_mib`).

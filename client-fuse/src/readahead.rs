@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::metrics;
+use crate::stripe_cache::REORDERED;
 
 /// Stripes fetched ahead of every sequential reader, before any growth.
 pub const BASE_STRIPES: u64 = 2;
@@ -88,13 +89,18 @@ impl Window {
     }
 
     /// The stripes after `last` (which the reader just read) that read-ahead has not started
-    /// yet, up to the window; they count as started from now on.
+    /// yet, up to the window; they count as started from now on. A late request for an
+    /// earlier stripe (the kernel's requests come in any order) starts nothing again; a reader
+    /// that went back further than requests come out of order starts a new stream.
     pub fn next_range(&self, last: u64) -> std::ops::RangeInclusive<u64> {
         let to = last + self.stripes();
-        let before = self.started_to.swap(to, Ordering::AcqRel);
-        // A reader that went back (or jumped past the window) starts over behind it.
-        let from = if before > last && before <= to { before + 1 } else { last + 1 };
-        from..=to
+        let max_behind = (REORDERED / self.stripe_bytes.max(1)).max(BASE_STRIPES);
+        if self.started_to.load(Ordering::Acquire) > to + max_behind {
+            self.started_to.store(to, Ordering::Release);
+            return last + 1..=to;
+        }
+        let before = self.started_to.fetch_max(to, Ordering::AcqRel);
+        before.max(last) + 1..=to
     }
 
     /// The reader had to wait for a stripe read-ahead was still fetching: double the window, as
@@ -180,7 +186,9 @@ mod tests {
         assert_eq!(w.next_range(1), 3..=3);
         w.stalled();
         assert_eq!(w.next_range(2), 4..=6, "the window grew to 4");
+        assert!(w.next_range(1).is_empty(), "a late request for an earlier stripe");
         assert_eq!(w.next_range(40), 41..=44, "jumped ahead");
-        assert_eq!(w.next_range(10), 11..=14, "went back");
+        assert!(w.next_range(30).is_empty(), "ten stripes behind: out of order, not back");
+        assert_eq!(w.next_range(10), 11..=14, "went back thirty: a new stream");
     }
 }

@@ -246,6 +246,12 @@ pub struct Pieces {
     len: usize,
 }
 
+impl From<Bytes> for Pieces {
+    fn from(b: Bytes) -> Pieces {
+        Pieces::new(vec![b])
+    }
+}
+
 impl Pieces {
     fn new(pieces: Vec<Bytes>) -> Pieces {
         let len = pieces.iter().map(Bytes::len).sum();
@@ -331,7 +337,7 @@ pub async fn read_whole_stripe(nodes: &Nodes, geo: &Geometry, info: &StripeInfo)
     }
     let mut data = reconstruct(nodes, geo, info).await?;
     data.resize(info.len as usize, 0);
-    Ok(Pieces::new(vec![Bytes::from(data)]))
+    Ok(Pieces::from(Bytes::from(data)))
 }
 
 /// Read stripe bytes `offset..offset + len` (all valid) from the data shards holding them, one
