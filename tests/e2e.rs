@@ -655,7 +655,10 @@ fn sequential_readers_fetch_each_stripe_once_whatever_the_kernels_read_ahead() {
     let mut cluster = Cluster::start(6, "4+2", 64);
     let data = random_bytes(24 << 20, 41);
     write_and_close(&cluster.mnt.join("big"), &data).unwrap();
-    for (name, read_ahead_kb) in [("ra-small", 128), ("ra-large", 16384)] {
+    // With the kernel's default read-ahead every request continues the last one; with 16 MiB,
+    // requests race each other from the start and some are served as random reads (from the
+    // block cache, not fetched whole) until two in a row continue each other.
+    for (name, read_ahead_kb, least) in [("ra-small", 128, 0.95), ("ra-large", 16384, 0.5)] {
         // A mount of its own: nothing of the file in its page cache, every byte through FUSE.
         let metrics = support::free_addr();
         let mount = support::Mount::with_args(&cluster, name, &["--metrics", &metrics, "--threads", "8"]);
@@ -676,8 +679,8 @@ fn sequential_readers_fetch_each_stripe_once_whatever_the_kernels_read_ahead() {
         let fetched = support::metric(&text, "cairn_client_stripe_fetched_bytes_total", &[]).unwrap_or(0.0);
         let ratio = fetched / data.len() as f64;
         // Every stripe is needed once (and by read-ahead, not fetched again for a request that
-        // came late). Below 1: a few requests at the start were taken for random reads.
-        assert!((0.95..1.07).contains(&ratio), "{name}: fetched {ratio:.2}x the file's bytes");
+        // came late). Below 1: requests served as random reads.
+        assert!((least..1.07).contains(&ratio), "{name}: fetched {ratio:.2}x the file's bytes");
         let stalls = support::metric(&text, "cairn_client_readahead_stalls_total", &[]);
         eprintln!("{name}: fetched {ratio:.3}x, read-ahead caught up with {stalls:?} times");
     }

@@ -60,6 +60,8 @@ impl Changes<'_> {
 
 /// Stripes buffered per file before the oldest is written out even if not full.
 const MAX_DIRTY_STRIPES: usize = 4;
+/// Reads in a row, each starting where the previous one ended, that make a sequential stream.
+const STREAM_AFTER: u32 = 2;
 /// Full stripes per file written in the background at once; a writer past this waits for
 /// the oldest.
 const WRITES_IN_FLIGHT: usize = 2;
@@ -107,8 +109,9 @@ struct Inner {
     size_dirty: bool,
     /// The end of the last read, or of the furthest one while a sequential stream goes on.
     last_read_end: u64,
-    /// The last read was sequential: reads near `last_read_end` continue its stream.
-    streaming: bool,
+    /// Reads in a row that started where the previous one ended (reads near the stream, in
+    /// stripes it fetched, keep the count); [`STREAM_AFTER`] of them make a stream.
+    run: u32,
     /// The bytes of the partial stripe write-back last stored (stripe, version, bytes), so an
     /// appending writer continues it from memory instead of reading it back.
     written_tail: Option<(u64, u64, Vec<u8>)>,
@@ -137,7 +140,7 @@ impl OpenFile {
                 in_flight: BTreeMap::new(),
                 size_dirty: false,
                 last_read_end: 0,
-                streaming: false,
+                run: 0,
                 written_tail: None,
             }),
             pending: SyncMutex::new(Pending::default()),
@@ -204,19 +207,37 @@ impl OpenFile {
     pub async fn read(&self, nodes: &Arc<Nodes>, offset: u64, len: u32) -> Result<Bytes> {
         let layout = self.geo.layout;
         let stripe_bytes = layout.stripe_bytes();
-        let (len, plan, sequential) = {
+        let (len, plan, how) = {
             let mut inner = self.inner.lock().await;
             if offset >= inner.size {
                 return Ok(Bytes::new());
             }
             let len = (len as u64).min(inner.size - offset);
-            // The kernel's read-ahead sends several requests at once and they may be served out
-            // of order: once a stream is established, a read near its end continues it.
-            let near = offset + REORDERED >= inner.last_read_end && offset <= inner.last_read_end + REORDERED;
-            let sequential = offset == 0 || offset == inner.last_read_end || (inner.streaming && near);
-            inner.streaming = sequential;
+            // Reads that start where the previous one ended make a stream. The kernel's
+            // read-ahead sends several requests at once and they may be served out of order, so
+            // a read near the stream's furthest end, in a stripe the stream has fetched or is
+            // fetching, keeps it; anything else ends it. A random reader that happens to read
+            // two adjacent ranges (or whose kernel read ahead once) must not fetch whole
+            // stripes and read ahead. A read at 0 fetches its stripe whole and reads ahead, but
+            // starts no stream on its own: a random reader that reads a header first stays
+            // random. Any read in a stripe already cached is served from it.
+            let continues = offset != 0 && offset == inner.last_read_end;
+            let held = self.cache.lock().holds(layout.stripe_of(offset));
+            let near = held
+                && offset + REORDERED >= inner.last_read_end
+                && offset <= inner.last_read_end + REORDERED;
+            inner.run = if continues {
+                inner.run.saturating_add(1)
+            } else if near {
+                inner.run
+            } else {
+                0
+            };
+            let streaming = inner.run >= STREAM_AFTER;
+            let how =
+                How { whole: offset == 0 || streaming || held, ahead: offset == 0 || streaming, streaming };
             inner.last_read_end =
-                if sequential { inner.last_read_end.max(offset + len) } else { offset + len };
+                if streaming { inner.last_read_end.max(offset + len) } else { offset + len };
             let mut plan = Vec::new();
             let mut pos = offset;
             while pos < offset + len {
@@ -240,17 +261,19 @@ impl OpenFile {
                 plan.push((pos - offset, in_stripe, take, source));
                 pos += take;
             }
-            (len, plan, sequential)
+            (len, plan, how)
         };
         // A sequential read inside one cached stripe (the usual 1 MiB read of a big file) is a
         // slice of the stripe's bytes: no buffer to zero and fill.
         if let [(_, in_stripe, take, Source::Stripe(info))] = plan.as_slice() {
-            if sequential {
-                let whole = self.cached_stripe(nodes, info, *take).await?;
+            if how.whole {
+                let whole = self.cached_stripe(nodes, info, *take, how.streaming).await?;
                 let from = *in_stripe as usize;
                 if from + *take as usize <= whole.len() {
-                    let last = *info;
-                    self.read_ahead(nodes, &last).await;
+                    if how.ahead {
+                        let last = *info;
+                        self.read_ahead(nodes, &last).await;
+                    }
                     return Ok(whole.slice(from, *take as usize));
                 }
             }
@@ -270,8 +293,8 @@ impl OpenFile {
                     buf[..b.len()].copy_from_slice(b);
                     Ok(())
                 }
-                Source::Stripe(info) if sequential => {
-                    let whole = self.cached_stripe(nodes, info, buf.len() as u64).await?;
+                Source::Stripe(info) if how.whole => {
+                    let whole = self.cached_stripe(nodes, info, buf.len() as u64, how.streaming).await?;
                     whole.copy_to(*in_stripe as usize, buf);
                     Ok(())
                 }
@@ -283,7 +306,7 @@ impl OpenFile {
         for r in join_all(reads).await {
             r?;
         }
-        if sequential {
+        if how.ahead {
             if let Some((_, _, _, Source::Stripe(last))) = plan.last() {
                 self.read_ahead(nodes, last).await;
             }
@@ -314,11 +337,17 @@ impl OpenFile {
     }
 
     /// A whole stripe's valid bytes, fetched once and shared by concurrent readers. A
-    /// sequential reader that finds it still being fetched by read-ahead widens its window.
-    async fn cached_stripe(&self, nodes: &Arc<Nodes>, info: &StripeInfo, bytes: u64) -> Result<Pieces> {
+    /// stream that finds it still being fetched by read-ahead widens its window.
+    async fn cached_stripe(
+        &self,
+        nodes: &Arc<Nodes>,
+        info: &StripeInfo,
+        bytes: u64,
+        streaming: bool,
+    ) -> Result<Pieces> {
         let window = self.readahead.stripes();
         let (cell, caught_up) = self.cache.lock().for_reader(info.index, info.version, bytes, window);
-        if caught_up {
+        if caught_up && streaming {
             self.readahead.stalled();
         }
         let name = if cell.initialized() { metrics::STRIPE_CACHE_HITS } else { metrics::STRIPE_CACHE_MISSES };
@@ -739,6 +768,15 @@ impl Versions {
         let n = self.counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed) as u64 + 1;
         ((self.client_id as u64) << 32) | n
     }
+}
+
+/// How a read is served: from whole stripes in the stripe cache (`whole`), with read-ahead
+/// after it (`ahead`), as part of an established stream (`streaming`: may widen the window).
+#[derive(Clone, Copy)]
+struct How {
+    whole: bool,
+    ahead: bool,
+    streaming: bool,
 }
 
 enum Source {

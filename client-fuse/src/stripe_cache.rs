@@ -92,6 +92,11 @@ impl StripeCache {
         (cell, caught_up)
     }
 
+    /// Whether stripe `index` (any version) is cached or being fetched.
+    pub fn holds(&self, index: u64) -> bool {
+        self.entries.contains_key(&index)
+    }
+
     pub fn forget(&mut self, index: u64) {
         self.entries.remove(&index);
     }
