@@ -5,12 +5,13 @@ peers_dir=${PEERS_DIR:-$repo/../shared/peers}
 glusterd_before=$(pgrep -x glusterd || true)
 
 # cairn_start MOUNTPOINT [cairn up flags...]: a whole local cluster under $work/cairn (default
-# layout 4+2, 1 MiB units), mounted; returns when it is ready. Sets $cairn_pid.
+# layout 4+2, 1 MiB units), mounted; returns when it is ready. Sets $cairn_pid. Starts
+# $CAIRN_BIN when set (another build), else target/release/cairn.
 cairn_start() {
   local mnt=$1
   shift
   mkdir -p "$mnt"
-  "$repo/target/release/cairn" up --data-dir "$work/cairn" --mount "$mnt" --meta-port 0 "$@" > "$work/up.log" 2>&1 &
+  "${CAIRN_BIN:-$repo/target/release/cairn}" up --data-dir "$work/cairn" --mount "$mnt" --meta-port 0 "$@" > "$work/up.log" 2>&1 &
   export CAIRN_TLS="$work/cairn/tls/admin"  # admin commands (cairn up makes it)
   cairn_pid=$!
   trap cairn_stop EXIT
