@@ -113,9 +113,15 @@ impl Window {
         if want <= now {
             return;
         }
-        let got = self.pool.take((want - now) * self.stripe_bytes, self.stripe_bytes) / self.stripe_bytes;
-        if got > 0 {
-            self.stripes.fetch_add(got, Ordering::AcqRel);
+        let got = self.pool.take((want - now) * self.stripe_bytes, self.stripe_bytes);
+        // Two readers that stall at once grow it once: the second gives its share back.
+        if got > 0
+            && self
+                .stripes
+                .compare_exchange(now, now + got / self.stripe_bytes, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            self.pool.give(got);
         }
     }
 }
@@ -148,6 +154,19 @@ mod tests {
         assert_eq!(pool.left.load(Ordering::Acquire), (8 * 64 - 56) as i64 * MIB as i64);
         drop(w);
         assert_eq!(pool.left.load(Ordering::Acquire), 8 * 64 * MIB as i64, "given back at drop");
+    }
+
+    #[test]
+    fn readers_stalling_at_once_never_grow_it_past_the_limit_nor_lose_budget() {
+        let pool = Readahead::new(64 * MIB);
+        let w = Window::new(pool.clone(), 4 * MIB);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| (0..100).for_each(|_| w.stalled()));
+            }
+        });
+        assert_eq!(w.stripes(), 16);
+        assert_eq!(pool.left.load(Ordering::Acquire), (8 * 64 - 56) as i64 * MIB as i64);
     }
 
     #[test]
