@@ -316,7 +316,10 @@ impl OpenFile {
 
     /// A sequential reader just read stripe `last`: fetch the next ones, as many as its window.
     async fn read_ahead(&self, nodes: &Arc<Nodes>, last: &StripeInfo) {
-        let range = self.readahead.next_range(last.index);
+        // From the reader's furthest position: a late request (the kernel's come in any
+        // order) would otherwise start stripes the reader has already passed.
+        let from = last.index.max(self.cache.lock().front());
+        let range = self.readahead.next_range(from);
         if range.is_empty() {
             return;
         }
@@ -325,7 +328,9 @@ impl OpenFile {
             inner.stripes.range(range).map(|(_, info)| *info).collect()
         };
         for info in infos {
-            let cell = self.cache.lock().cell(info.index, info.version, true);
+            let Some(cell) = self.cache.lock().ahead_cell(info.index, info.version) else {
+                continue;
+            };
             if cell.initialized() {
                 continue;
             }

@@ -53,7 +53,7 @@ impl StripeCache {
 
     /// The cell of stripe `index` at `version`, created if missing or of another version
     /// (`ahead`: by read-ahead).
-    pub fn cell(&mut self, index: u64, version: u64, ahead: bool) -> Cell {
+    fn cell(&mut self, index: u64, version: u64, ahead: bool) -> Cell {
         match self.entries.get(&index) {
             Some(e) if e.version == version => e.cell.clone(),
             _ => {
@@ -92,6 +92,19 @@ impl StripeCache {
         (cell, caught_up)
     }
 
+    /// The cell read-ahead fills for stripe `index` at `version`, or `None` where a reader has
+    /// already reached it: such a stripe is cached, being read, or served and dropped, and a
+    /// read-ahead started from a late request (the kernel's come in any order) must not fetch
+    /// it again.
+    pub fn ahead_cell(&mut self, index: u64, version: u64) -> Option<Cell> {
+        (index > self.front).then(|| self.cell(index, version, true))
+    }
+
+    /// The furthest stripe a reader asked for.
+    pub fn front(&self) -> u64 {
+        self.front
+    }
+
     /// Whether stripe `index` (any version) is cached or being fetched.
     pub fn holds(&self, index: u64) -> bool {
         self.entries.contains_key(&index)
@@ -128,8 +141,9 @@ mod tests {
     /// Read-ahead as the file does it: cells for the `window` stripes after `last`, filled.
     fn read_ahead(c: &mut StripeCache, last: u64, window: u64) {
         for a in last + 1..=last + window {
-            let cell = c.cell(a, 1, true);
-            let _ = cell.set(Pieces::from(Bytes::from(vec![0u8; STRIPE as usize])));
+            if let Some(cell) = c.ahead_cell(a, 1) {
+                let _ = cell.set(Pieces::from(Bytes::from(vec![0u8; STRIPE as usize])));
+            }
         }
     }
 
@@ -165,6 +179,22 @@ mod tests {
         read_ahead(&mut c, 40, 4);
         assert_eq!(c.kept(), (38..=44).collect::<Vec<_>>(), "2 behind, the reader's, 4 ahead");
         assert_eq!(fetches, 1);
+    }
+
+    #[test]
+    fn read_ahead_from_a_late_request_fetches_nothing_the_reader_has_passed() {
+        // The reader is at stripe 50 and has been served stripes 30..=49 whole (they are
+        // dropped); a request for stripe 30 that came late starts read-ahead from there.
+        let mut c = StripeCache::new(STRIPE);
+        let mut fetches = 0;
+        for i in 30..=50 {
+            read(&mut c, i, STRIPE, 4, &mut fetches);
+        }
+        assert!(c.ahead_cell(31, 1).is_none(), "served and dropped: not fetched again");
+        assert!(c.ahead_cell(49, 1).is_none(), "kept behind the reader: not started again");
+        assert!(c.ahead_cell(50, 1).is_none(), "the reader's own stripe");
+        assert!(c.ahead_cell(51, 1).is_some(), "ahead of the reader");
+        assert_eq!(c.front(), 50);
     }
 
     #[test]
