@@ -223,6 +223,7 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
             },
             "tls": tls_json(),
             "meta_cert_not_after": status.meta_cert_not_after,
+            "access_rules": status.access_rules,
         });
         println!("{}", serde_json::to_string_pretty(&out).expect("json"));
         return Ok(code);
@@ -300,6 +301,15 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
     println!("{}", tls_line());
     if let Some(line) = server_certs_line(&status) {
         println!("{line}");
+    }
+    match status.access_rules.as_slice() {
+        [] => println!("access rules: none (every client certificate may do what its role allows)"),
+        rules => {
+            println!("access rules (the first that names a client certificate applies):");
+            for rule in rules {
+                println!("  {rule}");
+            }
+        }
     }
     Ok(code)
 }

@@ -183,6 +183,30 @@ pub fn run(args: UpArgs, plaintext: bool) -> Result<()> {
     rt.block_on(up(args, plaintext))
 }
 
+/// The cluster's access rules file, `DATA/access.toml`, written with no rules (an explanation in
+/// comments) unless it is there already.
+fn access_template(dir: &Path) -> Result<PathBuf> {
+    let path = dir.join("access.toml");
+    if !path.exists() {
+        std::fs::write(&path, ACCESS_TEMPLATE).map_err(io_err("write", &path))?;
+    }
+    Ok(path)
+}
+
+const ACCESS_TEMPLATE: &str = r#"# Per-client access rules (docs/operations.md, "Access rules"), re-read by the metaservers on
+# SIGHUP and when this file changes. The first rule whose `clients` matches a client
+# certificate's name applies; a client no rule matches may do whatever its role allows.
+#
+# [[rule]]
+# clients = ["trainer-*"]  # certificate names, a prefix ending in `*`, or "*" for every client
+# read_only = true         # no namespace changes; the mount becomes read-only
+# squash = "root"          # owners set by the client: "none", "root" (0 -> anon) or "all"
+# anon_uid = 65534
+# anon_gid = 65534
+# setuid = false           # setuid (and a file's setgid) bits are cleared
+# devices = false          # no device nodes
+"#;
+
 /// The cluster's certificates under `DATA/tls` (see [`crate::cert::cluster`]), and the admin
 /// identity installed in this process (which asks the metaserver for the nodes). `None`:
 /// plaintext, as asked.
@@ -368,6 +392,10 @@ async fn up(args: UpArgs, plaintext: bool) -> Result<()> {
     let tls_root = tls_setup(&dir, plaintext, cluster.meta_replicas as usize, cluster.chunk_ports.len())?;
     let tls_dir = |name: &str| tls_root.as_ref().map(|r| r.join(name)).unwrap_or_default();
 
+    let access_file = match &tls_root {
+        Some(_) => Some(access_template(&dir)?),
+        None => None,
+    };
     let meta_addrs = cluster.meta_addrs();
     let meta_addr = meta_addrs.join(",");
     let replicas: Vec<String> = if cluster.meta_replicas > 1 {
@@ -395,6 +423,7 @@ async fn up(args: UpArgs, plaintext: bool) -> Result<()> {
             raft_id: if replicas.is_empty() { 0 } else { i as u64 + 1 },
             tls_dir: tls_dir(&format!("meta-{}", i + 1)),
             plaintext: tls_root.is_none(),
+            access_file: access_file.clone(),
             ..MetaConfig::default()
         };
         meta_cfg.validate()?;

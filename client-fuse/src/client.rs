@@ -122,6 +122,8 @@ struct Opened {
 
 pub struct Client {
     pub meta: MetaConn,
+    /// The metaserver's access rules let this client change nothing.
+    pub read_only: bool,
     nodes: Arc<Nodes>,
     pub options: ClientOptions,
     readahead: Arc<Readahead>,
@@ -252,7 +254,8 @@ impl Client {
     /// Register with the metaserver (which hands out the id that makes stripe versions unique)
     /// and start the write-back task (it ends once the client is dropped).
     pub async fn new(meta: MetaConn, options: ClientOptions) -> Result<Arc<Client>> {
-        let client_id = meta.register_client(p::Empty {}).await?.client_id;
+        let registered = meta.register_client(p::Empty {}).await?;
+        let (client_id, read_only) = (registered.client_id, registered.read_only);
         meta.set_client(client_id.into());
         let nodes = Arc::new(
             Nodes::new(meta.clone(), options.block_cache_bytes)?
@@ -266,6 +269,7 @@ impl Client {
         tokio::spawn(releases.clone().run());
         let client = Arc::new(Client {
             meta,
+            read_only,
             nodes,
             readahead: Readahead::new(options.readahead_bytes),
             options,

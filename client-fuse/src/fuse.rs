@@ -107,7 +107,10 @@ pub fn mount(opts: MountOptions) -> Result<()> {
         if opts.suid { MountOption::Suid } else { MountOption::NoSuid },
         if opts.exec { MountOption::Exec } else { MountOption::NoExec },
     ];
-    if opts.read_only {
+    if opts.read_only || client.read_only {
+        if !opts.read_only {
+            tracing::info!("mounted read-only: the metaserver's access rules let this client change nothing");
+        }
         config.mount_options.push(MountOption::RO);
     }
     if opts.allow_other {

@@ -80,6 +80,10 @@ pub struct MetaConfig {
     /// No TLS: connections are neither authenticated nor encrypted, anyone who reaches the
     /// port can do anything (for a test bench on a closed network; logged at every start).
     pub plaintext: bool,
+    /// Per-client access rules (read-only, squashed owners, no setuid bits or device nodes,
+    /// by client certificate name; `docs/operations.md`, "Access rules"). Unset: none. A
+    /// file missing or invalid at start is an error; re-read on SIGHUP and when it changes.
+    pub access_file: Option<PathBuf>,
     /// Serve Prometheus metrics at `http://ADDR/metrics` (unset: no metrics endpoint).
     pub metrics_listen: Option<String>,
     /// The metaservers of a replicated namespace, each as `ID=HOST:PORT`, this one included
@@ -123,6 +127,7 @@ impl Default for MetaConfig {
             metrics_listen: None,
             tls_dir: PathBuf::from(crate::tls::DEFAULT_DIR),
             plaintext: false,
+            access_file: None,
             replicas: Vec::new(),
             raft_id: 0,
             cluster: "cairn".into(),

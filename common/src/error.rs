@@ -43,10 +43,13 @@ pub enum ErrorKind {
     /// This metaserver is not its group's leader (or has none yet): the client asks another
     /// one. Nothing of the request was done.
     NotLeader,
+    /// The namespace may not be changed by this caller (EROFS): a read-only client by the
+    /// metaserver's access rules.
+    ReadOnly,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 23] = [
+    pub const ALL: [ErrorKind; 24] = [
         ErrorKind::NotFound,
         ErrorKind::Exists,
         ErrorKind::NotDir,
@@ -71,6 +74,7 @@ impl ErrorKind {
         // Later additions go last: a kind's wire number is its place here.
         ErrorKind::TooFewNodes,
         ErrorKind::NotLeader,
+        ErrorKind::ReadOnly,
     ];
 
     /// The errno a FUSE reply carries for this kind.
@@ -93,6 +97,7 @@ impl ErrorKind {
             ErrorKind::NotSupported => libc::EOPNOTSUPP,
             ErrorKind::WouldBlock => libc::EAGAIN,
             ErrorKind::Interrupted => libc::EINTR,
+            ErrorKind::ReadOnly => libc::EROFS,
             ErrorKind::Unavailable
             | ErrorKind::Corrupt
             | ErrorKind::Io
@@ -115,7 +120,9 @@ impl ErrorKind {
                 Code::InvalidArgument
             }
             ErrorKind::NoSpace => Code::ResourceExhausted,
-            ErrorKind::PermissionDenied | ErrorKind::NotPermitted => Code::PermissionDenied,
+            ErrorKind::PermissionDenied | ErrorKind::NotPermitted | ErrorKind::ReadOnly => {
+                Code::PermissionDenied
+            }
             ErrorKind::NotSupported => Code::Unimplemented,
             ErrorKind::WouldBlock => Code::Aborted,
             ErrorKind::Interrupted => Code::Cancelled,
@@ -150,6 +157,7 @@ impl ErrorKind {
             ErrorKind::Internal => "internal",
             ErrorKind::TooFewNodes => "too_few_nodes",
             ErrorKind::NotLeader => "not_leader",
+            ErrorKind::ReadOnly => "read_only",
         }
     }
 

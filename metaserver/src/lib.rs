@@ -7,6 +7,7 @@
 //! each), `registry` (chunkservers, liveness, placement), `gc` (shard deletion), `service`
 //! (the gRPC adapter).
 
+pub mod access;
 pub mod gc;
 pub mod health;
 pub mod metrics;
@@ -148,7 +149,22 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    let access = match &config.access_file {
+        Some(path) => {
+            if config.plaintext {
+                tracing::warn!(
+                    file = %path.display(),
+                    "access rules do not apply on a plaintext server: callers have no certificate names"
+                );
+            }
+            let access = access::Access::load(path)?;
+            access.watch();
+            access
+        }
+        None => access::Access::none(),
+    };
     let background = Background {
+        access,
         gc_interval: Duration::from_millis(config.gc_interval_ms),
         rebuild_after: Duration::from_millis(config.rebuild_after_ms),
         repair_rate_bytes: config.repair_rate_bytes,
@@ -193,7 +209,7 @@ async fn serve_replicated(
         write_timeout: Duration::from_millis(config.raft_write_timeout_ms),
         snapshot_every: config.raft_snapshot_every,
     };
-    let service = Arc::new(MetaService::replicated_pending());
+    let service = Arc::new(MetaService::replicated_pending().with_access(background.access.clone()));
     // The listener answers from the start: the other replicas need this one to elect a leader.
     let (stopped, shutdown) = wire::split_shutdown(shutdown);
     let (incoming, accepting) =
@@ -308,7 +324,7 @@ async fn lead(
                     let (open, opener) = (open.clone(), node.clone());
                     match tokio::task::spawn_blocking(move || open(opener.store())).await {
                         Ok(Ok(ns)) => {
-                            let (serving, tasks) = start_background(Arc::new(ns), background);
+                            let (serving, tasks) = start_background(Arc::new(ns), background.clone());
                             service.serve(Some(serving));
                             current = Some((term, tasks));
                             tracing::info!(term, id = node.id(), "leading: serving the namespace");
@@ -336,8 +352,10 @@ async fn lead(
 }
 
 /// Timing of the background tasks that run beside the service.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Background {
+    /// The access rules clients are held to (served beside the background work).
+    pub access: Arc<access::Access>,
     pub gc_interval: Duration,
     pub rebuild_after: Duration,
     pub repair_rate_bytes: u64,
@@ -350,6 +368,7 @@ impl Default for Background {
     fn default() -> Self {
         let c = MetaConfig::default();
         Background {
+            access: access::Access::none(),
             gc_interval: Duration::from_millis(c.gc_interval_ms),
             rebuild_after: Duration::from_millis(c.rebuild_after_ms),
             repair_rate_bytes: c.repair_rate_bytes,
@@ -377,9 +396,13 @@ pub async fn serve_with(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    let background_access = background.access.clone();
     let (serving, tasks) = start_background(ns.clone(), background);
-    let service =
-        Arc::new(MetaService::new(ns).with_repair(serving.repair.clone().expect("started with a repair")));
+    let service = Arc::new(
+        MetaService::new(ns)
+            .with_repair(serving.repair.clone().expect("started with a repair"))
+            .with_access(background_access),
+    );
     drop(serving);
     let (stopped, shutdown) = wire::split_shutdown(shutdown);
     let (incoming, accepting) =

@@ -9,6 +9,10 @@ use crate::namespace::Namespace;
 
 /// Chunkservers by `state`: up, down, draining (gauge).
 pub const NODES: &str = "cairn_meta_nodes";
+/// Access rules in force (`access.rs`).
+pub const ACCESS_RULES: &str = "cairn_meta_access_rules";
+/// Re-reads of the access rules that found the file missing or invalid (the rules stayed).
+pub const ACCESS_RELOAD_FAILURES: &str = "cairn_meta_access_reload_failures_total";
 /// Regular files, directories, bytes of file data (gauges).
 pub const FILES: &str = "cairn_meta_files";
 pub const DIRECTORIES: &str = "cairn_meta_directories";

@@ -16,6 +16,7 @@ use cairn_proto::meta_server::Meta;
 use cairn_proto::*;
 use tonic::{Request, Response, Status};
 
+use crate::access::{Access, Rule};
 use crate::namespace::{file_info, once, Namespace, NewEntry};
 use crate::raft::node::RaftNode;
 use crate::repair::Repair;
@@ -37,6 +38,8 @@ pub struct MetaService {
     caps: Signer,
     /// Connections to chunkservers, to confirm the damage clients report.
     channels: Channels,
+    /// What each client certificate may do to the namespace (`access.rs`).
+    access: Arc<Access>,
 }
 
 /// Most shards one damage report from a client may name (a reader reports what one read
@@ -57,6 +60,37 @@ impl MetaService {
             replicated: false,
             caps: Signer::new(),
             channels: confirm_channels(),
+            access: Access::none(),
+        }
+    }
+
+    /// Hold clients to these access rules.
+    pub fn with_access(mut self, access: Arc<Access>) -> MetaService {
+        self.access = access;
+        self
+    }
+
+    /// The access rule the caller of `req` is held to, if any.
+    fn rule<T>(&self, req: &Request<T>) -> Option<Rule> {
+        self.access.rule_for(req.extensions().get::<cairn_common::tls::Peer>())
+    }
+
+    /// The caller's access rule, after refusing `what` (a namespace change) to a read-only
+    /// client.
+    fn may_change<T>(&self, req: &Request<T>, what: &str) -> Result<Option<Rule>> {
+        let rule = self.rule(req);
+        if let Some(rule) = &rule {
+            rule.change(what)?;
+        }
+        Ok(rule)
+    }
+
+    /// The shard operations a capability grants the caller: read only to a read-only client.
+    fn cap_ops<T>(&self, req: &Request<T>) -> u32 {
+        if self.rule(req).is_some_and(|rule| rule.read_only) {
+            READ
+        } else {
+            READ | WRITE
         }
     }
 
@@ -80,6 +114,7 @@ impl MetaService {
             replicated: true,
             caps: Signer::new(),
             channels: confirm_channels(),
+            access: Access::none(),
         }
     }
 
@@ -92,6 +127,7 @@ impl MetaService {
             replicated: true,
             caps: Signer::new(),
             channels: confirm_channels(),
+            access: Access::none(),
         }
     }
 
@@ -392,6 +428,8 @@ fn status_reply(ns: &Namespace) -> Result<ClusterStatusReply> {
         reduced_stripes_by_margin: repair.reduced_by_margin,
         cluster_id: ns.cluster_id().to_string(),
         meta_cert_not_after,
+        // Filled by the service, which holds the rules.
+        access_rules: Vec::new(),
     })
 }
 
@@ -435,8 +473,18 @@ impl Meta for MetaService {
     }
 
     async fn set_attr(&self, req: Request<SetAttrRequest>) -> Result<Response<AttrReply>, Status> {
-        let r = req.into_inner();
+        let rule = self.may_change(&req, "setattr")?;
+        let mut r = req.into_inner();
         let ino = check_ino(r.ino)?;
+        if let Some(rule) = rule {
+            r.uid = r.uid.map(|uid| rule.uid(uid));
+            r.gid = r.gid.map(|gid| rule.gid(gid));
+            if let Some(mode) = r.mode {
+                // Whether a directory's setgid may stay (looked up only where it matters).
+                let dir = mode & 0o2000 != 0 && !rule.setuid && self.read(|ns| ns.getattr(ino))?.is_dir();
+                r.mode = Some(rule.mode(mode, dir)?);
+            }
+        }
         let once = once_of(&r.once);
         let inode = self.once_change(once, move |ns| ns.setattr(&r), |ns| ns.getattr(ino)).await?;
         Ok(Response::new(attr_reply(inode)))
@@ -444,7 +492,11 @@ impl Meta for MetaService {
 
     async fn create(&self, req: Request<CreateRequest>) -> Result<Response<CreateReply>, Status> {
         let holder = cert_name(&req);
-        let r = req.into_inner();
+        let rule = self.may_change(&req, "create")?;
+        let mut r = req.into_inner();
+        if let Some(rule) = rule {
+            (r.mode, r.uid, r.gid) = (rule.mode(r.mode, false)?, rule.uid(r.uid), rule.gid(r.gid));
+        }
         let once = once_of(&r.once);
         let (parent, name, client, generation, open) =
             (check_ino(r.parent)?, r.name.clone(), r.client_id, r.generation, r.open);
@@ -485,7 +537,11 @@ impl Meta for MetaService {
     }
 
     async fn mkdir(&self, req: Request<MkdirRequest>) -> Result<Response<AttrReply>, Status> {
-        let r = req.into_inner();
+        let rule = self.may_change(&req, "mkdir")?;
+        let mut r = req.into_inner();
+        if let Some(rule) = rule {
+            (r.mode, r.uid, r.gid) = (rule.mode(r.mode, true)?, rule.uid(r.uid), rule.gid(r.gid));
+        }
         let once = once_of(&r.once);
         let (parent, name) = (check_ino(r.parent)?, r.name.clone());
         let (inode, parent) = self
@@ -503,14 +559,17 @@ impl Meta for MetaService {
     }
 
     async fn unlink(&self, req: Request<RemoveRequest>) -> Result<Response<RemoveReply>, Status> {
+        self.may_change(&req, "unlink")?;
         self.remove(req.into_inner(), false).await
     }
 
     async fn rmdir(&self, req: Request<RemoveRequest>) -> Result<Response<RemoveReply>, Status> {
+        self.may_change(&req, "rmdir")?;
         self.remove(req.into_inner(), true).await
     }
 
     async fn rename(&self, req: Request<RenameRequest>) -> Result<Response<RenameReply>, Status> {
+        self.may_change(&req, "rename")?;
         let r = req.into_inner();
         let once = once_of(&r.once);
         let (parent, new_parent) = (check_ino(r.parent)?, check_ino(r.new_parent)?);
@@ -528,6 +587,7 @@ impl Meta for MetaService {
     }
 
     async fn link(&self, req: Request<LinkRequest>) -> Result<Response<AttrReply>, Status> {
+        self.may_change(&req, "link")?;
         let r = req.into_inner();
         let once = once_of(&r.once);
         let (ino, new_parent, name) = (check_ino(r.ino)?, check_ino(r.new_parent)?, r.new_name.clone());
@@ -545,7 +605,11 @@ impl Meta for MetaService {
     }
 
     async fn symlink(&self, req: Request<SymlinkRequest>) -> Result<Response<AttrReply>, Status> {
-        let r = req.into_inner();
+        let rule = self.may_change(&req, "symlink")?;
+        let mut r = req.into_inner();
+        if let Some(rule) = rule {
+            (r.uid, r.gid) = (rule.uid(r.uid), rule.gid(r.gid));
+        }
         let once = once_of(&r.once);
         let (parent, name) = (check_ino(r.parent)?, r.name.clone());
         let (inode, parent) = self
@@ -586,7 +650,16 @@ impl Meta for MetaService {
     }
 
     async fn set_xattr(&self, req: Request<SetXattrRequest>) -> Result<Response<Empty>, Status> {
+        let rule = self.may_change(&req, "setxattr")?;
         let r = req.into_inner();
+        // File capabilities are privileges as setuid bits are.
+        if rule.is_some_and(|rule| !rule.setuid) && r.name == b"security.capability" {
+            return Err(CairnError::new(
+                cairn_common::ErrorKind::NotPermitted,
+                "file capabilities are not allowed to this client's certificate by the metaserver's access rules",
+            )
+            .into());
+        }
         let once = once_of(&r.once);
         let ino = check_ino(r.ino)?;
         self.once_change(once, move |ns| ns.set_xattr(ino, &r.name, &r.value, r.flags), |_| Ok(())).await?;
@@ -600,6 +673,7 @@ impl Meta for MetaService {
     }
 
     async fn remove_xattr(&self, req: Request<XattrRequest>) -> Result<Response<Empty>, Status> {
+        self.may_change(&req, "removexattr")?;
         let r = req.into_inner();
         let once = once_of(&r.once);
         let ino = check_ino(r.ino)?;
@@ -609,6 +683,7 @@ impl Meta for MetaService {
 
     async fn open(&self, req: Request<OpenRequest>) -> Result<Response<OpenReply>, Status> {
         let holder = cert_name(&req);
+        let ops = self.cap_ops(&req);
         let r = req.into_inner();
         // Reads only (the inode, its stripe records), so inline like the point reads.
         let (inode, stripes, more) = self.read(|ns| {
@@ -621,7 +696,7 @@ impl Meta for MetaService {
             }
             opened
         })?;
-        let cap = Some(self.caps.grant(inode.ino, READ | WRITE, &holder));
+        let cap = Some(self.caps.grant(inode.ino, ops, &holder));
         Ok(Response::new(OpenReply { file: Some(file_info(&inode)), stripes, more, cap }))
     }
 
@@ -703,6 +778,7 @@ impl Meta for MetaService {
     }
 
     async fn commit(&self, req: Request<CommitRequest>) -> Result<Response<AttrReply>, Status> {
+        self.may_change(&req, "commit")?;
         let r = req.into_inner();
         let once = once_of(&r.once);
         let ino = check_ino(r.ino)?;
@@ -727,9 +803,10 @@ impl Meta for MetaService {
 
     async fn register_client(&self, req: Request<Empty>) -> Result<Response<RegisterClientReply>, Status> {
         let holder = cert_name(&req);
+        let read_only = self.rule(&req).is_some_and(|rule| rule.read_only);
         let client_id = self.run(|ns| ns.register_client()).await?;
         self.ns()?.sessions().bind(client_id, &holder);
-        Ok(Response::new(RegisterClientReply { client_id }))
+        Ok(Response::new(RegisterClientReply { client_id, read_only }))
     }
 
     async fn register_chunk(
@@ -786,7 +863,8 @@ impl Meta for MetaService {
     }
 
     async fn cluster_status(&self, _req: Request<Empty>) -> Result<Response<ClusterStatusReply>, Status> {
-        let reply = self.run(status_reply).await?;
+        let mut reply = self.run(status_reply).await?;
+        reply.access_rules = self.access.rules().iter().map(Rule::describe).collect();
         Ok(Response::new(reply))
     }
 
@@ -854,12 +932,13 @@ impl Meta for MetaService {
 
     async fn grant_capability(&self, req: Request<InoRequest>) -> Result<Response<Capability>, Status> {
         let holder = cert_name(&req);
+        let ops = self.cap_ops(&req);
         let ino = check_ino(req.into_inner().ino)?;
         let inode = self.read(|ns| ns.getattr(ino))?;
         if !inode.is_reg() {
             return Err(CairnError::invalid(format!("inode {ino} is not a regular file: no shards")).into());
         }
-        Ok(Response::new(self.caps.grant(ino, READ | WRITE, &holder)))
+        Ok(Response::new(self.caps.grant(ino, ops, &holder)))
     }
 
     async fn set_layout(&self, req: Request<SetLayoutRequest>) -> Result<Response<LayoutReply>, Status> {

@@ -386,3 +386,240 @@ async fn a_change_sent_again_is_done_once() {
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
 }
+
+/// Access rules, called in process with the caller's certificate in the request as both
+/// transports put it there.
+mod access_rules {
+    use std::sync::Arc;
+
+    use cairn_common::capability;
+    use cairn_common::tls::{Peer, Role, Roles};
+    use cairn_proto::meta_server::Meta;
+    use tonic::Request;
+
+    use super::*;
+    use crate::access::{Access, Rule, Squash};
+    use crate::{MetaService, Namespace};
+
+    const S_IFREG: u32 = 0o100000;
+    const S_IFDIR: u32 = 0o040000;
+    const S_IFCHR: u32 = 0o020000;
+
+    fn from<T>(name: &str, roles: &[Role], msg: T) -> Request<T> {
+        let mut req = Request::new(msg);
+        req.extensions_mut().insert(Peer { addr: None, roles: Roles::of(roles), name: name.into() });
+        req
+    }
+
+    fn client<T>(name: &str, msg: T) -> Request<T> {
+        from(name, &[Role::Client], msg)
+    }
+
+    fn kind(status: tonic::Status) -> ErrorKind {
+        CairnError::from(status).kind()
+    }
+
+    fn service() -> MetaService {
+        let ns = Namespace::open_memory(cairn_common::Layout::new(2, 1, 4096).unwrap()).unwrap();
+        for i in 0..3 {
+            ns.registry()
+                .register(&format!("node-{i}"), &format!("127.0.0.1:{}", 1000 + i), vec![], 1, "")
+                .unwrap();
+        }
+        let rule = |clients: &[&str]| Rule {
+            clients: clients.iter().map(|c| c.to_string()).collect(),
+            read_only: false,
+            squash: Squash::None,
+            anon_uid: 500,
+            anon_gid: 600,
+            setuid: false,
+            devices: false,
+        };
+        let access = Access::of(vec![
+            Rule { read_only: true, ..rule(&["reader", "eval-*"]) },
+            Rule { squash: Squash::All, ..rule(&["squashed"]) },
+        ])
+        .unwrap();
+        MetaService::new(Arc::new(ns)).with_access(access)
+    }
+
+    fn create(name: &str, mode: u32, uid: u32) -> CreateRequest {
+        CreateRequest { parent: ROOT_INO, name: name.into(), mode, uid, gid: uid, ..Default::default() }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_only_client_reads_and_changes_nothing() {
+        let svc = service();
+        let made =
+            svc.create(client("writer", create("f", S_IFREG | 0o644, 1000))).await.unwrap().into_inner();
+        let ino = made.file.unwrap().attr.unwrap().ino;
+        let writer = svc.register_client(client("writer", Empty {})).await.unwrap().into_inner();
+        let open = OpenRequest { ino, client_id: writer.client_id, generation: 1 };
+        let opened = svc.open(client("writer", open)).await.unwrap().into_inner();
+        assert_eq!(opened.cap.unwrap().ops, capability::READ | capability::WRITE);
+        assert!(svc.register_client(client("eval-3", Empty {})).await.unwrap().into_inner().read_only);
+        let registered = svc.register_client(client("reader", Empty {})).await.unwrap().into_inner();
+        assert!(registered.read_only, "told to mount read-only");
+        assert!(!svc.register_client(client("writer", Empty {})).await.unwrap().into_inner().read_only);
+
+        // Every change is refused with EROFS, and none happened.
+        let reader = "reader";
+        let refused = [
+            svc.create(client(reader, create("g", S_IFREG | 0o644, 1000))).await.err(),
+            svc.mkdir(client(
+                reader,
+                MkdirRequest { parent: ROOT_INO, name: "d".into(), mode: 0o755, ..Default::default() },
+            ))
+            .await
+            .err(),
+            svc.unlink(client(reader, RemoveRequest { parent: ROOT_INO, name: "f".into(), once: None }))
+                .await
+                .err(),
+            svc.rmdir(client(reader, RemoveRequest { parent: ROOT_INO, name: "f".into(), once: None }))
+                .await
+                .err(),
+            svc.rename(client(
+                reader,
+                RenameRequest {
+                    parent: ROOT_INO,
+                    name: "f".into(),
+                    new_parent: ROOT_INO,
+                    new_name: "h".into(),
+                    ..Default::default()
+                },
+            ))
+            .await
+            .err(),
+            svc.link(client(
+                reader,
+                LinkRequest { ino, new_parent: ROOT_INO, new_name: "l".into(), once: None },
+            ))
+            .await
+            .err(),
+            svc.symlink(client(
+                reader,
+                SymlinkRequest {
+                    parent: ROOT_INO,
+                    name: "s".into(),
+                    target: "f".into(),
+                    ..Default::default()
+                },
+            ))
+            .await
+            .err(),
+            svc.set_attr(client(reader, SetAttrRequest { ino, size: Some(0), ..Default::default() }))
+                .await
+                .err(),
+            svc.set_xattr(client(
+                reader,
+                SetXattrRequest { ino, name: "user.a".into(), value: "1".into(), ..Default::default() },
+            ))
+            .await
+            .err(),
+            svc.remove_xattr(client(
+                reader,
+                XattrRequest { ino, name: "user.a".into(), ..Default::default() },
+            ))
+            .await
+            .err(),
+            svc.commit(client(reader, CommitRequest { ino, size: 1 << 20, ..Default::default() }))
+                .await
+                .err(),
+        ];
+        for (i, e) in refused.into_iter().enumerate() {
+            let e = e.unwrap_or_else(|| panic!("change {i} was not refused"));
+            assert_eq!(kind(e), ErrorKind::ReadOnly, "change {i}");
+        }
+        let names = svc
+            .read_dir(client(reader, ReadDirRequest { ino: ROOT_INO, limit: 100, ..Default::default() }))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(names.entries.iter().map(|e| e.name.clone()).collect::<Vec<_>>(), vec![b"f".to_vec()]);
+        let attr = svc.get_attr(client(reader, InoRequest { ino })).await.unwrap().into_inner().attr.unwrap();
+        assert_eq!((attr.size, attr.mode), (0, S_IFREG | 0o644), "nothing changed");
+
+        // Reads are served, with capabilities that only read.
+        let open = OpenRequest { ino, client_id: registered.client_id, generation: 1 };
+        let opened = svc.open(client(reader, open)).await.unwrap().into_inner();
+        assert_eq!(opened.cap.unwrap().ops, capability::READ);
+        let renewed = svc.grant_capability(client(reader, InoRequest { ino })).await.unwrap().into_inner();
+        assert_eq!(renewed.ops, capability::READ);
+        // Locks are no change.
+        let lock = LockRequest {
+            ino,
+            client_id: registered.client_id,
+            owner: 1,
+            typ: 0,
+            end: 10,
+            ..Default::default()
+        };
+        svc.lock(client(reader, lock)).await.unwrap();
+
+        // An admin's certificate of the same name is not held to the rule; neither is a
+        // client certificate no rule names.
+        let admin = from(reader, &[Role::Admin], create("by-admin", S_IFREG | 0o644, 0));
+        svc.create(admin).await.unwrap();
+        svc.create(client("someone", create("by-someone", S_IFREG | 0o644, 0))).await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_squashed_client_gets_no_root_files_setuid_bits_or_devices() {
+        let svc = service();
+        let who = "squashed";
+        let made = svc.create(client(who, create("suid", S_IFREG | 0o6755, 0))).await.unwrap().into_inner();
+        let attr = made.file.unwrap().attr.unwrap();
+        assert_eq!((attr.uid, attr.gid, attr.mode), (500, 600, S_IFREG | 0o755));
+        let dir = svc
+            .mkdir(client(
+                who,
+                MkdirRequest { parent: ROOT_INO, name: "d".into(), mode: 0o2775, uid: 7, gid: 8, once: None },
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .attr
+            .unwrap();
+        assert_eq!((dir.uid, dir.gid, dir.mode), (500, 600, S_IFDIR | 0o2775), "a directory's setgid stays");
+        let e = svc.create(client(who, create("tty", S_IFCHR | 0o666, 0))).await.unwrap_err();
+        assert_eq!(kind(e), ErrorKind::NotPermitted);
+        let link = SymlinkRequest {
+            parent: ROOT_INO,
+            name: "s".into(),
+            target: "suid".into(),
+            uid: 0,
+            gid: 0,
+            once: None,
+        };
+        let s = svc.symlink(client(who, link)).await.unwrap().into_inner().attr.unwrap();
+        assert_eq!((s.uid, s.gid), (500, 600));
+        // chown to root and chmod u+s: mapped and cleared.
+        let set = SetAttrRequest {
+            ino: attr.ino,
+            uid: Some(0),
+            gid: Some(0),
+            mode: Some(0o4711),
+            ..Default::default()
+        };
+        let after = svc.set_attr(client(who, set)).await.unwrap().into_inner().attr.unwrap();
+        assert_eq!((after.uid, after.gid, after.mode), (500, 600, S_IFREG | 0o711));
+        let set = SetAttrRequest { ino: dir.ino, mode: Some(0o6770), ..Default::default() };
+        let after = svc.set_attr(client(who, set)).await.unwrap().into_inner().attr.unwrap();
+        assert_eq!(after.mode, S_IFDIR | 0o2770, "chmod of a directory: setgid stays, setuid goes");
+        let cap = SetXattrRequest {
+            ino: attr.ino,
+            name: "security.capability".into(),
+            value: vec![1],
+            ..Default::default()
+        };
+        assert_eq!(kind(svc.set_xattr(client(who, cap)).await.unwrap_err()), ErrorKind::NotPermitted);
+        // Another client, no rule: what it sends is stored.
+        let made = svc
+            .create(client("writer", create("root-suid", S_IFREG | 0o4755, 0)))
+            .await
+            .unwrap()
+            .into_inner();
+        let attr = made.file.unwrap().attr.unwrap();
+        assert_eq!((attr.uid, attr.gid, attr.mode), (0, 0, S_IFREG | 0o4755));
+    }
+}

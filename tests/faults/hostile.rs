@@ -463,3 +463,99 @@ fn shard_access_needs_the_metaservers_capability_for_that_file() {
     fs::write(cluster.mnt.join("after"), b"also").unwrap();
     assert_eq!(fs::read(cluster.mnt.join("after")).unwrap(), b"also");
 }
+
+/// A client certificate `name` of `cluster`'s CA, in a TLS directory of its own.
+fn client_cert(cluster: &Cluster, name: &str) -> PathBuf {
+    let dir = cluster.root.path().join(format!("tls-{name}"));
+    let made = Command::new(support::CAIRN)
+        .args(["cert", "issue", "--role", "client", "--name", name, "--ca"])
+        .arg(cluster.tls("ca"))
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    dir
+}
+
+/// The metrics addresses of `cluster`'s metaservers.
+fn meta_metrics(cluster: &Cluster) -> Vec<String> {
+    let metas: Vec<String> =
+        cluster.nodes.iter().filter(|n| n.role == "meta").map(|n| n.metrics.clone().unwrap()).collect();
+    assert!(!metas.is_empty());
+    metas
+}
+
+/// Replace the cluster's access rules, SIGHUP every metaserver and wait until each has
+/// reloaded (`rules` in force) or, with `None`, refused the file.
+fn set_access_rules(cluster: &Cluster, text: &str, rules: Option<usize>) {
+    let metric = |addr: &str, name: &str| support::metric(&support::scrape(addr), name, &[]).unwrap_or(0.0);
+    let failures: Vec<f64> =
+        meta_metrics(cluster).iter().map(|m| metric(m, "cairn_meta_access_reload_failures_total")).collect();
+    fs::write(cluster.data.join("access.toml"), text).unwrap();
+    for pid in cluster.nodes.iter().filter(|n| n.role == "meta").map(|n| n.pid) {
+        unsafe { libc::kill(pid as i32, libc::SIGHUP) };
+    }
+    eventually(20, "every metaserver re-read its access rules", || {
+        meta_metrics(cluster).iter().zip(&failures).all(|(m, before)| match rules {
+            Some(n) => metric(m, "cairn_meta_access_rules") == n as f64,
+            None => metric(m, "cairn_meta_access_reload_failures_total") > *before,
+        })
+    });
+}
+
+#[test]
+fn access_rules_make_a_client_read_only_and_squash_its_root() {
+    let mut cluster = Cluster::start(6, "4+2", 64);
+    fs::write(cluster.mnt.join("data"), b"training bytes").unwrap();
+    assert!(
+        fs::read_to_string(cluster.data.join("access.toml")).unwrap().contains("# [[rule]]"),
+        "cairn up writes a file with no rules"
+    );
+    let (reader, squashed) = (client_cert(&cluster, "reader-1"), client_cert(&cluster, "squashed"));
+    set_access_rules(
+        &cluster,
+        "[[rule]]\nclients = [\"reader-*\"]\nread_only = true\n\n\
+         [[rule]]\nclients = [\"squashed\"]\nsquash = \"root\"\n",
+        Some(2),
+    );
+
+    let status = cluster.cairn().arg("status").output().unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains("  reader-*: read-only, no setuid, no devices"), "{text}");
+    assert!(text.contains("  squashed: squash root to 65534:65534, no setuid, no devices"), "{text}");
+
+    // A read-only client reads, and its mount is read-only: the kernel refuses every change.
+    let ro = Mount::with_env(&cluster, "ro", &[], &[("CAIRN_TLS", reader.to_str().unwrap())]);
+    assert_eq!(fs::read(ro.dir.join("data")).unwrap(), b"training bytes");
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+    let line = mounts.lines().find(|l| l.contains(ro.dir.to_str().unwrap())).unwrap();
+    assert!(line.split(' ').nth(3).unwrap().split(',').any(|o| o == "ro"), "{line}");
+    for e in [
+        fs::write(ro.dir.join("new"), b"x").unwrap_err(),
+        fs::remove_file(ro.dir.join("data")).unwrap_err(),
+        fs::OpenOptions::new().append(true).open(ro.dir.join("data")).unwrap_err(),
+    ] {
+        assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    }
+
+    // A squashed client's root makes files owned by nobody, without setuid bits.
+    let sq = Mount::with_env(&cluster, "sq", &[], &[("CAIRN_TLS", squashed.to_str().unwrap())]);
+    fs::write(sq.dir.join("mine"), b"x").unwrap();
+    let meta = fs::metadata(sq.dir.join("mine")).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (65534, 65534));
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(sq.dir.join("mine"), fs::Permissions::from_mode(0o4755)).unwrap();
+    assert_eq!(fs::metadata(sq.dir.join("mine")).unwrap().mode() & 0o7777, 0o755);
+
+    // The cluster's own client certificate, which no rule names, is not held to them.
+    fs::write(cluster.mnt.join("by-client"), b"x").unwrap();
+    assert_eq!(fs::metadata(cluster.mnt.join("by-client")).unwrap().uid(), 0);
+
+    // A broken file at a reload keeps the rules in force.
+    set_access_rules(&cluster, "[[rule]]\nclients = [\"reader-*\"\n", None);
+    drop(ro);
+    let ro = Mount::with_env(&cluster, "ro2", &[], &[("CAIRN_TLS", reader.to_str().unwrap())]);
+    assert_eq!(fs::write(ro.dir.join("new"), b"x").unwrap_err().raw_os_error(), Some(libc::EROFS));
+    drop((ro, sq));
+    cluster.stop();
+}

@@ -1,0 +1,398 @@
+//! Per-client access rules: what one client certificate may do to the namespace, beyond what
+//! its role allows (read-only, ownership squashed, no setuid bits, no device nodes). The rules
+//! live in the file the config's `access_file` names and are re-read on `SIGHUP` and when the
+//! file changes. Design: `docs/ARCHITECTURE.md`, "Per-client access rules".
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::{Mutex, RwLock};
+use serde::Deserialize;
+
+use cairn_common::tls::Peer;
+use cairn_common::{CairnError, ErrorKind, Result};
+
+use crate::metrics::{ACCESS_RELOAD_FAILURES, ACCESS_RULES};
+
+/// The owner `squash` maps to unless a rule says otherwise (`nobody` on most systems).
+const NOBODY: u32 = 65534;
+
+/// How often the file's modification time is looked at.
+const WATCH_EVERY: Duration = Duration::from_secs(5);
+
+const S_ISUID: u32 = 0o4000;
+const S_ISGID: u32 = 0o2000;
+const S_IFMT: u32 = 0o170000;
+const S_IFCHR: u32 = 0o020000;
+const S_IFBLK: u32 = 0o060000;
+const S_IFDIR: u32 = 0o040000;
+
+/// Which owners a client's changes are mapped to `anon_uid`/`anon_gid`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Squash {
+    #[default]
+    None,
+    /// uid 0 and gid 0.
+    Root,
+    /// Every uid and gid.
+    All,
+}
+
+/// One `[[rule]]` of the file.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    /// Certificate names: exact, or a prefix ending in `*` (`*` alone: every client).
+    pub clients: Vec<String>,
+    /// Every namespace change is refused (`EROFS`); shard capabilities are read-only.
+    #[serde(default)]
+    pub read_only: bool,
+    #[serde(default)]
+    pub squash: Squash,
+    #[serde(default = "nobody")]
+    pub anon_uid: u32,
+    #[serde(default = "nobody")]
+    pub anon_gid: u32,
+    /// Modes may carry S_ISUID (and S_ISGID on non-directories).
+    #[serde(default)]
+    pub setuid: bool,
+    /// Character and block device nodes may be made.
+    #[serde(default)]
+    pub devices: bool,
+}
+
+fn nobody() -> u32 {
+    NOBODY
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RulesFile {
+    #[serde(default)]
+    rule: Vec<Rule>,
+}
+
+impl Rule {
+    fn matches(&self, name: &str) -> bool {
+        self.clients.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => name == p,
+        })
+    }
+
+    fn validate(&self, at: usize) -> Result<()> {
+        let bad = |why: String| Err(CairnError::invalid(format!("rule {}: {why}", at + 1)));
+        if self.clients.is_empty() {
+            return bad("`clients` is empty: name certificates, a prefix ending in `*`, or `*`".into());
+        }
+        if let Some(p) = self.clients.iter().find(|p| p.is_empty() || p.trim_end_matches('*').contains('*')) {
+            return bad(format!("client pattern {p:?}: a name, or a prefix ending in one `*`"));
+        }
+        if self.squash != Squash::None && (self.anon_uid == 0 || self.anon_gid == 0) {
+            return bad("squashing to uid or gid 0 squashes nothing: set anon_uid and anon_gid".into());
+        }
+        Ok(())
+    }
+
+    /// One line for `cairn status`: `reader-*, eval: read-only, squash root to 65534:65534`.
+    pub fn describe(&self) -> String {
+        let mut what = Vec::new();
+        if self.read_only {
+            what.push("read-only".to_string());
+        }
+        match self.squash {
+            Squash::None => {}
+            Squash::Root => what.push(format!("squash root to {}:{}", self.anon_uid, self.anon_gid)),
+            Squash::All => what.push(format!("squash all to {}:{}", self.anon_uid, self.anon_gid)),
+        }
+        if self.setuid {
+            what.push("setuid allowed".into());
+        }
+        if self.devices {
+            what.push("devices allowed".into());
+        }
+        if !self.setuid && !self.devices {
+            what.push("no setuid, no devices".into());
+        }
+        format!("{}: {}", self.clients.join(", "), what.join(", "))
+    }
+
+    /// Refuse `what` (a namespace change) to a read-only client.
+    pub fn change(&self, what: &str) -> Result<()> {
+        if self.read_only {
+            return Err(CairnError::new(
+                ErrorKind::ReadOnly,
+                format!("{what}: this client's certificate is read-only by the metaserver's access rules"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn uid(&self, uid: u32) -> u32 {
+        match self.squash {
+            Squash::All => self.anon_uid,
+            Squash::Root if uid == 0 => self.anon_uid,
+            _ => uid,
+        }
+    }
+
+    pub fn gid(&self, gid: u32) -> u32 {
+        match self.squash {
+            Squash::All => self.anon_gid,
+            Squash::Root if gid == 0 => self.anon_gid,
+            _ => gid,
+        }
+    }
+
+    /// A mode the client sets on an entry (`dir`: a directory): setuid and setgid bits cleared
+    /// unless allowed (a directory's setgid stays: it only passes the group on); a device node
+    /// refused unless allowed.
+    pub fn mode(&self, mode: u32, dir: bool) -> Result<u32> {
+        let kind = mode & S_IFMT;
+        if !self.devices && (kind == S_IFCHR || kind == S_IFBLK) {
+            return Err(CairnError::new(
+                ErrorKind::NotPermitted,
+                "device nodes are not allowed to this client's certificate by the metaserver's access rules",
+            ));
+        }
+        if self.setuid {
+            return Ok(mode);
+        }
+        let dir = dir || kind == S_IFDIR;
+        Ok(mode & !S_ISUID & if dir { !0 } else { !S_ISGID })
+    }
+}
+
+/// The rules in force, and where they come from.
+#[derive(Debug)]
+pub struct Access {
+    path: Option<PathBuf>,
+    rules: RwLock<Arc<Vec<Rule>>>,
+    /// The file's modification time and length when last read.
+    seen: Mutex<Option<(SystemTime, u64)>>,
+}
+
+impl Access {
+    /// No rules: every client may do what its role allows.
+    pub fn none() -> Arc<Access> {
+        Arc::new(Access { path: None, rules: RwLock::new(Arc::new(Vec::new())), seen: Mutex::new(None) })
+    }
+
+    /// Rules given directly (tests).
+    pub fn of(rules: Vec<Rule>) -> Result<Arc<Access>> {
+        for (i, r) in rules.iter().enumerate() {
+            r.validate(i)?;
+        }
+        Ok(Arc::new(Access { path: None, rules: RwLock::new(Arc::new(rules)), seen: Mutex::new(None) }))
+    }
+
+    /// The rules of `path`; a file that is missing or invalid is an error.
+    pub fn load(path: &Path) -> Result<Arc<Access>> {
+        let access = Access {
+            path: Some(path.to_path_buf()),
+            rules: RwLock::new(Arc::default()),
+            seen: Mutex::new(None),
+        };
+        access.reload()?;
+        Ok(Arc::new(access))
+    }
+
+    /// The rules in force.
+    pub fn rules(&self) -> Arc<Vec<Rule>> {
+        self.rules.read().clone()
+    }
+
+    /// Read the file again; on an error the rules in force stay.
+    pub fn reload(&self) -> Result<()> {
+        let Some(path) = &self.path else { return Ok(()) };
+        let stamp = file_stamp(path);
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| CairnError::from_io(&format!("access rules {}", path.display()), &e))?;
+        let file: RulesFile = toml::from_str(&text)
+            .map_err(|e| CairnError::invalid(format!("access rules {}: {e}", path.display())))?;
+        for (i, r) in file.rule.iter().enumerate() {
+            r.validate(i)
+                .map_err(|e| CairnError::invalid(format!("access rules {}: {e}", path.display())))?;
+        }
+        tracing::info!(file = %path.display(), rules = file.rule.len(), "access rules in force");
+        ::metrics::gauge!(ACCESS_RULES).set(file.rule.len() as f64);
+        *self.rules.write() = Arc::new(file.rule);
+        *self.seen.lock() = stamp;
+        Ok(())
+    }
+
+    /// Re-read the file on `SIGHUP` and whenever it changes, for as long as the process runs.
+    pub fn watch(self: &Arc<Self>) {
+        if self.path.is_none() {
+            return;
+        }
+        let access = self.clone();
+        tokio::spawn(async move {
+            let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                .map_err(|e| tracing::warn!("no SIGHUP handler for access rule reloads: {e}"))
+                .ok();
+            let mut tick = tokio::time::interval(WATCH_EVERY);
+            loop {
+                let forced = tokio::select! {
+                    _ = tick.tick() => false,
+                    Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => None } } => true,
+                };
+                let path = access.path.as_deref().expect("watched with a path");
+                if !forced && file_stamp(path) == *access.seen.lock() {
+                    continue;
+                }
+                if let Err(e) = access.reload() {
+                    ::metrics::counter!(ACCESS_RELOAD_FAILURES).increment(1);
+                    tracing::error!("access rules not reloaded, the rules in force stay: {e}");
+                }
+            }
+        });
+    }
+
+    /// The rule `peer` is held to: the first that matches its certificate's name, for a
+    /// caller with the client role only; `None` for servers, admins, plaintext callers and
+    /// clients no rule matches.
+    pub fn rule_for(&self, peer: Option<&Peer>) -> Option<Rule> {
+        if !cairn_common::capability::required_of(peer) {
+            return None;
+        }
+        let name = &peer?.name;
+        self.rules.read().iter().find(|r| r.matches(name)).cloned()
+    }
+}
+
+fn file_stamp(path: &Path) -> Option<(SystemTime, u64)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_common::tls::{Role, Roles};
+
+    fn peer(name: &str, roles: &[Role]) -> Peer {
+        Peer { addr: None, roles: Roles::of(roles), name: name.into() }
+    }
+
+    fn parse(text: &str) -> Result<Arc<Access>> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.toml");
+        std::fs::write(&path, text).unwrap();
+        Access::load(&path)
+    }
+
+    #[test]
+    fn the_first_matching_rule_applies_to_client_certificates_only() {
+        let access = parse(
+            r#"
+            [[rule]]
+            clients = ["eval-1", "job-*"]
+            read_only = true
+            [[rule]]
+            clients = ["*"]
+            squash = "root"
+            "#,
+        )
+        .unwrap();
+        let client = |name| access.rule_for(Some(&peer(name, &[Role::Client])));
+        assert!(client("eval-1").unwrap().read_only);
+        assert!(client("job-17").unwrap().read_only);
+        assert!(!client("eval-10").unwrap().read_only, "a name, not a prefix: the catch-all");
+        assert_eq!(client("eval-10").unwrap().squash, Squash::Root);
+        for roles in [&[Role::Admin][..], &[Role::Meta], &[Role::Chunk], &[Role::Client, Role::Admin]] {
+            assert_eq!(access.rule_for(Some(&peer("job-1", roles))), None, "{roles:?}: not held to rules");
+        }
+        assert_eq!(access.rule_for(Some(&Peer::plaintext(None))), None, "plaintext: no identities");
+        assert_eq!(access.rule_for(None), None);
+        let none = parse("").unwrap();
+        assert_eq!(none.rule_for(Some(&peer("job-1", &[Role::Client]))), None, "no rules: as before");
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_the_reason() {
+        for (text, says) in [
+            ("[[rule]]\nclients = []\n", "`clients` is empty"),
+            ("[[rule]]\nclients = [\"a*b\"]\n", "a prefix ending in one `*`"),
+            ("[[rule]]\nclients = [\"\"]\n", "a prefix ending in one `*`"),
+            ("[[rule]]\nclients = [\"a\"]\nreadonly = true\n", "unknown field"),
+            ("[[rule]]\nclients = [\"a\"]\nsquash = \"some\"\n", "unknown variant"),
+            ("[[rule]]\nclients = [\"a\"]\nsquash = \"all\"\nanon_uid = 0\n", "squashes nothing"),
+            ("[rules]\n", "unknown field"),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(says), "{text:?}: {e}");
+        }
+        let e = Access::load(Path::new("/nonexistent/access.toml")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/access.toml"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_reload_keeps_the_rules_in_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.toml");
+        std::fs::write(&path, "[[rule]]\nclients = [\"*\"]\nread_only = true\n").unwrap();
+        let access = Access::load(&path).unwrap();
+        std::fs::write(&path, "[[rule]]\nclients = [\"*\"\n").unwrap();
+        assert!(access.reload().is_err());
+        assert!(access.rules()[0].read_only, "kept");
+        std::fs::write(&path, "").unwrap();
+        access.reload().unwrap();
+        assert!(access.rules().is_empty(), "a good file replaces them");
+    }
+
+    #[test]
+    fn squash_maps_owners() {
+        let rule = |squash| Rule {
+            clients: vec!["*".into()],
+            read_only: false,
+            squash,
+            anon_uid: 500,
+            anon_gid: 600,
+            setuid: false,
+            devices: false,
+        };
+        let none = rule(Squash::None);
+        assert_eq!((none.uid(0), none.gid(0), none.uid(7)), (0, 0, 7));
+        let root = rule(Squash::Root);
+        assert_eq!((root.uid(0), root.gid(0), root.uid(7), root.gid(8)), (500, 600, 7, 8));
+        let all = rule(Squash::All);
+        assert_eq!((all.uid(0), all.gid(0), all.uid(7), all.gid(8)), (500, 600, 500, 600));
+        assert!(none.change("create").is_ok());
+        assert_eq!(all.describe(), "*: squash all to 500:600, no setuid, no devices");
+        let ro = Rule { read_only: true, ..none.clone() };
+        let e = ro.change("create").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ReadOnly);
+        assert_eq!(e.kind().errno(), libc::EROFS);
+    }
+
+    #[test]
+    fn setuid_bits_and_devices_only_where_allowed() {
+        let strict = Rule {
+            clients: vec!["*".into()],
+            read_only: false,
+            squash: Squash::None,
+            anon_uid: NOBODY,
+            anon_gid: NOBODY,
+            setuid: false,
+            devices: false,
+        };
+        assert_eq!(strict.mode(0o100000 | 0o6755, false).unwrap(), 0o100000 | 0o755, "file: both cleared");
+        assert_eq!(strict.mode(0o6755, false).unwrap(), 0o755, "a chmod of a file");
+        assert_eq!(
+            strict.mode(0o040000 | 0o2775, true).unwrap(),
+            0o040000 | 0o2775,
+            "a directory's setgid stays"
+        );
+        assert_eq!(strict.mode(0o6775, true).unwrap(), 0o2775, "a chmod of a directory");
+        for dev in [0o020000 | 0o644, 0o060000 | 0o644] {
+            assert_eq!(strict.mode(dev, false).unwrap_err().kind(), ErrorKind::NotPermitted);
+        }
+        assert!(strict.mode(0o010000 | 0o644, false).is_ok(), "a FIFO is no device");
+        let open = Rule { setuid: true, devices: true, ..strict };
+        assert_eq!(open.mode(0o100000 | 0o6755, false).unwrap(), 0o100000 | 0o6755);
+        assert!(open.mode(0o020000 | 0o644, false).is_ok());
+    }
+}
