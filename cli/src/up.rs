@@ -203,7 +203,7 @@ const ACCESS_TEMPLATE: &str = r#"# Per-client access rules (docs/operations.md, 
 # squash = "root"          # owners set by the client: "none", "root" (0 -> anon) or "all"
 # anon_uid = 65534
 # anon_gid = 65534
-# setuid = false           # setuid (and a file's setgid) bits are cleared
+# setuid = false           # setuid/setgid bits cleared, file capabilities refused
 # devices = false          # no device nodes
 "#;
 

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 use serde::Deserialize;
@@ -107,15 +107,8 @@ impl Rule {
             Squash::Root => what.push(format!("squash root to {}:{}", self.anon_uid, self.anon_gid)),
             Squash::All => what.push(format!("squash all to {}:{}", self.anon_uid, self.anon_gid)),
         }
-        if self.setuid {
-            what.push("setuid allowed".into());
-        }
-        if self.devices {
-            what.push("devices allowed".into());
-        }
-        if !self.setuid && !self.devices {
-            what.push("no setuid, no devices".into());
-        }
+        what.push(if self.setuid { "setuid allowed" } else { "no setuid" }.into());
+        what.push(if self.devices { "devices allowed" } else { "no devices" }.into());
         format!("{}: {}", self.clients.join(", "), what.join(", "))
     }
 
@@ -128,6 +121,49 @@ impl Rule {
             ));
         }
         Ok(())
+    }
+
+    /// Whether this client may change an inode owned by `uid`: a squashed client acts as an
+    /// owner it could have set (under root squash anyone but root; under all squash only
+    /// `anon_uid`), as an NFS client whose root is squashed cannot change root's files.
+    pub fn may_change_owned_by(&self, uid: u32) -> bool {
+        match self.squash {
+            Squash::None => true,
+            Squash::Root => uid != 0,
+            Squash::All => uid == self.anon_uid,
+        }
+    }
+
+    /// Whether an extended attribute may be set or removed: without `setuid`, none that
+    /// grant privileges or that the client host's kernel guards for its root
+    /// (`security.*`: file capabilities, labels; `trusted.*`); when squashed, no POSIX ACL
+    /// (its entries name uids and gids the squash would not let the client set).
+    pub fn xattr(&self, name: &[u8]) -> Result<()> {
+        let privileged = name.starts_with(b"security.") || name.starts_with(b"trusted.");
+        let acl = name == b"system.posix_acl_access" || name == b"system.posix_acl_default";
+        if (!self.setuid && privileged) || (self.squash != Squash::None && acl) {
+            return Err(CairnError::new(
+                ErrorKind::NotPermitted,
+                format!(
+                    "the extended attribute {:?} is not allowed to this client's certificate by the metaserver's access rules",
+                    String::from_utf8_lossy(name)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The mode a write by this client leaves on a file of `mode`: without `setuid`, its
+    /// setuid bit, and its setgid bit where group execute makes it one, are cleared (as a
+    /// kernel clears them when someone other than root writes), so new bytes never run with
+    /// old privileges. `None`: unchanged.
+    pub fn mode_after_write(&self, mode: u32) -> Option<u32> {
+        if self.setuid {
+            return None;
+        }
+        let sgid = S_ISGID | 0o010;
+        let cleared = mode & !S_ISUID & if mode & sgid == sgid { !S_ISGID } else { !0 };
+        (cleared != mode).then_some(cleared)
     }
 
     pub fn uid(&self, uid: u32) -> u32 {
@@ -170,8 +206,8 @@ impl Rule {
 pub struct Access {
     path: Option<PathBuf>,
     rules: RwLock<Arc<Vec<Rule>>>,
-    /// The file's modification time and length when last read.
-    seen: Mutex<Option<(SystemTime, u64)>>,
+    /// The file's version when last read.
+    seen: Mutex<Option<Stamp>>,
 }
 
 impl Access {
@@ -208,6 +244,8 @@ impl Access {
     pub fn reload(&self) -> Result<()> {
         let Some(path) = &self.path else { return Ok(()) };
         let stamp = file_stamp(path);
+        // A file that fails is not looked at again until it changes (or SIGHUP).
+        *self.seen.lock() = stamp;
         let text = std::fs::read_to_string(path)
             .map_err(|e| CairnError::from_io(&format!("access rules {}", path.display()), &e))?;
         let file: RulesFile = toml::from_str(&text)
@@ -216,10 +254,17 @@ impl Access {
             r.validate(i)
                 .map_err(|e| CairnError::invalid(format!("access rules {}: {e}", path.display())))?;
         }
+        // Applied only if the file did not change while it was read (an editor writing it in
+        // place may leave a valid but partial file for a moment): the next look reads it again.
+        if file_stamp(path) != stamp {
+            return Err(CairnError::unavailable(format!(
+                "access rules {}: changed while read",
+                path.display()
+            )));
+        }
         tracing::info!(file = %path.display(), rules = file.rule.len(), "access rules in force");
         ::metrics::gauge!(ACCESS_RULES).set(file.rule.len() as f64);
         *self.rules.write() = Arc::new(file.rule);
-        *self.seen.lock() = stamp;
         Ok(())
     }
 
@@ -263,10 +308,15 @@ impl Access {
     }
 }
 
-fn file_stamp(path: &Path) -> Option<(SystemTime, u64)> {
+/// What tells one version of the file from another: a file replaced by rename has another
+/// inode; one written in place another change time.
+fn file_stamp(path: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
+    Some((meta.dev(), meta.ino(), meta.ctime(), meta.ctime_nsec(), meta.len()))
 }
+
+type Stamp = (u64, u64, i64, i64, u64);
 
 #[cfg(test)]
 mod tests {
@@ -391,7 +441,21 @@ mod tests {
             assert_eq!(strict.mode(dev, false).unwrap_err().kind(), ErrorKind::NotPermitted);
         }
         assert!(strict.mode(0o010000 | 0o644, false).is_ok(), "a FIFO is no device");
+        assert_eq!(strict.mode_after_write(0o4755), Some(0o755));
+        assert_eq!(strict.mode_after_write(0o2755), Some(0o755), "setgid with group execute");
+        assert_eq!(strict.mode_after_write(0o2645), None, "setgid without group execute: a lock mark");
+        assert_eq!(strict.mode_after_write(0o644), None);
+        assert!(strict.xattr(b"security.capability").is_err());
+        assert!(strict.xattr(b"trusted.x").is_err());
+        assert!(strict.xattr(b"user.x").is_ok());
+        assert!(strict.xattr(b"system.posix_acl_access").is_ok(), "not squashed");
+        let squashed = Rule { squash: Squash::All, ..strict.clone() };
+        assert!(squashed.xattr(b"system.posix_acl_default").is_err());
+        assert!(squashed.may_change_owned_by(NOBODY) && !squashed.may_change_owned_by(1000));
+        let root = Rule { squash: Squash::Root, ..strict.clone() };
+        assert!(root.may_change_owned_by(1000) && !root.may_change_owned_by(0));
         let open = Rule { setuid: true, devices: true, ..strict };
+        assert_eq!(open.mode_after_write(0o4755), None);
         assert_eq!(open.mode(0o100000 | 0o6755, false).unwrap(), 0o100000 | 0o6755);
         assert!(open.mode(0o020000 | 0o644, false).is_ok());
     }

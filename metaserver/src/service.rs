@@ -16,7 +16,7 @@ use cairn_proto::meta_server::Meta;
 use cairn_proto::*;
 use tonic::{Request, Response, Status};
 
-use crate::access::{Access, Rule};
+use crate::access::{Access, Rule, Squash};
 use crate::namespace::{file_info, once, Namespace, NewEntry};
 use crate::raft::node::RaftNode;
 use crate::repair::Repair;
@@ -83,6 +83,47 @@ impl MetaService {
             rule.change(what)?;
         }
         Ok(rule)
+    }
+
+    /// Before a client held to `rule` changes inode `ino` (its attributes, xattrs, or with
+    /// `data` its bytes): refused where the rule's squash says the client cannot act as the
+    /// inode's owner; before a data change, the file's setuid/setgid bits and file capabilities
+    /// are dropped unless the rule allows them (first, so new bytes never run with them).
+    async fn guard_inode(&self, rule: &Rule, ino: u64, data: bool) -> Result<(), Status> {
+        if rule.squash == Squash::None && rule.setuid {
+            return Ok(());
+        }
+        let inode = self.read(|ns| ns.getattr(ino))?;
+        if !rule.may_change_owned_by(inode.uid) {
+            return Err(CairnError::new(
+                cairn_common::ErrorKind::NotPermitted,
+                format!(
+                    "inode {ino} is owned by uid {}, which this client's certificate may not act as \
+                     (squashed by the metaserver's access rules)",
+                    inode.uid
+                ),
+            )
+            .into());
+        }
+        if !data || !inode.is_reg() {
+            return Ok(());
+        }
+        if let Some(mode) = rule.mode_after_write(inode.mode & 0o7777) {
+            let clear = SetAttrRequest { ino, mode: Some(mode), ..Default::default() };
+            self.once_change(None, move |ns| ns.setattr(&clear), move |ns| ns.getattr(ino)).await?;
+        }
+        // Looked up first: a write to the log only where there is something to drop.
+        let has_caps = || self.read(|ns| ns.get_xattr(ino, b"security.capability")).is_ok();
+        if !rule.setuid && has_caps() {
+            let dropped = self
+                .once_change(None, move |ns| ns.remove_xattr(ino, b"security.capability"), |_| Ok(()))
+                .await;
+            match dropped.map_err(CairnError::from) {
+                Err(e) if e.kind() != cairn_common::ErrorKind::NoData => return Err(e.into()),
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// The shard operations a capability grants the caller: read only to a read-only client.
@@ -477,12 +518,14 @@ impl Meta for MetaService {
         let mut r = req.into_inner();
         let ino = check_ino(r.ino)?;
         if let Some(rule) = rule {
+            self.guard_inode(&rule, ino, r.size.is_some()).await?;
             r.uid = r.uid.map(|uid| rule.uid(uid));
             r.gid = r.gid.map(|gid| rule.gid(gid));
             if let Some(mode) = r.mode {
-                // Whether a directory's setgid may stay (looked up only where it matters).
+                // Whether a directory's setgid may stay (looked up only where it matters). The
+                // kernel sends the file type too: only the permission bits change.
                 let dir = mode & 0o2000 != 0 && !rule.setuid && self.read(|ns| ns.getattr(ino))?.is_dir();
-                r.mode = Some(rule.mode(mode, dir)?);
+                r.mode = Some(rule.mode(mode & 0o7777, dir)?);
             }
         }
         let once = once_of(&r.once);
@@ -652,13 +695,9 @@ impl Meta for MetaService {
     async fn set_xattr(&self, req: Request<SetXattrRequest>) -> Result<Response<Empty>, Status> {
         let rule = self.may_change(&req, "setxattr")?;
         let r = req.into_inner();
-        // File capabilities are privileges as setuid bits are.
-        if rule.is_some_and(|rule| !rule.setuid) && r.name == b"security.capability" {
-            return Err(CairnError::new(
-                cairn_common::ErrorKind::NotPermitted,
-                "file capabilities are not allowed to this client's certificate by the metaserver's access rules",
-            )
-            .into());
+        if let Some(rule) = rule {
+            rule.xattr(&r.name)?;
+            self.guard_inode(&rule, check_ino(r.ino)?, false).await?;
         }
         let once = once_of(&r.once);
         let ino = check_ino(r.ino)?;
@@ -673,8 +712,12 @@ impl Meta for MetaService {
     }
 
     async fn remove_xattr(&self, req: Request<XattrRequest>) -> Result<Response<Empty>, Status> {
-        self.may_change(&req, "removexattr")?;
+        let rule = self.may_change(&req, "removexattr")?;
         let r = req.into_inner();
+        if let Some(rule) = rule {
+            rule.xattr(&r.name)?;
+            self.guard_inode(&rule, check_ino(r.ino)?, false).await?;
+        }
         let once = once_of(&r.once);
         let ino = check_ino(r.ino)?;
         self.once_change(once, move |ns| ns.remove_xattr(ino, &r.name), |_| Ok(())).await?;
@@ -778,8 +821,11 @@ impl Meta for MetaService {
     }
 
     async fn commit(&self, req: Request<CommitRequest>) -> Result<Response<AttrReply>, Status> {
-        self.may_change(&req, "commit")?;
+        let rule = self.may_change(&req, "commit")?;
         let r = req.into_inner();
+        if let Some(rule) = rule {
+            self.guard_inode(&rule, check_ino(r.ino)?, true).await?;
+        }
         let once = once_of(&r.once);
         let ino = check_ino(r.ino)?;
         // A durable commit waits for the disk (a lone metaserver fsyncs it): on the blocking

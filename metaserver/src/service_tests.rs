@@ -438,6 +438,7 @@ mod access_rules {
         let access = Access::of(vec![
             Rule { read_only: true, ..rule(&["reader", "eval-*"]) },
             Rule { squash: Squash::All, ..rule(&["squashed"]) },
+            Rule { squash: Squash::Root, ..rule(&["root-squashed"]) },
         ])
         .unwrap();
         MetaService::new(Arc::new(ns)).with_access(access)
@@ -613,6 +614,13 @@ mod access_rules {
             ..Default::default()
         };
         assert_eq!(kind(svc.set_xattr(client(who, cap)).await.unwrap_err()), ErrorKind::NotPermitted);
+        let acl = SetXattrRequest {
+            ino: attr.ino,
+            name: "system.posix_acl_access".into(),
+            value: vec![2],
+            ..Default::default()
+        };
+        assert_eq!(kind(svc.set_xattr(client(who, acl)).await.unwrap_err()), ErrorKind::NotPermitted);
         // Another client, no rule: what it sends is stored.
         let made = svc
             .create(client("writer", create("root-suid", S_IFREG | 0o4755, 0)))
@@ -621,5 +629,83 @@ mod access_rules {
             .into_inner();
         let attr = made.file.unwrap().attr.unwrap();
         assert_eq!((attr.uid, attr.gid, attr.mode), (0, 0, S_IFREG | 0o4755));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_squashed_root_cannot_change_roots_files_nor_keep_privileges_through_a_write() {
+        let svc = service();
+        let who = "root-squashed";
+        let xattr = |ino, name: &str| SetXattrRequest {
+            ino,
+            name: name.into(),
+            value: vec![1],
+            ..Default::default()
+        };
+        // Root's setuid binary, and a user's setgid program with file capabilities.
+        let made =
+            svc.create(client("writer", create("su", S_IFREG | 0o4755, 0))).await.unwrap().into_inner();
+        let su = made.file.unwrap().attr.unwrap().ino;
+        let made =
+            svc.create(client("writer", create("prog", S_IFREG | 0o6755, 1000))).await.unwrap().into_inner();
+        let prog = made.file.unwrap().attr.unwrap().ino;
+        svc.set_xattr(client("writer", xattr(prog, "security.capability"))).await.unwrap();
+        let tty = svc.create(client("writer", create("tty", S_IFCHR | 0o600, 0))).await.unwrap().into_inner();
+        let tty = tty.file.unwrap().attr.unwrap().ino;
+
+        // Root's files: no write, truncate, chmod, touch or xattr from a squashed root.
+        let refused = [
+            svc.commit(client(who, CommitRequest { ino: su, ..Default::default() })).await.err(),
+            svc.set_attr(client(who, SetAttrRequest { ino: su, size: Some(0), ..Default::default() }))
+                .await
+                .err(),
+            svc.set_attr(client(who, SetAttrRequest { ino: su, mode: Some(0o777), ..Default::default() }))
+                .await
+                .err(),
+            svc.set_attr(client(who, SetAttrRequest { ino: su, atime_now: true, ..Default::default() }))
+                .await
+                .err(),
+            svc.set_xattr(client(who, xattr(su, "user.a"))).await.err(),
+            svc.set_attr(client(
+                who,
+                SetAttrRequest { ino: tty, mode: Some(S_IFCHR | 0o666), ..Default::default() },
+            ))
+            .await
+            .err(),
+        ];
+        for (i, e) in refused.into_iter().enumerate() {
+            assert_eq!(
+                kind(e.unwrap_or_else(|| panic!("change {i} was not refused"))),
+                ErrorKind::NotPermitted,
+                "{i}"
+            );
+        }
+        let attr =
+            svc.get_attr(client(who, InoRequest { ino: su })).await.unwrap().into_inner().attr.unwrap();
+        assert_eq!(attr.mode, S_IFREG | 0o4755, "unchanged");
+
+        // The user's program: a write drops its setuid and setgid bits and its capabilities.
+        svc.commit(client(who, CommitRequest { ino: prog, ..Default::default() })).await.unwrap();
+        let attr =
+            svc.get_attr(client(who, InoRequest { ino: prog })).await.unwrap().into_inner().attr.unwrap();
+        assert_eq!(attr.mode, S_IFREG | 0o755);
+        let caps = svc
+            .get_xattr(client(
+                who,
+                XattrRequest { ino: prog, name: "security.capability".into(), once: None },
+            ))
+            .await;
+        assert_eq!(kind(caps.unwrap_err()), ErrorKind::NoData, "capabilities dropped");
+        for name in ["security.capability", "security.selinux", "trusted.overlay.opaque"] {
+            let e = svc.set_xattr(client(who, xattr(prog, name))).await.unwrap_err();
+            assert_eq!(kind(e), ErrorKind::NotPermitted, "{name}");
+        }
+        svc.set_xattr(client(who, xattr(prog, "user.note"))).await.unwrap();
+        // A chmod of a device node it may change (the kernel sends the file type too).
+        let made =
+            svc.create(client("writer", create("tty2", S_IFCHR | 0o600, 1000))).await.unwrap().into_inner();
+        let tty2 = made.file.unwrap().attr.unwrap().ino;
+        let set = SetAttrRequest { ino: tty2, mode: Some(S_IFCHR | 0o660), ..Default::default() };
+        let after = svc.set_attr(client(who, set)).await.unwrap().into_inner().attr.unwrap();
+        assert_eq!(after.mode, S_IFCHR | 0o660);
     }
 }
