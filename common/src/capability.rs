@@ -48,6 +48,8 @@ struct Key {
     secret: [u8; 32],
     /// When this key started signing, Unix seconds.
     since: i64,
+    /// When it was revoked: no token it signed is valid after.
+    revoked: Option<i64>,
 }
 
 impl Key {
@@ -56,12 +58,17 @@ impl Key {
         rand::Rng::fill(&mut rand::thread_rng(), &mut secret[..]);
         // Id 0 would read as "no key" in a defaulted message.
         let id = rand::random::<u64>().max(1);
-        Key { id, secret, since: now }
+        Key { id, secret, since: now, revoked: None }
     }
 
     /// When the last token this key may sign expires.
-    fn retire(&self) -> i64 {
+    fn expires(&self) -> i64 {
         self.since + (ROTATE_EVERY + LIFETIME).as_secs() as i64
+    }
+
+    /// After when no token it signed is valid: its expiry, or when it was revoked.
+    fn retire(&self) -> i64 {
+        self.revoked.map_or(self.expires(), |at| at.min(self.expires()))
     }
 
     fn wire(&self) -> CapabilityKey {
@@ -69,10 +76,12 @@ impl Key {
     }
 }
 
-/// A metaserver's keys: the one it signs with, and the one before it while tokens it signed may
-/// still be valid. In memory only (a restarted metaserver starts a new key).
+/// A metaserver's keys: the one it signs with, and those before it while tokens they signed
+/// may still be valid (a revoked one is announced, with its revocation as its retirement, for
+/// as long as a chunkserver may still hold it). In memory only (a restarted metaserver starts
+/// a new key).
 pub struct Signer {
-    keys: Mutex<(Key, Option<Key>)>,
+    keys: Mutex<(Key, Vec<Key>)>,
 }
 
 impl Default for Signer {
@@ -83,7 +92,7 @@ impl Default for Signer {
 
 impl Signer {
     pub fn new() -> Signer {
-        Signer { keys: Mutex::new((Key::new(unix_secs()), None)) }
+        Signer { keys: Mutex::new((Key::new(unix_secs()), Vec::new())) }
     }
 
     /// A capability for `holder` to do `ops` on inode `ino`'s shards for [`LIFETIME`].
@@ -92,13 +101,30 @@ impl Signer {
     }
 
     /// The keys, after starting a new one if the current one has signed for [`ROTATE_EVERY`].
-    fn rotated(&self, now: i64) -> parking_lot::MutexGuard<'_, (Key, Option<Key>)> {
+    fn rotated(&self, now: i64) -> parking_lot::MutexGuard<'_, (Key, Vec<Key>)> {
         let mut keys = self.keys.lock();
         if now - keys.0.since >= ROTATE_EVERY.as_secs() as i64 {
             let old = std::mem::replace(&mut keys.0, Key::new(now));
-            keys.1 = Some(old);
+            keys.1.push(old);
         }
+        keys.1.retain(|k| k.expires() > now);
         keys
+    }
+
+    /// Revoke every token signed so far (what they grant changed: access rules were edited)
+    /// and sign with a new key from now on. Chunkservers learn it with their next heartbeat
+    /// and then refuse the old tokens (after the clock skew they allow); clients renew.
+    pub fn revoke_all(&self) {
+        self.revoke_all_at(unix_secs());
+    }
+
+    fn revoke_all_at(&self, now: i64) {
+        let mut keys = self.keys.lock();
+        let old = std::mem::replace(&mut keys.0, Key::new(now));
+        keys.1.push(old);
+        for k in &mut keys.1 {
+            k.revoked.get_or_insert(now);
+        }
     }
 
     fn grant_at(&self, ino: u64, ops: u32, holder: &str, now: i64) -> Capability {
@@ -120,7 +146,9 @@ impl Signer {
     pub fn keys(&self) -> Vec<CapabilityKey> {
         let now = unix_secs();
         let keys = self.rotated(now);
-        std::iter::once(&keys.0).chain(keys.1.iter()).filter(|k| k.retire() > now).map(Key::wire).collect()
+        // A revoked key goes on being sent until it would have expired: a chunkserver that
+        // missed the revocation learns it from any later heartbeat.
+        std::iter::once(&keys.0).chain(keys.1.iter()).filter(|k| k.expires() > now).map(Key::wire).collect()
     }
 }
 
@@ -182,7 +210,9 @@ impl Verifier {
                 );
                 continue;
             };
-            known.insert(k.id, (secret, k.retire));
+            // A key's retirement only ever comes earlier (a revocation).
+            let retire = known.get(&k.id).map_or(k.retire, |(_, known)| k.retire.min(*known));
+            known.insert(k.id, (secret, retire));
         }
     }
 

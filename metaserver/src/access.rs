@@ -4,6 +4,7 @@
 //! file changes. Design: `docs/ARCHITECTURE.md`, "Per-client access rules".
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -208,12 +209,20 @@ pub struct Access {
     rules: RwLock<Arc<Vec<Rule>>>,
     /// The file's version when last read.
     seen: Mutex<Option<Stamp>>,
+    /// Counts the reloads that changed the rules (shard capabilities signed before one are
+    /// revoked: what they grant may have changed).
+    generation: AtomicU64,
 }
 
 impl Access {
     /// No rules: every client may do what its role allows.
     pub fn none() -> Arc<Access> {
-        Arc::new(Access { path: None, rules: RwLock::new(Arc::new(Vec::new())), seen: Mutex::new(None) })
+        Arc::new(Access {
+            path: None,
+            rules: RwLock::new(Arc::new(Vec::new())),
+            seen: Mutex::new(None),
+            generation: AtomicU64::new(0),
+        })
     }
 
     /// Rules given directly (tests).
@@ -221,7 +230,12 @@ impl Access {
         for (i, r) in rules.iter().enumerate() {
             r.validate(i)?;
         }
-        Ok(Arc::new(Access { path: None, rules: RwLock::new(Arc::new(rules)), seen: Mutex::new(None) }))
+        Ok(Arc::new(Access {
+            path: None,
+            rules: RwLock::new(Arc::new(rules)),
+            seen: Mutex::new(None),
+            generation: AtomicU64::new(0),
+        }))
     }
 
     /// The rules of `path`; a file that is missing or invalid is an error.
@@ -230,9 +244,15 @@ impl Access {
             path: Some(path.to_path_buf()),
             rules: RwLock::new(Arc::default()),
             seen: Mutex::new(None),
+            generation: AtomicU64::new(0),
         };
         access.reload()?;
         Ok(Arc::new(access))
+    }
+
+    /// Changes whenever the rules in force change.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// The rules in force.
@@ -264,7 +284,11 @@ impl Access {
         }
         tracing::info!(file = %path.display(), rules = file.rule.len(), "access rules in force");
         ::metrics::gauge!(ACCESS_RULES).set(file.rule.len() as f64);
-        *self.rules.write() = Arc::new(file.rule);
+        let mut rules = self.rules.write();
+        if **rules != file.rule {
+            *rules = Arc::new(file.rule);
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
         Ok(())
     }
 
@@ -388,9 +412,13 @@ mod tests {
         std::fs::write(&path, "[[rule]]\nclients = [\"*\"\n").unwrap();
         assert!(access.reload().is_err());
         assert!(access.rules()[0].read_only, "kept");
+        let first = access.generation();
         std::fs::write(&path, "").unwrap();
         access.reload().unwrap();
         assert!(access.rules().is_empty(), "a good file replaces them");
+        assert_eq!(access.generation(), first + 1);
+        access.reload().unwrap();
+        assert_eq!(access.generation(), first + 1, "the same rules again: no change");
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub struct MetaService {
     channels: Channels,
     /// What each client certificate may do to the namespace (`access.rs`).
     access: Arc<Access>,
+    /// The access rules' generation the capabilities signed since were granted under.
+    caps_generation: std::sync::atomic::AtomicU64,
 }
 
 /// Most shards one damage report from a client may name (a reader reports what one read
@@ -61,13 +63,26 @@ impl MetaService {
             caps: Signer::new(),
             channels: confirm_channels(),
             access: Access::none(),
+            caps_generation: Default::default(),
         }
     }
 
     /// Hold clients to these access rules.
     pub fn with_access(mut self, access: Arc<Access>) -> MetaService {
+        self.caps_generation = access.generation().into();
         self.access = access;
         self
+    }
+
+    /// The capability signer, after revoking what it signed under access rules that have
+    /// changed since (a client made read-only must not keep writing with tokens it holds).
+    fn signer(&self) -> &Signer {
+        let now = self.access.generation();
+        if self.caps_generation.swap(now, std::sync::atomic::Ordering::AcqRel) != now {
+            self.caps.revoke_all();
+            tracing::info!("access rules changed: shard capabilities signed before are revoked");
+        }
+        &self.caps
     }
 
     /// The access rule the caller of `req` is held to, if any.
@@ -156,6 +171,7 @@ impl MetaService {
             caps: Signer::new(),
             channels: confirm_channels(),
             access: Access::none(),
+            caps_generation: Default::default(),
         }
     }
 
@@ -169,6 +185,7 @@ impl MetaService {
             caps: Signer::new(),
             channels: confirm_channels(),
             access: Access::none(),
+            caps_generation: Default::default(),
         }
     }
 
@@ -575,7 +592,7 @@ impl Meta for MetaService {
                 },
             )
             .await?;
-        let cap = (open && inode.is_reg()).then(|| self.caps.grant(inode.ino, READ | WRITE, &holder));
+        let cap = (open && inode.is_reg()).then(|| self.signer().grant(inode.ino, READ | WRITE, &holder));
         Ok(Response::new(CreateReply { file: Some(file_info(&inode)), created, parent, cap }))
     }
 
@@ -739,7 +756,7 @@ impl Meta for MetaService {
             }
             opened
         })?;
-        let cap = Some(self.caps.grant(inode.ino, ops, &holder));
+        let cap = Some(self.signer().grant(inode.ino, ops, &holder));
         Ok(Response::new(OpenReply { file: Some(file_info(&inode)), stripes, more, cap }))
     }
 
@@ -869,7 +886,7 @@ impl Meta for MetaService {
             })
             .await?;
         tracing::info!(node_id, "chunkserver registered");
-        Ok(Response::new(RegisterChunkReply { node_id, cluster_id, cap_keys: self.caps.keys() }))
+        Ok(Response::new(RegisterChunkReply { node_id, cluster_id, cap_keys: self.signer().keys() }))
     }
 
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<Response<HeartbeatReply>, Status> {
@@ -883,7 +900,11 @@ impl Meta for MetaService {
                 Ok((ns.fence(), ns.cluster_id().to_string()))
             })
             .await?;
-        Ok(Response::new(HeartbeatReply { fence: fence.0, cluster_id: fence.1, cap_keys: self.caps.keys() }))
+        Ok(Response::new(HeartbeatReply {
+            fence: fence.0,
+            cluster_id: fence.1,
+            cap_keys: self.signer().keys(),
+        }))
     }
 
     async fn list_nodes(&self, _req: Request<Empty>) -> Result<Response<ListNodesReply>, Status> {
@@ -984,7 +1005,7 @@ impl Meta for MetaService {
         if !inode.is_reg() {
             return Err(CairnError::invalid(format!("inode {ino} is not a regular file: no shards")).into());
         }
-        Ok(Response::new(self.caps.grant(ino, ops, &holder)))
+        Ok(Response::new(self.signer().grant(ino, ops, &holder)))
     }
 
     async fn set_layout(&self, req: Request<SetLayoutRequest>) -> Result<Response<LayoutReply>, Status> {

@@ -708,4 +708,42 @@ mod access_rules {
         let after = svc.set_attr(client(who, set)).await.unwrap().into_inner().attr.unwrap();
         assert_eq!(after.mode, S_IFCHR | 0o660);
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_change_of_the_rules_revokes_the_capabilities_signed_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.toml");
+        std::fs::write(&path, "").unwrap();
+        let access = Access::load(&path).unwrap();
+        let ns = Namespace::open_memory(cairn_common::Layout::new(2, 1, 4096).unwrap()).unwrap();
+        for i in 0..3 {
+            ns.registry()
+                .register(&format!("node-{i}"), &format!("127.0.0.1:{}", 1000 + i), vec![], 1, "")
+                .unwrap();
+        }
+        let svc = MetaService::new(Arc::new(ns)).with_access(access.clone());
+        let made = svc.create(client("job", create("f", S_IFREG | 0o644, 1000))).await.unwrap().into_inner();
+        let ino = made.file.unwrap().attr.unwrap().ino;
+        let before = svc.grant_capability(client("job", InoRequest { ino })).await.unwrap().into_inner();
+        assert_eq!(before.ops, capability::READ | capability::WRITE);
+        let chunkserver = capability::Verifier::default();
+        chunkserver.learn(&svc.signer().keys());
+        assert_eq!(chunkserver.check(Some(&before), ino, capability::WRITE, "job"), Ok(()));
+
+        // Rules that change nothing for this client change nothing for its tokens.
+        access.reload().unwrap();
+        let same = svc.grant_capability(client("job", InoRequest { ino })).await.unwrap().into_inner();
+        assert_eq!(same.key_id, before.key_id);
+
+        std::fs::write(&path, "[[rule]]\nclients = [\"job\"]\nread_only = true\n").unwrap();
+        access.reload().unwrap();
+        let after = svc.grant_capability(client("job", InoRequest { ino })).await.unwrap().into_inner();
+        assert_eq!(after.ops, capability::READ);
+        assert_ne!(after.key_id, before.key_id, "signed with a new key");
+        let keys = svc.signer().keys();
+        let old = keys.iter().find(|k| k.id == before.key_id).expect("the revoked key is announced");
+        assert!(old.retire <= cairn_common::time::unix_secs(), "retired at the revocation");
+        chunkserver.learn(&keys);
+        assert_eq!(chunkserver.check(Some(&after), ino, capability::READ, "job"), Ok(()));
+    }
 }

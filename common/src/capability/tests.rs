@@ -79,6 +79,32 @@ fn capabilities_expire_and_keys_rotate() {
 }
 
 #[test]
+fn revoked_tokens_are_refused_once_chunkservers_learn_it_and_new_ones_pass() {
+    let signer = Signer::new();
+    let v = verifier_of(&signer);
+    let now = unix_secs();
+    let before = signer.grant_at(7, READ | WRITE, "c", now);
+    signer.revoke_all_at(now);
+    let after = signer.grant_at(7, READ, "c", now);
+    assert_ne!(after.key_id, before.key_id, "a new key signs");
+    // Still good on a chunkserver that has not heard of it.
+    assert_eq!(v.check_at(Some(&before), 7, WRITE, "c", now + SKEW_SECS + 1), Ok(()));
+    let keys = signer.keys();
+    assert_eq!(keys.len(), 2, "the revoked key is announced with its revocation");
+    v.learn(&keys);
+    assert_eq!(v.check_at(Some(&before), 7, WRITE, "c", now + SKEW_SECS + 1), Err(Refusal::Expired));
+    assert_eq!(v.check_at(Some(&after), 7, READ, "c", now + SKEW_SECS + 1), Ok(()));
+    // A later announcement of the same key with its old retirement (another metaserver's
+    // stale list) does not bring it back.
+    let mut stale = keys.clone();
+    for k in &mut stale {
+        k.retire = now + LIFETIME.as_secs() as i64;
+    }
+    v.learn(&stale);
+    assert_eq!(v.check_at(Some(&before), 7, WRITE, "c", now + SKEW_SECS + 1), Err(Refusal::Expired));
+}
+
+#[test]
 fn a_key_of_the_wrong_length_is_ignored() {
     let v = Verifier::default();
     v.learn(&[CapabilityKey { id: 5, secret: vec![1; 16], retire: unix_secs() + 100 }]);
