@@ -111,23 +111,31 @@ fn info_and_layout_answer_where_a_file_lives_and_how_new_ones_are_coded() {
 #[test]
 fn stats_shows_io_while_it_happens() {
     let cluster = Cluster::start(6, "4+2", 256);
-    let stats = cluster
+    let mut stats = cluster
         .cairn()
-        .args(["stats", "--meta", &cluster.meta_addr, "--interval", "1", "--count", "6", "--json"])
+        .args(["stats", "--meta", &cluster.meta_addr, "--interval", "1", "--count", "10", "--json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // The I/O starts once the first interval was printed: its first sample was taken before,
+    // so every request falls in the intervals measured (a busy machine may take seconds to
+    // start the command and connect).
+    let mut printed = std::io::BufReader::new(stats.stdout.take().unwrap());
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut printed, &mut first).unwrap();
     let data = random_bytes(8 << 20, 710);
     fs::write(cluster.mnt.join("s"), &data).unwrap();
     for i in 0..20 {
         fs::write(cluster.mnt.join(format!("m{i}")), b"x").unwrap();
     }
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut printed, &mut rest).unwrap();
     let out = stats.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let lines: Vec<serde_json::Value> =
-        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(lines.len(), 6);
+        first.lines().chain(rest.lines()).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 10);
     let total = |key: &str| -> f64 {
         lines.iter().map(|l| l[key].as_f64().unwrap() * l["interval_secs"].as_f64().unwrap()).sum()
     };
