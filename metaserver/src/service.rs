@@ -536,6 +536,22 @@ impl Meta for MetaService {
         let ino = check_ino(r.ino)?;
         if let Some(rule) = rule {
             self.guard_inode(&rule, ino, r.size.is_some()).await?;
+            // Giving a file away takes privilege (CAP_CHOWN) that a squashed root does not
+            // have, as an NFS server answers a squashed root's chown; a group change by the
+            // owner stays allowed.
+            if let Some(uid) = r.uid.filter(|_| rule.squash != Squash::None) {
+                let owner = self.read(|ns| ns.getattr(ino))?.uid;
+                if rule.uid(uid) != owner {
+                    return Err(CairnError::new(
+                        cairn_common::ErrorKind::NotPermitted,
+                        format!(
+                            "chown of inode {ino} to uid {uid}: a client squashed by the metaserver's \
+                             access rules gives no file away"
+                        ),
+                    )
+                    .into());
+                }
+            }
             r.uid = r.uid.map(|uid| rule.uid(uid));
             r.gid = r.gid.map(|gid| rule.gid(gid));
             if let Some(mode) = r.mode {

@@ -683,6 +683,15 @@ mod access_rules {
             svc.get_attr(client(who, InoRequest { ino: su })).await.unwrap().into_inner().attr.unwrap();
         assert_eq!(attr.mode, S_IFREG | 0o4755, "unchanged");
 
+        // Its own files it may not give away; a group change stays.
+        let mine = svc.create(client(who, create("mine", S_IFREG | 0o644, 0))).await.unwrap().into_inner();
+        let mine = mine.file.unwrap().attr.unwrap().ino;
+        let give = SetAttrRequest { ino: mine, uid: Some(1000), ..Default::default() };
+        assert_eq!(kind(svc.set_attr(client(who, give)).await.unwrap_err()), ErrorKind::NotPermitted);
+        let chgrp = SetAttrRequest { ino: mine, gid: Some(1000), ..Default::default() };
+        let after = svc.set_attr(client(who, chgrp)).await.unwrap().into_inner().attr.unwrap();
+        assert_eq!((after.uid, after.gid), (500, 1000));
+
         // The user's program: a write drops its setuid and setgid bits and its capabilities.
         svc.commit(client(who, CommitRequest { ino: prog, ..Default::default() })).await.unwrap();
         let attr =
