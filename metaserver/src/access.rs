@@ -217,12 +217,16 @@ pub struct Access {
 impl Access {
     /// No rules: every client may do what its role allows.
     pub fn none() -> Arc<Access> {
-        Arc::new(Access {
-            path: None,
-            rules: RwLock::new(Arc::new(Vec::new())),
+        Arc::new(Access::new(None, Vec::new()))
+    }
+
+    fn new(path: Option<PathBuf>, rules: Vec<Rule>) -> Access {
+        Access {
+            path,
+            rules: RwLock::new(Arc::new(rules)),
             seen: Mutex::new(None),
             generation: AtomicU64::new(0),
-        })
+        }
     }
 
     /// Rules given directly (tests).
@@ -230,22 +234,12 @@ impl Access {
         for (i, r) in rules.iter().enumerate() {
             r.validate(i)?;
         }
-        Ok(Arc::new(Access {
-            path: None,
-            rules: RwLock::new(Arc::new(rules)),
-            seen: Mutex::new(None),
-            generation: AtomicU64::new(0),
-        }))
+        Ok(Arc::new(Access::new(None, rules)))
     }
 
     /// The rules of `path`; a file that is missing or invalid is an error.
     pub fn load(path: &Path) -> Result<Arc<Access>> {
-        let access = Access {
-            path: Some(path.to_path_buf()),
-            rules: RwLock::new(Arc::default()),
-            seen: Mutex::new(None),
-            generation: AtomicU64::new(0),
-        };
+        let access = Access::new(Some(path.to_path_buf()), Vec::new());
         access.reload()?;
         Ok(Arc::new(access))
     }

@@ -20,7 +20,7 @@ use crate::access::{Access, Rule, Squash};
 use crate::namespace::{file_info, once, Namespace, NewEntry};
 use crate::raft::node::RaftNode;
 use crate::repair::Repair;
-use crate::schema::{NODE_ACTIVE, NODE_DRAINING};
+use crate::schema::{Inode, NODE_ACTIVE, NODE_DRAINING};
 use crate::sessions::{Lock, F_UNLCK};
 
 /// Most files one Release request may name.
@@ -104,9 +104,11 @@ impl MetaService {
     /// `data` its bytes): refused where the rule's squash says the client cannot act as the
     /// inode's owner; before a data change, the file's setuid/setgid bits and file capabilities
     /// are dropped unless the rule allows them (first, so new bytes never run with them).
-    async fn guard_inode(&self, rule: &Rule, ino: u64, data: bool) -> Result<(), Status> {
+    /// Returns the inode as it was read (`None`: the rule needs no look at it), for the
+    /// caller's further checks.
+    async fn guard_inode(&self, rule: &Rule, ino: u64, data: bool) -> Result<Option<Inode>, Status> {
         if rule.squash == Squash::None && rule.setuid {
-            return Ok(());
+            return Ok(None);
         }
         let inode = self.read(|ns| ns.getattr(ino))?;
         if !rule.may_change_owned_by(inode.uid) {
@@ -121,7 +123,7 @@ impl MetaService {
             .into());
         }
         if !data || !inode.is_reg() {
-            return Ok(());
+            return Ok(Some(inode));
         }
         if let Some(mode) = rule.mode_after_write(inode.mode & 0o7777) {
             let clear = SetAttrRequest { ino, mode: Some(mode), ..Default::default() };
@@ -138,7 +140,7 @@ impl MetaService {
                 _ => {}
             }
         }
-        Ok(())
+        Ok(Some(inode))
     }
 
     /// The shard operations a capability grants the caller: read only to a read-only client.
@@ -535,12 +537,16 @@ impl Meta for MetaService {
         let mut r = req.into_inner();
         let ino = check_ino(r.ino)?;
         if let Some(rule) = rule {
-            self.guard_inode(&rule, ino, r.size.is_some()).await?;
+            let read = self.guard_inode(&rule, ino, r.size.is_some()).await?;
+            let inode = || match &read {
+                Some(inode) => Ok::<_, Status>(inode.clone()),
+                None => self.read(|ns| ns.getattr(ino)),
+            };
             // Giving a file away takes privilege (CAP_CHOWN) that a squashed root does not
             // have, as an NFS server answers a squashed root's chown; a group change by the
             // owner stays allowed.
             if let Some(uid) = r.uid.filter(|_| rule.squash != Squash::None) {
-                let owner = self.read(|ns| ns.getattr(ino))?.uid;
+                let owner = inode()?.uid;
                 if rule.uid(uid) != owner {
                     return Err(CairnError::new(
                         cairn_common::ErrorKind::NotPermitted,
@@ -557,7 +563,7 @@ impl Meta for MetaService {
             if let Some(mode) = r.mode {
                 // Whether a directory's setgid may stay (looked up only where it matters). The
                 // kernel sends the file type too: only the permission bits change.
-                let dir = mode & 0o2000 != 0 && !rule.setuid && self.read(|ns| ns.getattr(ino))?.is_dir();
+                let dir = mode & 0o2000 != 0 && !rule.setuid && inode()?.is_dir();
                 r.mode = Some(rule.mode(mode & 0o7777, dir)?);
             }
         }

@@ -419,13 +419,18 @@ mod access_rules {
         CairnError::from(status).kind()
     }
 
-    fn service() -> MetaService {
+    /// An in-memory namespace with three chunkservers (a 2+1 layout).
+    fn namespace() -> Namespace {
         let ns = Namespace::open_memory(cairn_common::Layout::new(2, 1, 4096).unwrap()).unwrap();
         for i in 0..3 {
             ns.registry()
                 .register(&format!("node-{i}"), &format!("127.0.0.1:{}", 1000 + i), vec![], 1, "")
                 .unwrap();
         }
+        ns
+    }
+
+    fn service() -> MetaService {
         let rule = |clients: &[&str]| Rule {
             clients: clients.iter().map(|c| c.to_string()).collect(),
             read_only: false,
@@ -441,7 +446,11 @@ mod access_rules {
             Rule { squash: Squash::Root, ..rule(&["root-squashed"]) },
         ])
         .unwrap();
-        MetaService::new(Arc::new(ns)).with_access(access)
+        MetaService::new(Arc::new(namespace())).with_access(access)
+    }
+
+    fn set_xattr(ino: u64, name: &str) -> SetXattrRequest {
+        SetXattrRequest { ino, name: name.into(), value: vec![1], ..Default::default() }
     }
 
     fn create(name: &str, mode: u32, uid: u32) -> CreateRequest {
@@ -607,19 +616,9 @@ mod access_rules {
         let set = SetAttrRequest { ino: dir.ino, mode: Some(0o6770), ..Default::default() };
         let after = svc.set_attr(client(who, set)).await.unwrap().into_inner().attr.unwrap();
         assert_eq!(after.mode, S_IFDIR | 0o2770, "chmod of a directory: setgid stays, setuid goes");
-        let cap = SetXattrRequest {
-            ino: attr.ino,
-            name: "security.capability".into(),
-            value: vec![1],
-            ..Default::default()
-        };
+        let cap = set_xattr(attr.ino, "security.capability");
         assert_eq!(kind(svc.set_xattr(client(who, cap)).await.unwrap_err()), ErrorKind::NotPermitted);
-        let acl = SetXattrRequest {
-            ino: attr.ino,
-            name: "system.posix_acl_access".into(),
-            value: vec![2],
-            ..Default::default()
-        };
+        let acl = set_xattr(attr.ino, "system.posix_acl_access");
         assert_eq!(kind(svc.set_xattr(client(who, acl)).await.unwrap_err()), ErrorKind::NotPermitted);
         // Another client, no rule: what it sends is stored.
         let made = svc
@@ -635,12 +634,6 @@ mod access_rules {
     async fn a_squashed_root_cannot_change_roots_files_nor_keep_privileges_through_a_write() {
         let svc = service();
         let who = "root-squashed";
-        let xattr = |ino, name: &str| SetXattrRequest {
-            ino,
-            name: name.into(),
-            value: vec![1],
-            ..Default::default()
-        };
         // Root's setuid binary, and a user's setgid program with file capabilities.
         let made =
             svc.create(client("writer", create("su", S_IFREG | 0o4755, 0))).await.unwrap().into_inner();
@@ -648,7 +641,7 @@ mod access_rules {
         let made =
             svc.create(client("writer", create("prog", S_IFREG | 0o6755, 1000))).await.unwrap().into_inner();
         let prog = made.file.unwrap().attr.unwrap().ino;
-        svc.set_xattr(client("writer", xattr(prog, "security.capability"))).await.unwrap();
+        svc.set_xattr(client("writer", set_xattr(prog, "security.capability"))).await.unwrap();
         let tty = svc.create(client("writer", create("tty", S_IFCHR | 0o600, 0))).await.unwrap().into_inner();
         let tty = tty.file.unwrap().attr.unwrap().ino;
 
@@ -664,7 +657,7 @@ mod access_rules {
             svc.set_attr(client(who, SetAttrRequest { ino: su, atime_now: true, ..Default::default() }))
                 .await
                 .err(),
-            svc.set_xattr(client(who, xattr(su, "user.a"))).await.err(),
+            svc.set_xattr(client(who, set_xattr(su, "user.a"))).await.err(),
             svc.set_attr(client(
                 who,
                 SetAttrRequest { ino: tty, mode: Some(S_IFCHR | 0o666), ..Default::default() },
@@ -705,10 +698,10 @@ mod access_rules {
             .await;
         assert_eq!(kind(caps.unwrap_err()), ErrorKind::NoData, "capabilities dropped");
         for name in ["security.capability", "security.selinux", "trusted.overlay.opaque"] {
-            let e = svc.set_xattr(client(who, xattr(prog, name))).await.unwrap_err();
+            let e = svc.set_xattr(client(who, set_xattr(prog, name))).await.unwrap_err();
             assert_eq!(kind(e), ErrorKind::NotPermitted, "{name}");
         }
-        svc.set_xattr(client(who, xattr(prog, "user.note"))).await.unwrap();
+        svc.set_xattr(client(who, set_xattr(prog, "user.note"))).await.unwrap();
         // A chmod of a device node it may change (the kernel sends the file type too).
         let made =
             svc.create(client("writer", create("tty2", S_IFCHR | 0o600, 1000))).await.unwrap().into_inner();
@@ -724,13 +717,7 @@ mod access_rules {
         let path = dir.path().join("access.toml");
         std::fs::write(&path, "").unwrap();
         let access = Access::load(&path).unwrap();
-        let ns = Namespace::open_memory(cairn_common::Layout::new(2, 1, 4096).unwrap()).unwrap();
-        for i in 0..3 {
-            ns.registry()
-                .register(&format!("node-{i}"), &format!("127.0.0.1:{}", 1000 + i), vec![], 1, "")
-                .unwrap();
-        }
-        let svc = MetaService::new(Arc::new(ns)).with_access(access.clone());
+        let svc = MetaService::new(Arc::new(namespace())).with_access(access.clone());
         let made = svc.create(client("job", create("f", S_IFREG | 0o644, 1000))).await.unwrap().into_inner();
         let ino = made.file.unwrap().attr.unwrap().ino;
         let before = svc.grant_capability(client("job", InoRequest { ino })).await.unwrap().into_inner();
