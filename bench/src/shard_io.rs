@@ -43,10 +43,8 @@ async fn run(
         power_loss_log: None,
         reserve_bytes: 0,
         policy: TierPolicy::default(),
-        mover_rate_bytes: 1 << 30,
         ssd_direct_io: false,
         hdd_direct_io: direct,
-        pins_file: None,
     };
     let fixed = if direct && registered { 16 } else { 0 };
     let store = Arc::new(ShardStore::open(options, engine::open(kind, 64, fixed)).await?);

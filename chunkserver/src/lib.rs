@@ -4,7 +4,7 @@
 //! The pieces, bottom up: [`engine`] does positional disk I/O (io_uring, or pread/pwrite);
 //! [`shard`] is the versioned on-disk format with per-block BLAKE3 hashes; [`store`] places,
 //! indexes, reads and verifies shard files; [`policy`] decides which shards change tier and
-//! [`mover`] moves them, crash-safely; [`service`] is the gRPC layer; [`heartbeat`] keeps the
+//! [`mover`] moves them, crash-safely, at the pace of one [`throttle`]; [`service`] is the gRPC layer; [`heartbeat`] keeps the
 //! node registered with the metaserver; [`fence`] refuses deletes from a deposed metaserver
 //! leader; [`metrics`] names the exported metrics. [`serve`]
 //! wires them together on a listener and [`run`] is what `cairn chunk` calls.
@@ -33,9 +33,10 @@ pub mod service;
 pub mod shard;
 pub mod statefile;
 pub mod store;
+pub mod throttle;
 
 pub use engine::{IoEngine, PreadEngine, UringEngine};
-pub use mover::{MoveOutcome, PassReport, PromoteOptions, PromoteSummary};
+pub use mover::{MoveOutcome, Mover, MoverOptions, PassReport, PromoteOptions, PromoteSummary};
 pub use policy::{Clock, ManualClock, SystemClock, TierPolicy};
 pub use service::ChunkService;
 pub use store::{ShardStore, StoreOptions, Tier};
@@ -84,7 +85,8 @@ pub async fn serve(
         "chunkserver serving"
     );
     let heartbeat = tokio::spawn(heartbeat.run());
-    let mover = mover::spawn(store.clone(), Duration::from_millis(config.mover_interval_ms));
+    let mover = Arc::new(Mover::new(store.clone(), MoverOptions::from_config(&config))?);
+    let moving = mover::spawn(mover.clone(), Duration::from_millis(config.mover_interval_ms));
     let scrub = scrub::Scrub::new(
         store.clone(),
         &config.meta,
@@ -93,7 +95,7 @@ pub async fn serve(
     )?;
     let scrub = tokio::spawn(scrub.run());
 
-    let service = Arc::new(ChunkService::new(store.clone(), node_id, fence, caps));
+    let service = Arc::new(ChunkService::new(store.clone(), mover, node_id, fence, caps));
     let (stopped, shutdown) = wire::split_shutdown(shutdown);
     let (incoming, accepting) =
         wire::serve(listener, Arc::new(wire::chunk::Service(service.clone())), stopped);
@@ -108,7 +110,7 @@ pub async fn serve(
     heartbeat.abort();
     scrub.abort();
     // A move cut short here leaves a temp file or two copies; the next open settles both.
-    mover.abort();
+    moving.abort();
     let _ = accepting.await;
     // What mounts closed is in the page cache: on disk before the process ends.
     if let Err(e) = store.flush_all().await {

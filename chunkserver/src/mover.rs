@@ -1,6 +1,8 @@
 //! Moving shards between tiers: the background mover that demotes least recently used shards
 //! from SSD to HDD above the high watermark and promotes hot HDD shards back, the `Promote`
-//! request behind `cairn warmup`, and the recovery at open of a move cut short by a crash.
+//! request behind `cairn warmup`, and the pins that keep files on SSD. A [`Mover`] holds the
+//! store and works through its narrow API (claims, locations, directories, `record_move`);
+//! the store knows nothing of the mover.
 //!
 //! A move never leaves a shard unreadable or present nowhere. Holding the shard's claim (so no
 //! write or delete of that id interleaves), it copies the file through the [`IoEngine`] to
@@ -8,8 +10,8 @@
 //! checksum of the copy, renames it into place and fsyncs the bucket directory; only then does
 //! the index switch to the new directory, and only then is the source deleted (and its
 //! directory fsynced). A crash before the rename leaves a temp file, removed at open; a crash
-//! between rename and delete leaves a valid copy in both tiers, settled at open by
-//! `ShardStore::settle_duplicates`: the SSD copy is kept when it verifies, otherwise the
+//! between rename and delete leaves a valid copy in both tiers, settled when the store opens
+//! (`store/recovery.rs`): the SSD copy is kept when it verifies, otherwise the
 //! other one. Reads never wait for a move: the source file stays in place until the index
 //! points at the copy, and a read that finds the source gone looks the shard up again.
 //!
@@ -17,50 +19,53 @@
 //!
 //! [`IoEngine`]: crate::engine::IoEngine
 
-use std::path::Path;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use cairn_common::checksum::BLOCK_SIZE;
+use cairn_common::config::ChunkConfig;
 use cairn_common::{CairnError, ErrorKind, Result, ShardId};
 use parking_lot::Mutex;
-use tokio::time::Instant;
 
-use crate::engine::IoEngine;
-use crate::shard::{self, ShardHeader, HEADER_ALIGN};
-use crate::store::{off_thread, Location, ShardFile, ShardStore, Tier};
+use crate::pins::Pins;
+use crate::store::{Location, ShardFile, ShardStore, Tier};
+use crate::throttle::RateLimiter;
 
-/// Bytes per copy or verify step (a whole number of checksum blocks).
+/// Bytes per copy step (a whole number of checksum blocks).
 const COPY_CHUNK: usize = 16 * BLOCK_SIZE;
 
-/// Spreads copies over time so that they average at most `rate` bytes per second.
-#[derive(Debug)]
-pub struct RateLimiter {
-    rate: u64,
-    /// When the bytes granted so far will have been "paid for".
-    next: Mutex<Option<Instant>>,
+/// What the mover needs from the configuration.
+#[derive(Clone, Debug)]
+pub struct MoverOptions {
+    /// Most bytes per second copied between tiers, by the mover and `Promote` together.
+    pub rate_bytes: u64,
+    /// Where the pinned files are kept (`pins.rs`); `None`: in memory only.
+    pub pins_file: Option<PathBuf>,
 }
 
-impl RateLimiter {
-    pub fn new(bytes_per_sec: u64) -> RateLimiter {
-        RateLimiter { rate: bytes_per_sec.max(1), next: Mutex::new(None) }
-    }
-
-    /// Wait until `bytes` more may be copied.
-    pub async fn take(&self, bytes: u64) {
-        let start = {
-            let mut next = self.next.lock();
-            let now = Instant::now();
-            let start = next.map_or(now, |n| n.max(now));
-            *next = Some(start + Duration::from_secs_f64(bytes as f64 / self.rate as f64));
-            start
-        };
-        tokio::time::sleep_until(start).await;
+impl MoverOptions {
+    pub fn from_config(config: &ChunkConfig) -> MoverOptions {
+        MoverOptions { rate_bytes: config.mover_rate_bytes, pins_file: Some(config.state_dir.join("pins")) }
     }
 }
 
-/// What [`ShardStore::move_shard`] did.
+/// Moves shards of one [`ShardStore`] between its tiers: the background passes, `Promote`
+/// and the pins that keep files on SSD.
+pub struct Mover {
+    store: Arc<ShardStore>,
+    /// Shared by every copy between tiers (passes and `Promote`).
+    limiter: RateLimiter,
+    /// Files whose shards stay on SSD (`cairn warmup --pin`).
+    pins: Pins,
+    /// Warmup sessions: when (store clock, ms) each was first and last seen. What a session
+    /// promoted, or what was used since it began, is not evicted for it.
+    warmups: Mutex<HashMap<u64, (u64, u64)>>,
+}
+
+/// What [`Mover::move_shard`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MoveOutcome {
     /// Moved; the bytes of the shard file.
@@ -114,55 +119,34 @@ pub struct PassReport {
     pub failed: u32,
 }
 
-/// Read shard file `file` through `engine` and check its header names `id`, its length is
-/// `expect_len` bytes (when given) and every block matches its checksum.
-pub(crate) async fn verify_file(
-    engine: &dyn IoEngine,
-    file: ShardFile,
-    id: &ShardId,
-    expect_len: Option<u64>,
-) -> Result<ShardHeader> {
-    let io = |e: std::io::Error| CairnError::from_io(&format!("verify shard {id}"), &e);
-    let mut head = file.read_at(engine, 0, HEADER_ALIGN).await.map_err(io)?;
-    let header = shard::parse_header(&head, id)?;
-    let file_len = header.header_len + header.data_len;
-    let on_disk = file.file.metadata().map_err(io)?.len();
-    if on_disk != file_len || expect_len.is_some_and(|want| want != file_len) {
-        return Err(CairnError::corrupt(format!(
-            "shard {id}: file has {on_disk} bytes, its header says {file_len}{}",
-            expect_len.map(|l| format!(", the index {l}")).unwrap_or_default()
-        )));
+impl Mover {
+    /// A mover for `store`, with the pins kept where `options` says.
+    pub fn new(store: Arc<ShardStore>, options: MoverOptions) -> Result<Mover> {
+        Ok(Mover {
+            store,
+            limiter: RateLimiter::new(options.rate_bytes),
+            pins: Pins::load(options.pins_file)?,
+            warmups: Mutex::new(HashMap::new()),
+        })
     }
-    if head.len() < header.header_len as usize {
-        head = file.read_at(engine, 0, header.header_len as usize).await.map_err(io)?;
-    }
-    let per_chunk = (COPY_CHUNK / BLOCK_SIZE) as u32;
-    let mut block = 0u32;
-    while block < header.nblocks {
-        let blocks = block..(block + per_chunk).min(header.nblocks);
-        let hashes_at = header.hashes_range(&blocks);
-        let hashes = head
-            .get(hashes_at.start as usize..hashes_at.end as usize)
-            .ok_or_else(|| CairnError::corrupt(format!("shard {id}: block hashes truncated")))?
-            .to_vec();
-        let data_at = header.data_range(&blocks);
-        let data =
-            file.read_at(engine, data_at.start, (data_at.end - data_at.start) as usize).await.map_err(io)?;
-        let range = blocks.clone();
-        off_thread(data.len(), move || header.verify(&range, &hashes, &data)).await??;
-        block = blocks.end;
-    }
-    Ok(header)
-}
 
-impl ShardStore {
+    /// The store it moves shards of.
+    pub fn store(&self) -> &Arc<ShardStore> {
+        &self.store
+    }
+
+    /// The files whose shards stay on SSD.
+    pub fn pins(&self) -> &Pins {
+        &self.pins
+    }
+
     /// Move shard `id` to `to` now, waiting for any write, delete or move of it to finish.
     /// `NoSpace` when no directory of `to` has room.
     pub async fn move_shard(&self, id: ShardId, to: Tier) -> Result<MoveOutcome> {
         id.validate()?;
-        let _claim = self.claim(id).await;
-        let Some(loc) = self.location(&id) else { return Ok(MoveOutcome::Missing) };
-        if self.dirs[loc.dir].tier == to {
+        let _claim = self.store.claim(id).await;
+        let Some(loc) = self.store.location(&id) else { return Ok(MoveOutcome::Missing) };
+        if self.store.dir_tier(loc.dir) == to {
             return Ok(MoveOutcome::Already);
         }
         self.move_claimed(id, loc, to).await.map(MoveOutcome::Moved)
@@ -171,18 +155,18 @@ impl ShardStore {
     /// The move itself (see the module doc); the caller holds the claim on `id`, which is at
     /// `loc`. Returns the bytes moved.
     async fn move_claimed(&self, id: ShardId, loc: Location, to: Tier) -> Result<u64> {
-        let target = self.pick_dir_from(&id, loc.file_len, &self.rotation(to))?;
-        let source = self.path(loc.dir, &id);
-        let dest = self.path(target, &id);
+        let target = self.store.pick_dir_from(&id, loc.file_len, &self.store.rotation(to))?;
+        let source = self.store.path(loc.dir, &id);
+        let dest = self.store.path(target, &id);
         let tmp = dest.with_file_name(format!("{}.tmp-move-{:016x}", id.file_name(), rand::random::<u64>()));
         if let Err(e) = self.copy_verified(&id, &source, &tmp, loc, target).await {
             remove_quietly(&tmp).await;
             tracing::warn!(shard = %id, from = %source.display(), "move to {} aborted: {e}", to.as_str());
             return Err(e);
         }
-        let bucket = dest.parent().unwrap_or(&self.dirs[target].shards).to_path_buf();
+        let bucket = self.store.bucket(target, &id);
         let placed = match tokio::fs::rename(&tmp, &dest).await {
-            Ok(()) => self.fsync_dir(&bucket).await,
+            Ok(()) => self.store.fsync_dir(&bucket).await,
             Err(e) => Err(CairnError::from_io(&format!("rename {} into place", tmp.display()), &e)),
         };
         if let Err(e) = placed {
@@ -192,28 +176,12 @@ impl ShardStore {
             return Err(e);
         }
 
-        let now = self.clock.now_ms();
-        {
-            let mut guard = self.index.lock();
-            let index = &mut *guard;
-            let last_access = if to == Tier::Ssd { loc.last_access.max(now) } else { loc.last_access };
-            index.insert(id, Location { dir: target, last_access, ..loc });
-            for dir in [loc.dir, target] {
-                let u = &mut index.usage[dir];
-                match to {
-                    Tier::Ssd => u.promotions += 1,
-                    Tier::Hdd => u.demotions += 1,
-                }
-            }
-            if to == Tier::Ssd {
-                index.hot.forget(&id);
-            }
-        }
+        self.store.record_move(id, loc, target, to);
 
         match tokio::fs::remove_file(&source).await {
             Ok(()) => {
                 if let Some(parent) = source.parent() {
-                    if let Err(e) = self.fsync_dir(parent).await {
+                    if let Err(e) = self.store.fsync_dir(parent).await {
                         tracing::warn!("after moving shard {id}: {e}");
                     }
                 }
@@ -238,7 +206,7 @@ impl ShardStore {
         let io = |what: &str, path: &Path, e: std::io::Error| {
             CairnError::from_io(&format!("{what} {}", path.display()), &e)
         };
-        let src = self.open_shard(loc.dir, source).await.map_err(|e| io("open", source, e))?;
+        let src = self.store.open_shard(loc.dir, source).await.map_err(|e| io("open", source, e))?;
         let dst = tokio::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -251,16 +219,16 @@ impl ShardStore {
         let mut at = 0u64;
         // Just read whole (and verified) with O_DIRECT by a client: copy those bytes rather
         // than read the HDD again. The copy is verified below all the same.
-        let read_back = self.read_back.lock().take(id, loc.file_len);
+        let read_back = self.store.take_read_back(id, loc.file_len);
         if let Some(bytes) = read_back {
             self.limiter.take(bytes.len() as u64).await;
-            self.engine.write_at(dst.clone(), 0, bytes).await.map_err(|e| io("write", tmp, e))?;
+            self.store.engine().write_at(dst.clone(), 0, bytes).await.map_err(|e| io("write", tmp, e))?;
             at = loc.file_len;
         }
         while at < loc.file_len {
             let n = COPY_CHUNK.min((loc.file_len - at) as usize);
             self.limiter.take(n as u64).await;
-            let data = src.read_at(self.engine.as_ref(), at, n).await.map_err(|e| io("read", source, e))?;
+            let data = src.read_at(self.store.engine(), at, n).await.map_err(|e| io("read", source, e))?;
             if data.len() != n {
                 return Err(CairnError::corrupt(format!(
                     "shard {id}: {} is shorter than the {} bytes indexed",
@@ -268,7 +236,8 @@ impl ShardStore {
                     loc.file_len
                 )));
             }
-            self.engine
+            self.store
+                .engine()
                 .write_at(dst.clone(), at, Bytes::from(data))
                 .await
                 .map_err(|e| io("write", tmp, e))?;
@@ -278,10 +247,10 @@ impl ShardStore {
         if let Err(e) = dst.set_modified(mtime) {
             tracing::debug!(path = %tmp.display(), "cannot set the copy's mtime: {e}");
         }
-        self.engine.fsync(dst.clone()).await.map_err(|e| io("fsync", tmp, e))?;
+        self.store.engine().fsync(dst.clone()).await.map_err(|e| io("fsync", tmp, e))?;
         let copy = ShardFile { file: dst, direct: false };
-        verify_file(self.engine.as_ref(), copy.clone(), id, Some(loc.file_len)).await?;
-        self.written_to(target, &copy.file);
+        copy.verify(self.store.engine(), id, Some(loc.file_len)).await?;
+        self.store.written_to(target, &copy.file);
         Ok(())
     }
 
@@ -299,24 +268,24 @@ impl ShardStore {
         for id in ids {
             id.validate()?;
         }
-        if !self.has_tier(Tier::Ssd) {
+        if !self.store.has_tier(Tier::Ssd) {
             return Err(CairnError::new(
                 ErrorKind::NoSpace,
                 "this chunkserver has no SSD tier to promote to",
             ));
         }
         let spared_since = self.warmup_started(opts.session);
-        let named: std::collections::HashSet<ShardId> = ids.iter().copied().collect();
+        let named: HashSet<ShardId> = ids.iter().copied().collect();
         let mut done = PromoteSummary::default();
         for (n, id) in ids.iter().enumerate() {
-            let _claim = self.claim(*id).await;
-            let Some(loc) = self.location(id) else {
+            let _claim = self.store.claim(*id).await;
+            let Some(loc) = self.store.location(id) else {
                 done.missing += 1;
                 continue;
             };
-            if self.dirs[loc.dir].tier == Tier::Ssd {
+            if self.store.dir_tier(loc.dir) == Tier::Ssd {
                 // Part of this warmup now: spared by its later evictions, like a promoted one.
-                self.touch(id);
+                self.store.touch(id);
                 done.already += 1;
                 continue;
             }
@@ -325,7 +294,7 @@ impl ShardStore {
             let moved = if room {
                 self.move_claimed(*id, loc, Tier::Ssd).await
             } else {
-                let (used, capacity) = self.tier_fill(Tier::Ssd);
+                let (used, capacity) = self.store.tier_fill(Tier::Ssd);
                 Err(CairnError::new(
                     ErrorKind::NoSpace,
                     format!(
@@ -352,18 +321,10 @@ impl ShardStore {
         Ok(done)
     }
 
-    /// Note `id` as used now (for the LRU order and warmup sessions).
-    fn touch(&self, id: &ShardId) {
-        let now = self.clock.now_ms();
-        if let Some(loc) = self.index.lock().shards.get_mut(id) {
-            loc.last_access = loc.last_access.max(now);
-        }
-    }
-
     /// When (store clock) warmup `session` began on this chunkserver: shards used since are
     /// spared by its evictions. Without a session, now.
     fn warmup_started(&self, session: u64) -> u64 {
-        let now = self.clock.now_ms();
+        let now = self.store.now_ms();
         if session == 0 {
             return now;
         }
@@ -376,7 +337,7 @@ impl ShardStore {
 
     /// The SSD tier has room for `len` more bytes.
     fn ssd_room_for(&self, len: u64) -> bool {
-        let (used, capacity) = self.tier_fill(Tier::Ssd);
+        let (used, capacity) = self.store.tier_fill(Tier::Ssd);
         used + len <= capacity
     }
 
@@ -386,7 +347,7 @@ impl ShardStore {
     async fn evict(
         &self,
         len: u64,
-        named: &std::collections::HashSet<ShardId>,
+        named: &HashSet<ShardId>,
         spared_since: u64,
         done: &mut PromoteSummary,
     ) -> bool {
@@ -396,16 +357,15 @@ impl ShardStore {
             if self.ssd_room_for(len) {
                 return true;
             }
-            let (used, capacity) = self.tier_fill(Tier::Ssd);
+            let (used, capacity) = self.store.tier_fill(Tier::Ssd);
             let need = (used + len).saturating_sub(capacity);
             let candidates: Vec<(ShardId, u64, u64)> = self
                 .demotable_ssd_shards()
                 .into_iter()
                 .filter(|(id, at, _)| *at < spared_since && !named.contains(id))
                 .collect();
-            let sizes: std::collections::HashMap<ShardId, u64> =
-                candidates.iter().map(|&(id, _, len)| (id, len)).collect();
-            let victims = self.policy.pick_demotions(candidates, need);
+            let sizes: HashMap<ShardId, u64> = candidates.iter().map(|&(id, _, len)| (id, len)).collect();
+            let victims = self.store.policy().pick_demotions(candidates, need);
             if victims.iter().map(|id| sizes[id]).sum::<u64>() < need {
                 return false;
             }
@@ -432,29 +392,25 @@ impl ShardStore {
     /// stays under the high watermark, making room for them by demoting SSD shards not read
     /// within the promotion window (never recently read ones). Shards busy with a write, delete or move are skipped
     /// until the next pass; a failed move is logged and counted, never fatal.
-    pub async fn mover_pass(&self) -> PassReport {
+    pub async fn pass(&self) -> PassReport {
         let mut report = PassReport::default();
-        if !self.has_tier(Tier::Ssd) || !self.has_tier(Tier::Hdd) {
+        if !self.store.has_tier(Tier::Ssd) || !self.store.has_tier(Tier::Hdd) {
             return report;
         }
-        let (used, capacity) = self.tier_fill(Tier::Ssd);
-        let goal = self.policy.demotion_goal(used, capacity);
+        let (used, capacity) = self.store.tier_fill(Tier::Ssd);
+        let goal = self.store.policy().demotion_goal(used, capacity);
         if goal > 0 {
             tracing::info!(used, capacity, goal, "SSD tier above its high watermark: demoting");
-            let picked = self.policy.pick_demotions(self.demotable_ssd_shards(), goal);
+            let picked = self.store.policy().pick_demotions(self.demotable_ssd_shards(), goal);
             self.demote(&picked, &mut report).await;
         }
 
-        let now = self.clock.now_ms();
-        let hot = {
-            let mut index = self.index.lock();
-            index.hot.prune(&self.policy, now);
-            index.hot.hot(&self.policy, now)
-        };
+        let now = self.store.now_ms();
+        let hot = self.store.hot_shards(now);
         for id in hot {
-            let Some(loc) = self.location(&id) else { continue };
-            let (used, capacity) = self.tier_fill(Tier::Ssd);
-            let room = self.policy.promotion_room(used, capacity);
+            let Some(loc) = self.store.location(&id) else { continue };
+            let (used, capacity) = self.store.tier_fill(Tier::Ssd);
+            let room = self.store.policy().promotion_room(used, capacity);
             if loc.file_len > room && !self.displace_cold(loc.file_len - room, now, &mut report).await {
                 continue;
             }
@@ -477,7 +433,8 @@ impl ShardStore {
     /// ([`TierPolicy::pick_displacements`]). False when there are not enough cold ones or a
     /// demotion failed.
     async fn displace_cold(&self, need: u64, now: u64, report: &mut PassReport) -> bool {
-        let Some(victims) = self.policy.pick_displacements(self.demotable_ssd_shards(), need, now) else {
+        let Some(victims) = self.store.policy().pick_displacements(self.demotable_ssd_shards(), need, now)
+        else {
             return false;
         };
         tracing::debug!(need, shards = victims.len(), "SSD tier full: demoting cold shards for a hot one");
@@ -488,11 +445,9 @@ impl ShardStore {
     /// all but those of pinned files.
     fn demotable_ssd_shards(&self) -> Vec<(ShardId, u64, u64)> {
         let pinned = self.pins.snapshot();
-        let index = self.index.lock();
-        (index.shards.iter())
-            .filter(|(id, loc)| self.dirs[loc.dir].tier == Tier::Ssd && !pinned.contains(&id.ino))
-            .map(|(id, loc)| (*id, loc.last_access, loc.file_len))
-            .collect()
+        let mut shards = self.store.shards_on(Tier::Ssd);
+        shards.retain(|(id, _, _)| !pinned.contains(&id.ino));
+        shards
     }
 
     /// Move `ids` to HDD, counting in `report`; a shard busy with other work is skipped, and a
@@ -519,75 +474,16 @@ impl ShardStore {
         moved
     }
 
-    /// Shards hot enough to be promoted and not moved yet (the mover's backlog).
-    pub fn promotion_backlog(&self) -> usize {
-        let now = self.clock.now_ms();
-        self.index.lock().hot.hot(&self.policy, now).len()
-    }
-
     /// Move `id` to `to` unless someone holds its claim or it is already there or gone
     /// (`None`: nothing done).
     async fn move_if_free(&self, id: ShardId, to: Tier) -> Option<Result<u64>> {
-        let _claim = self.try_claim(id)?;
-        let loc = self.location(&id)?;
-        if self.dirs[loc.dir].tier == to {
-            self.index.lock().hot.forget(&id);
+        let _claim = self.store.try_claim(id)?;
+        let loc = self.store.location(&id)?;
+        if self.store.dir_tier(loc.dir) == to {
+            self.store.forget_hot(&id);
             return None;
         }
         Some(self.move_claimed(id, loc, to).await)
-    }
-
-    /// Settle shards found in two directories at open (a move cut short between rename and
-    /// delete): keep the indexed copy (SSD when there is one) if it verifies, else the other
-    /// one if it does, and delete the loser. When neither verifies both files stay for a human.
-    pub(crate) async fn settle_duplicates(&self, duplicates: Vec<(ShardId, Location)>) {
-        for (id, extra) in duplicates {
-            let Some(kept) = self.location(&id) else { continue };
-            let (keep, drop) = if self.verify_at(&id, kept).await.is_ok() {
-                (kept, extra)
-            } else if self.verify_at(&id, extra).await.is_ok() {
-                self.index.lock().insert(id, extra);
-                (extra, kept)
-            } else {
-                tracing::error!(
-                    shard = %id,
-                    a = %self.path(kept.dir, &id).display(),
-                    b = %self.path(extra.dir, &id).display(),
-                    "both copies of a shard fail verification; keeping both files"
-                );
-                continue;
-            };
-            let loser = self.path(drop.dir, &id);
-            match tokio::fs::remove_file(&loser).await {
-                Ok(()) => {
-                    tracing::info!(
-                        shard = %id,
-                        kept = %self.path(keep.dir, &id).display(),
-                        removed = %loser.display(),
-                        "settled a shard left in two tiers by an interrupted move"
-                    );
-                    if let Some(parent) = loser.parent() {
-                        if let Err(e) = self.fsync_dir(parent).await {
-                            tracing::warn!("{e}");
-                        }
-                    }
-                }
-                Err(e) => tracing::warn!(path = %loser.display(), "cannot remove a duplicate shard: {e}"),
-            }
-        }
-    }
-
-    async fn verify_at(&self, id: &ShardId, loc: Location) -> Result<ShardHeader> {
-        let path = self.path(loc.dir, id);
-        let file = self
-            .open_shard(loc.dir, &path)
-            .await
-            .map_err(|e| CairnError::from_io(&format!("open {}", path.display()), &e))?;
-        let result = verify_file(self.engine.as_ref(), file, id, None).await;
-        if let Err(e) = &result {
-            tracing::warn!(path = %path.display(), "shard copy fails verification: {e}");
-        }
-        result
     }
 }
 
@@ -599,14 +495,14 @@ async fn remove_quietly(path: &Path) {
     }
 }
 
-/// Run [`ShardStore::mover_pass`] every `interval` until the task is aborted.
-pub fn spawn(store: Arc<ShardStore>, interval: Duration) -> tokio::task::JoinHandle<()> {
+/// Run [`Mover::pass`] every `interval` until the task is aborted.
+pub fn spawn(mover: Arc<Mover>, interval: Duration) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let report = store.mover_pass().await;
+            let report = mover.pass().await;
             if report != PassReport::default() {
                 tracing::info!(
                     demoted = report.demoted,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use cairn_common::{ErrorKind, ShardId};
 
-use super::{MoveOutcome, PromoteOptions, PromoteSummary};
+use super::{MoveOutcome, Mover, MoverOptions, PromoteOptions, PromoteSummary};
 use crate::engine::{IoEngine, IoFuture, PreadEngine, UringEngine};
 use crate::policy::{ManualClock, TierPolicy};
 use crate::store::{ShardStore, StoreOptions, Tier};
@@ -53,16 +53,24 @@ impl Dirs {
             reserve_bytes: 0,
             // These tests exercise the two-read rule (the default promotes on the first read).
             policy: TierPolicy { ssd_capacity, promote_after_reads: 2, ..TierPolicy::default() },
-            mover_rate_bytes: 1 << 30,
             ssd_direct_io: false,
             hdd_direct_io: false,
-            pins_file: None,
         }
     }
 
-    async fn open(&self, engine: Arc<dyn IoEngine>, clock: &Arc<ManualClock>) -> ShardStore {
-        ShardStore::open_with_clock(self.options(Some(SSD_CAPACITY)), engine, clock.clone()).await.unwrap()
+    async fn open(&self, engine: Arc<dyn IoEngine>, clock: &Arc<ManualClock>) -> (Arc<ShardStore>, Mover) {
+        let store = ShardStore::open_with_clock(self.options(Some(SSD_CAPACITY)), engine, clock.clone())
+            .await
+            .unwrap();
+        with_mover(store)
     }
+}
+
+/// `store` and a mover of its shards (pins in memory, copies unthrottled).
+fn with_mover(store: ShardStore) -> (Arc<ShardStore>, Mover) {
+    let store = Arc::new(store);
+    let mover = Mover::new(store.clone(), MoverOptions { rate_bytes: 1 << 30, pins_file: None }).unwrap();
+    (store, mover)
 }
 
 fn clock() -> Arc<ManualClock> {
@@ -124,7 +132,7 @@ async fn write_shards(store: &ShardStore, clock: &ManualClock, n: u64) -> Vec<Ti
 async fn full_ssd_writes_to_hdd_and_demotes_lru(engine: MakeEngine) {
     let dirs = Dirs::new();
     let clock = clock();
-    let store = dirs.open(engine(), &clock).await;
+    let (store, mover) = dirs.open(engine(), &clock).await;
     let tiers = write_shards(&store, &clock, 18).await;
     // 15 shards fill the 4 MiB SSD; the rest land on HDD instead of failing.
     assert_eq!(tiers.iter().filter(|t| **t == Tier::Ssd).count(), 15, "{tiers:?}");
@@ -136,7 +144,7 @@ async fn full_ssd_writes_to_hdd_and_demotes_lru(engine: MakeEngine) {
     // Shard 0 is the oldest write, but a read makes it the most recently used.
     clock.advance(Duration::from_secs(5));
     assert_reads_exact(&store, 0).await;
-    let report = store.mover_pass().await;
+    let report = mover.pass().await;
     assert_eq!((report.demoted, report.promoted, report.failed), (4, 0, 0), "{report:?}");
     assert_eq!(report.bytes, 4 * FILE);
     for n in 1..=4 {
@@ -157,19 +165,19 @@ async fn full_ssd_writes_to_hdd_and_demotes_lru(engine: MakeEngine) {
         assert_reads_exact(&store, n).await;
     }
     // Below the high watermark a second pass moves nothing.
-    assert_eq!(store.mover_pass().await, super::PassReport::default());
+    assert_eq!(mover.pass().await, super::PassReport::default());
 }
 
 async fn hdd_shards_read_twice_in_the_window_are_promoted(engine: MakeEngine) {
     let dirs = Dirs::new();
     let clock = clock();
-    let store = dirs.open(engine(), &clock).await;
+    let (store, mover) = dirs.open(engine(), &clock).await;
     write_shards(&store, &clock, 6).await;
     for n in 0..6 {
-        assert_eq!(store.move_shard(id(n), Tier::Hdd).await.unwrap(), MoveOutcome::Moved(FILE));
+        assert_eq!(mover.move_shard(id(n), Tier::Hdd).await.unwrap(), MoveOutcome::Moved(FILE));
     }
-    assert_eq!(store.move_shard(id(0), Tier::Hdd).await.unwrap(), MoveOutcome::Already);
-    assert_eq!(store.move_shard(id(99), Tier::Hdd).await.unwrap(), MoveOutcome::Missing);
+    assert_eq!(mover.move_shard(id(0), Tier::Hdd).await.unwrap(), MoveOutcome::Already);
+    assert_eq!(mover.move_shard(id(99), Tier::Hdd).await.unwrap(), MoveOutcome::Missing);
 
     // Shard 1: two reads a minute apart. Shard 2: one read. Shard 3: two reads 11 minutes apart.
     // The check comes ten minutes after shard 1's last read: still within its window.
@@ -181,7 +189,7 @@ async fn hdd_shards_read_twice_in_the_window_are_promoted(engine: MakeEngine) {
     clock.advance(Duration::from_secs(600));
     assert_reads_exact(&store, 3).await;
     assert_eq!(store.promotion_backlog(), 1);
-    let report = store.mover_pass().await;
+    let report = mover.pass().await;
     assert_eq!((report.promoted, report.demoted, report.bytes), (1, 0, FILE), "{report:?}");
     assert_eq!(store.tier_of(&id(1)), Some(Tier::Ssd));
     for n in [0, 2, 3, 4, 5] {
@@ -189,7 +197,7 @@ async fn hdd_shards_read_twice_in_the_window_are_promoted(engine: MakeEngine) {
     }
     // The next read of shard 3 is its second within ten minutes.
     assert_reads_exact(&store, 3).await;
-    assert_eq!(store.mover_pass().await.promoted, 1);
+    assert_eq!(mover.pass().await.promoted, 1);
     assert_eq!(store.tier_of(&id(3)), Some(Tier::Ssd));
 
     let usage = store.usage();
@@ -206,37 +214,37 @@ async fn hdd_shards_read_twice_in_the_window_are_promoted(engine: MakeEngine) {
 async fn promotion_stays_under_the_high_watermark(engine: MakeEngine) {
     let dirs = Dirs::new();
     let clock = clock();
-    let store = dirs.open(engine(), &clock).await;
+    let (store, mover) = dirs.open(engine(), &clock).await;
     write_shards(&store, &clock, 16).await;
     for n in 0..16 {
-        store.move_shard(id(n), Tier::Hdd).await.unwrap();
+        mover.move_shard(id(n), Tier::Hdd).await.unwrap();
     }
     for _ in 0..2 {
         for n in 0..16 {
             store.read(id(n), 0, 1).await.unwrap();
         }
     }
-    let report = store.mover_pass().await;
+    let report = mover.pass().await;
     // 14 shards (3.6 MiB) stay under 90% of 4 MiB; the 15th would pass it.
     assert_eq!((report.promoted, report.demoted), (14, 0), "{report:?}");
-    assert_eq!(store.mover_pass().await, super::PassReport::default(), "no demotion follows");
+    assert_eq!(mover.pass().await, super::PassReport::default(), "no demotion follows");
 }
 
 async fn hot_shards_displace_cold_ones_on_a_full_ssd(engine: MakeEngine) {
     let dirs = Dirs::new();
     let clock = clock();
-    let store = dirs.open(engine(), &clock).await;
+    let (store, mover) = dirs.open(engine(), &clock).await;
     // 14 shards fill the SSD tier to just under its high watermark: no room for a 15th.
     assert!(write_shards(&store, &clock, 14).await.iter().all(|t| *t == Tier::Ssd));
     for n in [20, 21] {
         store.write(id(n), data(n)).await.unwrap();
-        store.move_shard(id(n), Tier::Hdd).await.unwrap();
+        mover.move_shard(id(n), Tier::Hdd).await.unwrap();
     }
     // Eleven minutes later the SSD shards are cold; shard 20 is read twice from HDD: hot.
     clock.advance(Duration::from_secs(660));
     assert_reads_exact(&store, 20).await;
     assert_reads_exact(&store, 20).await;
-    let report = store.mover_pass().await;
+    let report = mover.pass().await;
     assert_eq!((report.promoted, report.demoted), (1, 1), "{report:?}");
     assert_eq!(store.tier_of(&id(20)), Some(Tier::Ssd));
     assert_eq!(store.tier_of(&id(0)), Some(Tier::Hdd), "the least recently used shard made room");
@@ -246,7 +254,7 @@ async fn hot_shards_displace_cold_ones_on_a_full_ssd(engine: MakeEngine) {
     }
     assert_reads_exact(&store, 21).await;
     assert_reads_exact(&store, 21).await;
-    let report = store.mover_pass().await;
+    let report = mover.pass().await;
     assert_eq!((report.promoted, report.demoted), (0, 0), "{report:?}");
     assert_eq!(store.tier_of(&id(21)), Some(Tier::Hdd));
     for n in (0..14).chain([20, 21]) {
@@ -258,9 +266,9 @@ async fn an_interrupted_move_is_settled_at_open(engine: MakeEngine) {
     let dirs = Dirs::new();
     let clock = clock();
     let (ssd_path, hdd_path) = {
-        let store = dirs.open(engine(), &clock).await;
+        let (store, mover) = dirs.open(engine(), &clock).await;
         write_shards(&store, &clock, 3).await;
-        store.move_shard(id(1), Tier::Hdd).await.unwrap();
+        mover.move_shard(id(1), Tier::Hdd).await.unwrap();
         (store.shard_path(&id(0)).unwrap(), store.shard_path(&id(1)).unwrap())
     };
     let twin = |path: &Path, from: &Path, to: &Path| to.join(path.strip_prefix(from).unwrap());
@@ -275,7 +283,7 @@ async fn an_interrupted_move_is_settled_at_open(engine: MakeEngine) {
     let tmp = hdd_copy.with_file_name(format!("{}.tmp-move-00000000000000ab", id(2).file_name()));
     std::fs::write(&tmp, b"part of a copy").unwrap();
 
-    let store = dirs.open(engine(), &clock).await;
+    let (store, _mover) = dirs.open(engine(), &clock).await;
     assert!(ssd_path.exists() && !hdd_copy.exists(), "the valid SSD copy is kept");
     assert!(hdd_path.exists() && !ssd_copy.exists(), "the corrupt SSD copy is removed");
     assert!(!tmp.exists());
@@ -328,12 +336,12 @@ async fn a_corrupt_copy_aborts_the_move(engine: MakeEngine) {
     let dirs = Dirs::new();
     let clock = clock();
     let corrupting = Arc::new(Corrupting { inner: engine(), armed: AtomicBool::new(false) });
-    let store = dirs.open(corrupting.clone(), &clock).await;
+    let (store, mover) = dirs.open(corrupting.clone(), &clock).await;
     write_shards(&store, &clock, 2).await;
     let source = store.shard_path(&id(1)).unwrap();
 
     corrupting.armed.store(true, Ordering::SeqCst);
-    let err = store.move_shard(id(1), Tier::Hdd).await.unwrap_err();
+    let err = mover.move_shard(id(1), Tier::Hdd).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
     assert!(err.message().contains("checksum"), "{err}");
     assert_eq!(store.shard_path(&id(1)).unwrap(), source, "the source stays the shard's copy");
@@ -342,7 +350,7 @@ async fn a_corrupt_copy_aborts_the_move(engine: MakeEngine) {
     assert_eq!(store.usage()[1].demotions, 0);
 
     corrupting.armed.store(false, Ordering::SeqCst);
-    assert_eq!(store.move_shard(id(1), Tier::Hdd).await.unwrap(), MoveOutcome::Moved(FILE));
+    assert_eq!(mover.move_shard(id(1), Tier::Hdd).await.unwrap(), MoveOutcome::Moved(FILE));
     assert!(!source.exists());
     assert_reads_exact(&store, 1).await;
 }
@@ -350,13 +358,13 @@ async fn a_corrupt_copy_aborts_the_move(engine: MakeEngine) {
 async fn promote_moves_named_shards_until_ssd_is_full(engine: MakeEngine) {
     let dirs = Dirs::new();
     let clock = clock();
-    let store = dirs.open(engine(), &clock).await;
+    let (store, mover) = dirs.open(engine(), &clock).await;
     write_shards(&store, &clock, 20).await;
     for n in 0..20 {
-        store.move_shard(id(n), Tier::Hdd).await.unwrap();
+        mover.move_shard(id(n), Tier::Hdd).await.unwrap();
     }
-    store.move_shard(id(0), Tier::Ssd).await.unwrap();
-    let done = store.promote(&[id(0), id(1), id(2), id(77)]).await.unwrap();
+    mover.move_shard(id(0), Tier::Ssd).await.unwrap();
+    let done = mover.promote(&[id(0), id(1), id(2), id(77)]).await.unwrap();
     assert_eq!(
         done,
         PromoteSummary { promoted: 2, already: 1, missing: 1, bytes: 2 * FILE, ..Default::default() }
@@ -365,7 +373,7 @@ async fn promote_moves_named_shards_until_ssd_is_full(engine: MakeEngine) {
 
     // 15 shards fit the SSD capacity: 12 more, then it is full.
     let all: Vec<ShardId> = (0..20).map(id).collect();
-    let done = store.promote(&all).await.unwrap();
+    let done = mover.promote(&all).await.unwrap();
     let err = done.stopped.clone().expect("the SSD tier fills");
     assert_eq!(err.kind(), ErrorKind::NoSpace, "{err}");
     assert!(err.message().contains("SSD tier is full"), "{err}");
@@ -375,28 +383,28 @@ async fn promote_moves_named_shards_until_ssd_is_full(engine: MakeEngine) {
         assert_reads_exact(&store, n).await;
     }
     let bad = ShardId { ino: 0, stripe: 0, index: 0, version: 0 };
-    assert_eq!(store.promote(&[bad]).await.unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(mover.promote(&[bad]).await.unwrap_err().kind(), ErrorKind::InvalidArgument);
 }
 
 async fn promote_evicts_lru_shards_but_never_pinned_ones_or_its_own(engine: MakeEngine) {
     let dirs = Dirs::new();
     let clock = clock();
-    let store = dirs.open(engine(), &clock).await;
+    let (store, mover) = dirs.open(engine(), &clock).await;
     write_shards(&store, &clock, 20).await;
     for n in 0..20 {
-        store.move_shard(id(n), Tier::Hdd).await.unwrap();
+        mover.move_shard(id(n), Tier::Hdd).await.unwrap();
     }
     // The SSD tier full (15 shards), least recently used first; shard 0's file pinned.
     for n in 0..15 {
         clock.advance(Duration::from_secs(1));
-        store.move_shard(id(n), Tier::Ssd).await.unwrap();
+        mover.move_shard(id(n), Tier::Ssd).await.unwrap();
     }
-    assert_eq!(store.pins.add([id(0).ino]).await.unwrap(), 1);
+    assert_eq!(mover.pins().add([id(0).ino]).await.unwrap(), 1);
     clock.advance(Duration::from_secs(1));
 
     // Two more make room by demoting the two least recently used unpinned shards (1 and 2).
     let warmup = PromoteOptions { evict: true, session: 7 };
-    let done = store.promote_with(&[id(15), id(16)], warmup).await.unwrap();
+    let done = mover.promote_with(&[id(15), id(16)], warmup).await.unwrap();
     assert_eq!((done.promoted, done.evicted, done.evicted_bytes), (2, 2, 2 * FILE), "{done:?}");
     let tier = |n: u64| store.tier_of(&id(n)).unwrap();
     assert_eq!(
@@ -406,13 +414,13 @@ async fn promote_evicts_lru_shards_but_never_pinned_ones_or_its_own(engine: Make
 
     // Later in the same warmup: what it promoted is spared, the next oldest (3) goes.
     clock.advance(Duration::from_secs(1));
-    let done = store.promote_with(&[id(17)], warmup).await.unwrap();
+    let done = mover.promote_with(&[id(17)], warmup).await.unwrap();
     assert_eq!((done.promoted, done.evicted), (1, 1));
     assert_eq!([tier(3), tier(15), tier(16), tier(17)], [Tier::Hdd, Tier::Ssd, Tier::Ssd, Tier::Ssd]);
 
     // More than fits beside the pinned shard and the request's own: full, and it says why.
     let all: Vec<ShardId> = (0..20).map(id).collect();
-    let done = store.promote_with(&all, warmup).await.unwrap();
+    let done = mover.promote_with(&all, warmup).await.unwrap();
     let err = done.stopped.expect("full");
     assert_eq!(err.kind(), ErrorKind::NoSpace, "{err}");
     assert!(err.message().contains("pinned or part of this warmup"), "{err}");
@@ -422,13 +430,13 @@ async fn promote_evicts_lru_shards_but_never_pinned_ones_or_its_own(engine: Make
     clock.advance(Duration::from_secs(1));
     let session = PromoteOptions { evict: true, session: 8 };
     let oldest_unpinned = (1..20).filter(|&n| tier(n) == Tier::Ssd).min().unwrap();
-    store.promote_with(&[id(oldest_unpinned)], session).await.unwrap();
+    mover.promote_with(&[id(oldest_unpinned)], session).await.unwrap();
     let cold = (0..20).find(|&n| tier(n) == Tier::Hdd).unwrap();
-    store.promote_with(&[id(cold)], session).await.unwrap();
+    mover.promote_with(&[id(cold)], session).await.unwrap();
     assert_eq!(tier(oldest_unpinned), Tier::Ssd, "a shard the warmup named was evicted for it");
 
     // Above its high watermark, the mover demotes down to the low one, never the pinned shard.
-    let report = store.mover_pass().await;
+    let report = mover.pass().await;
     assert!(report.demoted > 0, "{report:?}");
     assert_eq!(tier(0), Tier::Ssd);
     assert!(store.usage()[0].shards <= 12);
@@ -441,7 +449,7 @@ async fn promote_evicts_lru_shards_but_never_pinned_ones_or_its_own(engine: Make
 async fn reads_racing_moves_never_fail(engine: MakeEngine) {
     let dirs = Dirs::new();
     let clock = clock();
-    let store = Arc::new(dirs.open(engine(), &clock).await);
+    let (store, mover) = dirs.open(engine(), &clock).await;
     write_shards(&store, &clock, 4).await;
     let stop = Arc::new(AtomicBool::new(false));
     let readers: Vec<_> = (0..4u64)
@@ -460,7 +468,7 @@ async fn reads_racing_moves_never_fail(engine: MakeEngine) {
     for round in 0..10 {
         let to = if round % 2 == 0 { Tier::Hdd } else { Tier::Ssd };
         for n in 0..4 {
-            store.move_shard(id(n), to).await.unwrap();
+            mover.move_shard(id(n), to).await.unwrap();
         }
     }
     stop.store(true, Ordering::SeqCst);
@@ -477,16 +485,17 @@ async fn moves_to_and_from_a_direct_io_hdd_tier(engine: MakeEngine) {
     let clock = clock();
     let mut options = dirs.options(Some(SSD_CAPACITY));
     options.hdd_direct_io = true;
-    let store = ShardStore::open_with_clock(options, engine(), clock.clone()).await.unwrap();
+    let (store, mover) =
+        with_mover(ShardStore::open_with_clock(options, engine(), clock.clone()).await.unwrap());
     write_shards(&store, &clock, 2).await;
-    store.move_shard(id(1), Tier::Hdd).await.unwrap();
+    mover.move_shard(id(1), Tier::Hdd).await.unwrap();
     assert_eq!(store.tier_of(&id(1)), Some(Tier::Hdd));
     let on_hdd = store.shard_path(&id(1)).unwrap();
     assert!(on_hdd.starts_with(dirs.hdd.path()));
     assert_eq!(crate::store::tests::cached_pages(&on_hdd), 0, "the demoted copy stayed in the page cache");
     assert_reads_exact(&store, 1).await;
     assert_eq!(crate::store::tests::cached_pages(&on_hdd), 0, "an O_DIRECT read filled the page cache");
-    store.move_shard(id(1), Tier::Ssd).await.unwrap();
+    mover.move_shard(id(1), Tier::Ssd).await.unwrap();
     assert_eq!(store.tier_of(&id(1)), Some(Tier::Ssd));
     assert_reads_exact(&store, 1).await;
     assert_reads_exact(&store, 0).await;
@@ -529,21 +538,22 @@ async fn promotion_after_a_whole_direct_read_does_not_read_the_hdd_again(engine:
     let mut options = dirs.options(Some(SSD_CAPACITY));
     options.hdd_direct_io = true;
     let counting = Arc::new(CountingDirect { inner: engine(), direct_reads: Default::default() });
-    let store = ShardStore::open_with_clock(options, counting.clone(), clock.clone()).await.unwrap();
+    let (store, mover) =
+        with_mover(ShardStore::open_with_clock(options, counting.clone(), clock.clone()).await.unwrap());
     let reads = || counting.direct_reads.load(Ordering::SeqCst);
     write_shards(&store, &clock, 2).await;
     for n in 0..2 {
-        store.move_shard(id(n), Tier::Hdd).await.unwrap();
+        mover.move_shard(id(n), Tier::Hdd).await.unwrap();
     }
     assert_reads_exact(&store, 1).await;
     let after_read = reads();
     assert!(after_read > 0, "the HDD read did not go through O_DIRECT");
-    store.move_shard(id(1), Tier::Ssd).await.unwrap();
+    mover.move_shard(id(1), Tier::Ssd).await.unwrap();
     assert_eq!(reads(), after_read, "the promotion read the HDD again");
     assert_eq!(store.tier_of(&id(1)), Some(Tier::Ssd));
     assert_reads_exact(&store, 1).await;
     // Shard 0 was not read: its promotion copies from the HDD.
-    store.move_shard(id(0), Tier::Ssd).await.unwrap();
+    mover.move_shard(id(0), Tier::Ssd).await.unwrap();
     assert!(reads() > after_read, "a promotion without a prior read copied from nowhere");
     assert_reads_exact(&store, 0).await;
 }
@@ -551,9 +561,10 @@ async fn promotion_after_a_whole_direct_read_does_not_read_the_hdd_again(engine:
 async fn no_capacity_set_means_the_filesystem(engine: MakeEngine) {
     let dirs = Dirs::new();
     let clock = clock();
-    let store = ShardStore::open_with_clock(dirs.options(None), engine(), clock.clone()).await.unwrap();
+    let (store, mover) =
+        with_mover(ShardStore::open_with_clock(dirs.options(None), engine(), clock.clone()).await.unwrap());
     assert_eq!(write_shards(&store, &clock, 3).await, vec![Tier::Ssd; 3]);
-    assert_eq!(store.mover_pass().await, super::PassReport::default());
+    assert_eq!(mover.pass().await, super::PassReport::default());
     let usage = store.usage();
     assert!(usage[0].capacity > SSD_CAPACITY && usage[0].free > 0);
 }

@@ -11,13 +11,14 @@ use cairn_common::{CairnError, ErrorKind, Result, ShardId};
 use cairn_proto::ReportDamagedRequest;
 
 use crate::meta::MetaClients;
-use crate::mover::verify_file;
 use crate::store::ShardStore;
+use crate::throttle::RateLimiter;
 
 pub struct Scrub {
     store: Arc<ShardStore>,
     meta: MetaClients,
-    rate_bytes: u64,
+    /// Paces the bytes read, at `scrub_rate_bytes`.
+    limiter: RateLimiter,
     interval: Duration,
 }
 
@@ -34,7 +35,7 @@ impl Scrub {
         Ok(Scrub {
             store,
             meta: MetaClients::new(meta, Duration::from_secs(2), Duration::from_secs(10))?,
-            rate_bytes: rate_bytes.max(1 << 20),
+            limiter: RateLimiter::new(rate_bytes.max(1 << 20)),
             interval,
         })
     }
@@ -74,7 +75,8 @@ impl Scrub {
             out.bytes += len;
             metrics::counter!(crate::metrics::SCRUB_SHARDS).increment(1);
             metrics::counter!(crate::metrics::SCRUB_BYTES).increment(len);
-            match verify_file(self.store.engine.as_ref(), file, &id, None).await {
+            self.limiter.take(len).await;
+            match file.verify(self.store.engine(), &id, None).await {
                 Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::Corrupt => {
                     tracing::warn!(%id, path = %path.display(), "scrub: {e}");
@@ -83,7 +85,6 @@ impl Scrub {
                 }
                 Err(e) => tracing::warn!(%id, "scrub could not read the shard: {e}"),
             }
-            tokio::time::sleep(Duration::from_secs_f64(len as f64 / self.rate_bytes as f64)).await;
         }
         if !out.damaged.is_empty() {
             let req = ReportDamagedRequest { ids: out.damaged.iter().map(|id| (*id).into()).collect() };

@@ -19,7 +19,7 @@ use cairn_proto::{
 use tonic::{Request, Response, Status};
 
 use crate::fence::Fence;
-use crate::mover::PromoteOptions;
+use crate::mover::{Mover, PromoteOptions};
 use crate::shard::MAX_SHARD_BYTES;
 use crate::store::ShardStore;
 
@@ -36,6 +36,8 @@ const CHECK_CONCURRENCY: usize = 4;
 /// The chunkserver's gRPC service.
 pub struct ChunkService {
     store: Arc<ShardStore>,
+    /// Tier moves of the store's shards: `Promote` and pins.
+    mover: Arc<Mover>,
     /// The id the metaserver gave this node; 0 until registered.
     node_id: Arc<AtomicU32>,
     /// Refuses deletes from a deposed metaserver leader.
@@ -47,11 +49,12 @@ pub struct ChunkService {
 impl ChunkService {
     pub fn new(
         store: Arc<ShardStore>,
+        mover: Arc<Mover>,
         node_id: Arc<AtomicU32>,
         fence: Arc<Fence>,
         caps: Arc<Verifier>,
     ) -> ChunkService {
-        ChunkService { store, node_id, fence, caps }
+        ChunkService { store, mover, node_id, fence, caps }
     }
 
     /// Refuse `what` (`op` on inode `ino`'s shards) unless the caller needs no capability
@@ -172,7 +175,7 @@ impl Chunk for ChunkService {
         }
         let ids = req.ids.iter().map(|id| shard_id(Some(id))).collect::<Result<Vec<_>>>()?;
         let opts = PromoteOptions { evict: !req.no_evict, session: req.session };
-        let done = self.store.promote_with(&ids, opts).await?;
+        let done = self.mover.promote_with(&ids, opts).await?;
         Ok(Response::new(PromoteReply {
             promoted: done.promoted,
             already: done.already,
@@ -199,9 +202,9 @@ impl Chunk for ChunkService {
             return Err(CairnError::invalid(format!("inode {bad} cannot be pinned")).into());
         }
         let changed = if req.unpin {
-            self.store.pins.remove(req.inos).await?
+            self.mover.pins().remove(req.inos).await?
         } else {
-            self.store.pins.add(req.inos).await?
+            self.mover.pins().add(req.inos).await?
         };
         Ok(Response::new(PinReply { changed: changed as u32 }))
     }
@@ -260,7 +263,7 @@ impl Chunk for ChunkService {
                     Err(e) => (ShardState::ShardUnreadable, e.message().into()),
                 };
                 let tier = self.store.tier_of(&id).map_or(String::new(), |t| t.as_str().to_string());
-                let pinned = self.store.pins.contains(id.ino);
+                let pinned = self.mover.pins().contains(id.ino);
                 ShardCheck { id: Some(id.into()), state: state as i32, error, tier, pinned }
             })
             .buffered(CHECK_CONCURRENCY)

@@ -182,6 +182,37 @@ async fn dropping_the_engine_finishes_accepted_requests(engine: Arc<dyn IoEngine
     assert_eq!(std::fs::metadata(dir.path().join("f")).unwrap().len(), 50_000);
 }
 
+async fn create_file_puts_whole_files_in_place(engine: Arc<dyn IoEngine>) {
+    let dir = tempfile::tempdir().unwrap();
+    let (tmp, path) = (dir.path().join("f.tmp"), dir.path().join("f"));
+    std::fs::write(&path, b"the old copy").unwrap();
+    let parts = vec![Bytes::from_static(b"header|"), Bytes::from(pattern(70_000, 3))];
+    let file = engine.create_file(tmp.clone(), path.clone(), parts.clone()).await.unwrap();
+    assert!(!tmp.exists(), "the temporary name is gone once renamed");
+    assert_eq!(std::fs::read(&path).unwrap(), parts.concat(), "the parts in order, the old copy replaced");
+    // The returned file is the one in place, usable with the engine (the flusher syncs it).
+    engine.fsync(file.clone()).await.unwrap();
+    let reread = Arc::new(File::open(&path).unwrap());
+    assert_eq!(engine.read_at(reread, 0, 7).await.unwrap(), b"header|");
+
+    // A temporary name that exists already: refused, both files untouched.
+    std::fs::write(&tmp, b"someone else's").unwrap();
+    let err = engine.create_file(tmp.clone(), path.clone(), parts.clone()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AlreadyExists, "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), parts.concat());
+    std::fs::remove_file(&tmp).unwrap();
+
+    // The rename fails (the target is a non-empty directory): the partial file is removed and
+    // the target left as it was.
+    let busy = dir.path().join("busy");
+    std::fs::create_dir(&busy).unwrap();
+    std::fs::write(busy.join("inside"), b"x").unwrap();
+    let err = engine.create_file(tmp.clone(), busy.clone(), parts).await.unwrap_err();
+    assert!(err.raw_os_error().is_some(), "the OS error is kept: {err}");
+    assert!(!tmp.exists(), "a failed create leaves no temporary file");
+    assert!(busy.join("inside").exists());
+}
+
 macro_rules! engine_tests {
     ($($case:ident),* $(,)?) => {
         mod uring_engine {
@@ -213,4 +244,5 @@ engine_tests!(
     fsync_files_and_directories,
     errors_on_a_read_only_fd,
     dropping_the_engine_finishes_accepted_requests,
+    create_file_puts_whole_files_in_place,
 );

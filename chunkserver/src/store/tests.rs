@@ -29,10 +29,8 @@ fn options(ssd: &[&Path], hdd: &[&Path]) -> StoreOptions {
         power_loss_log: None,
         reserve_bytes: 0,
         policy: crate::policy::TierPolicy::default(),
-        mover_rate_bytes: 1 << 30,
         ssd_direct_io: false,
         hdd_direct_io: false,
-        pins_file: None,
     }
 }
 
@@ -273,11 +271,15 @@ async fn concurrent_writes_and_reads(engine: MakeEngine) {
 async fn listing_pages_in_id_order_and_check_finds_damage(engine: MakeEngine) {
     let ssd = tempfile::tempdir().unwrap();
     let hdd = tempfile::tempdir().unwrap();
+    // Shard 4 on the HDD directory (written while it was the only one), the rest on SSD.
+    let only_hdd = open(engine, &[], &[hdd.path()]).await;
+    only_hdd.write(id(4), data(3 * BLOCK_SIZE, 4)).await.unwrap();
+    drop(only_hdd);
     let store = open(engine, &[ssd.path()], &[hdd.path()]).await;
-    for n in [5, 1, 3, 2, 4] {
+    for n in [5, 1, 3, 2] {
         store.write(id(n), data(3 * BLOCK_SIZE, n as u8)).await.unwrap();
     }
-    store.move_shard(id(4), Tier::Hdd).await.unwrap();
+    assert_eq!(store.tier_of(&id(4)), Some(Tier::Hdd));
     let (first, more) = store.list(None, 2);
     assert!(more);
     assert_eq!(first.iter().map(|e| e.0).collect::<Vec<_>>(), vec![id(1), id(2)]);
