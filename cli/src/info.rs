@@ -198,12 +198,9 @@ async fn count_entries(conn: &cairn_client::MetaConn, ino: u64) -> Result<u64> {
     }
 }
 
-/// Parse `K+M` (e.g. `4+2`, `8+3`).
+/// Parse `K+M` (e.g. `4+2`, `8+3`) for clap, with `Layout::parse_ec`'s checks.
 pub fn parse_ec(text: &str) -> std::result::Result<(u32, u32), String> {
-    let (k, m) = text.split_once('+').ok_or_else(|| format!("{text:?} is not K+M, e.g. 4+2"))?;
-    let k = k.trim().parse().map_err(|_| format!("{text:?}: K is not a number"))?;
-    let m = m.trim().parse().map_err(|_| format!("{text:?}: M is not a number"))?;
-    Ok((k, m))
+    Layout::parse_ec(text).map(|l| (l.k, l.m)).map_err(|e| e.message().to_string())
 }
 
 pub async fn layout_get(path: &Path, meta: Option<String>, as_json: bool) -> Result<()> {
@@ -263,6 +260,7 @@ mod tests {
         assert_eq!(parse_ec(" 8 + 3 "), Ok((8, 3)));
         assert!(parse_ec("4x2").unwrap_err().contains("K+M"));
         assert!(parse_ec("a+2").unwrap_err().contains("K is not"));
+        assert!(parse_ec("0+2").unwrap_err().contains("k must be"), "the layout's own limits apply");
     }
 
     #[test]

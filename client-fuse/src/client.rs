@@ -12,6 +12,7 @@ use cairn_common::{CairnError, ErrorKind, Layout, Result};
 use cairn_proto as p;
 use parking_lot::Mutex;
 
+use crate::background::Background;
 use crate::dir::DirHandle;
 use crate::file::{Changes, OpenFile, Versions};
 use crate::meta::MetaConn;
@@ -158,6 +159,8 @@ pub struct Client {
     epochs: Vec<AtomicU64>,
     commits: AtomicU64,
     releases: Arc<Releases>,
+    /// The session heartbeat, the release batches and the write-back: stopped with the client.
+    background: Background,
 }
 
 /// Releases of closed files, sent late and in batches: closing a file (the last handle on it)
@@ -241,6 +244,20 @@ impl Releases {
     }
 }
 
+impl Drop for Client {
+    /// The background tasks stop (their `Background` is dropped next); releases still queued
+    /// are sent from a last task of their own, so the metaserver need not wait for the session
+    /// lease to learn of them.
+    fn drop(&mut self) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            if !self.releases.pending.lock().is_empty() {
+                let releases = self.releases.clone();
+                runtime.spawn(async move { releases.flush().await });
+            }
+        }
+    }
+}
+
 const EPOCH_BUCKETS: usize = 1024;
 /// Opens retried because a commit of this client raced with them, before giving up.
 const OPEN_ATTEMPTS: usize = 16;
@@ -252,7 +269,8 @@ const DIR_ATTRS_MAX: usize = 4096;
 
 impl Client {
     /// Register with the metaserver (which hands out the id that makes stripe versions unique)
-    /// and start the write-back task (it ends once the client is dropped).
+    /// and start the session heartbeat, the release batches and the write-back, all stopped
+    /// once the client is dropped.
     pub async fn new(meta: MetaConn, options: ClientOptions) -> Result<Arc<Client>> {
         let registered = meta.register_client(p::Empty {}).await?;
         let (client_id, read_only) = (registered.client_id, registered.read_only);
@@ -264,9 +282,10 @@ impl Client {
         );
         nodes.refresh().await?;
         let files: Arc<Mutex<HashMap<u64, Opened>>> = Arc::new(Mutex::new(HashMap::new()));
-        tokio::spawn(session_heartbeat(meta.clone(), client_id, files.clone()));
+        let background = Background::default();
+        background.spawn(session_heartbeat(meta.clone(), client_id, files.clone()));
         let releases = Arc::new(Releases::new(meta.clone(), client_id));
-        tokio::spawn(releases.clone().run());
+        background.spawn(releases.clone().run());
         let client = Arc::new(Client {
             meta,
             read_only,
@@ -286,9 +305,10 @@ impl Client {
             epochs: (0..EPOCH_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             commits: AtomicU64::new(0),
             releases,
+            background,
         });
         if !client.options.commit_interval.is_zero() {
-            tokio::spawn(write_back::run(Arc::downgrade(&client)));
+            client.background.spawn(write_back::run(Arc::downgrade(&client)));
         }
         Ok(client)
     }

@@ -3,6 +3,7 @@
 //! I/O to chunkservers, degraded reads). [`fuse`] adapts it to the kernel: thin callbacks that
 //! hand each request to a tokio task and reply from there, so no request waits behind another.
 
+mod background;
 mod blocks;
 mod client;
 mod dir;

@@ -46,13 +46,13 @@ impl Layout {
         Ok(layout)
     }
 
-    /// Parse `"4+2"` (unit defaults to 1 MiB).
+    /// Parse `"4+2"` (unit defaults to 1 MiB); the one parser of `K+M` for every command.
     pub fn parse_ec(spec: &str) -> Result<Layout> {
         let (k, m) = spec
             .split_once('+')
-            .ok_or_else(|| CairnError::invalid(format!("EC spec {spec:?} is not of the form k+m")))?;
-        let k = k.trim().parse().map_err(|_| CairnError::invalid(format!("bad k in {spec:?}")))?;
-        let m = m.trim().parse().map_err(|_| CairnError::invalid(format!("bad m in {spec:?}")))?;
+            .ok_or_else(|| CairnError::invalid(format!("{spec:?} is not K+M, e.g. 4+2")))?;
+        let k = k.trim().parse().map_err(|_| CairnError::invalid(format!("{spec:?}: K is not a number")))?;
+        let m = m.trim().parse().map_err(|_| CairnError::invalid(format!("{spec:?}: M is not a number")))?;
         Layout::new(k, m, Layout::default().unit)
     }
 
