@@ -29,7 +29,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use cairn_common::{CairnError, Result};
 use cairn_proto::{Attr, StripeInfo};
-use futures::future::join_all;
+use futures::future::{join_all, BoxFuture};
 use parking_lot::Mutex as SyncMutex;
 use tokio::sync::Mutex;
 
@@ -42,6 +42,29 @@ use crate::stripe::{
     Reader,
 };
 use crate::stripe_cache::{StripeCache, REORDERED};
+
+/// What an open file asks of the metaserver: commits, and the stripe records a file giving up
+/// its uncommitted stripes checks. [`MetaConn`] is the real one; tests give a fake.
+pub trait FileMeta: Send + Sync {
+    fn commit(&self, req: cairn_proto::CommitRequest) -> BoxFuture<'_, Result<cairn_proto::AttrReply>>;
+    fn list_stripes(
+        &self,
+        req: cairn_proto::ListStripesRequest,
+    ) -> BoxFuture<'_, Result<cairn_proto::ListStripesReply>>;
+}
+
+impl FileMeta for MetaConn {
+    fn commit(&self, req: cairn_proto::CommitRequest) -> BoxFuture<'_, Result<cairn_proto::AttrReply>> {
+        Box::pin(MetaConn::commit(self, req))
+    }
+
+    fn list_stripes(
+        &self,
+        req: cairn_proto::ListStripesRequest,
+    ) -> BoxFuture<'_, Result<cairn_proto::ListStripesReply>> {
+        Box::pin(MetaConn::list_stripes(self, req))
+    }
+}
 
 /// The change counters a commit or truncation advances: the client's sequence of changes
 /// (`any`), and for the inode (bucketed) the number of its latest change in that sequence.
@@ -511,7 +534,7 @@ impl OpenFile {
     pub async fn flush(
         &self,
         nodes: &Arc<Nodes>,
-        meta: &crate::MetaConn,
+        meta: &dyn FileMeta,
         versions: &Versions,
         changes: Changes<'_>,
         sync: bool,
@@ -556,7 +579,7 @@ impl OpenFile {
     pub async fn write_back(
         &self,
         nodes: &Arc<Nodes>,
-        meta: &MetaConn,
+        meta: &dyn FileMeta,
         versions: &Versions,
         changes: Changes<'_>,
         due: Instant,
@@ -607,7 +630,7 @@ impl OpenFile {
     async fn commit_stored(
         &self,
         inner: &mut Inner,
-        meta: &MetaConn,
+        meta: &dyn FileMeta,
         changes: Changes<'_>,
         durable: bool,
     ) -> Result<WrittenBack> {
@@ -659,7 +682,7 @@ impl OpenFile {
     /// answering), so only shards the metaserver confirms it does not reference are deleted;
     /// when it cannot be asked, they stay, and its reconciliation deletes them once this
     /// client's session is gone. Best effort: a chunkserver that cannot be reached keeps them.
-    pub async fn abandon(&self, meta: &MetaConn, nodes: &Arc<Nodes>) {
+    pub async fn abandon(&self, meta: &dyn FileMeta, nodes: &Arc<Nodes>) {
         let mut inner = self.inner.lock().await;
         // Written stripes become uncommitted ones, deleted below like the others.
         let _ = self.settle(&mut inner, None).await;
@@ -704,7 +727,7 @@ impl OpenFile {
     /// The committed version of each stripe of `stripes` that has a record, from the metaserver.
     async fn committed_versions(
         &self,
-        meta: &MetaConn,
+        meta: &dyn FileMeta,
         stripes: &[StripeInfo],
     ) -> Result<BTreeMap<u64, u64>> {
         let mut out = BTreeMap::new();
@@ -796,3 +819,7 @@ async fn fetch_stripe(nodes: &Arc<Nodes>, geo: &Geometry, info: &StripeInfo) -> 
     ::metrics::counter!(metrics::STRIPE_FETCHED_BYTES).increment(pieces.len() as u64);
     Ok(pieces)
 }
+
+#[cfg(test)]
+#[path = "file_tests.rs"]
+mod tests;

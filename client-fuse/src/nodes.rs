@@ -19,7 +19,8 @@ use cairn_common::tls::Role;
 use cairn_common::wire::{self, WireClient};
 use cairn_common::{CairnError, Result, ShardId, MAX_MESSAGE_BYTES};
 use cairn_proto::chunk_client::ChunkClient;
-use cairn_proto::Capability;
+use cairn_proto::{self as p, Capability};
+use futures::future::BoxFuture;
 use parking_lot::RwLock;
 use tonic::transport::Channel;
 
@@ -40,40 +41,120 @@ enum ChunkConn {
     Grpc(ChunkClient<Channel>),
 }
 
-impl ChunkConn {
-    async fn write_shard(&self, req: cairn_proto::WriteShardRequest) -> Result<cairn_proto::WriteShardReply> {
-        match self {
-            ChunkConn::Wire(c) => wire::chunk::write_shard(c, req).await,
-            ChunkConn::Grpc(c) => {
-                c.clone().write_shard(req).await.map(|r| r.into_inner()).map_err(Into::into)
+/// One chunkserver's shard requests: its wire or gRPC connection, or a fake in tests.
+pub trait ShardApi: Send + Sync {
+    fn write_shard(&self, req: p::WriteShardRequest) -> BoxFuture<'_, Result<p::WriteShardReply>>;
+    fn sync_shards(&self, req: p::SyncShardsRequest) -> BoxFuture<'_, Result<()>>;
+    fn read_shard(&self, req: p::ReadShardRequest) -> BoxFuture<'_, Result<p::ReadShardReply>>;
+    fn delete_shards(&self, req: p::DeleteShardsRequest) -> BoxFuture<'_, Result<p::DeleteShardsReply>>;
+}
+
+impl ShardApi for ChunkConn {
+    fn write_shard(&self, req: p::WriteShardRequest) -> BoxFuture<'_, Result<p::WriteShardReply>> {
+        Box::pin(async move {
+            match self {
+                ChunkConn::Wire(c) => wire::chunk::write_shard(c, req).await,
+                ChunkConn::Grpc(c) => {
+                    c.clone().write_shard(req).await.map(|r| r.into_inner()).map_err(Into::into)
+                }
             }
-        }
+        })
     }
 
-    async fn sync_shards(&self, req: cairn_proto::SyncShardsRequest) -> Result<()> {
-        match self {
-            ChunkConn::Wire(c) => wire::chunk::sync_shards(c, req).await.map(|_| ()),
-            ChunkConn::Grpc(c) => c.clone().sync_shards(req).await.map(|_| ()).map_err(Into::into),
-        }
-    }
-
-    async fn read_shard(&self, req: cairn_proto::ReadShardRequest) -> Result<cairn_proto::ReadShardReply> {
-        match self {
-            ChunkConn::Wire(c) => wire::chunk::read_shard(c, req).await,
-            ChunkConn::Grpc(c) => c.clone().read_shard(req).await.map(|r| r.into_inner()).map_err(Into::into),
-        }
-    }
-
-    async fn delete_shards(
-        &self,
-        req: cairn_proto::DeleteShardsRequest,
-    ) -> Result<cairn_proto::DeleteShardsReply> {
-        match self {
-            ChunkConn::Wire(c) => wire::chunk::delete_shards(c, req).await,
-            ChunkConn::Grpc(c) => {
-                c.clone().delete_shards(req).await.map(|r| r.into_inner()).map_err(Into::into)
+    fn sync_shards(&self, req: p::SyncShardsRequest) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            match self {
+                ChunkConn::Wire(c) => wire::chunk::sync_shards(c, req).await.map(|_| ()),
+                ChunkConn::Grpc(c) => c.clone().sync_shards(req).await.map(|_| ()).map_err(Into::into),
             }
-        }
+        })
+    }
+
+    fn read_shard(&self, req: p::ReadShardRequest) -> BoxFuture<'_, Result<p::ReadShardReply>> {
+        Box::pin(async move {
+            match self {
+                ChunkConn::Wire(c) => wire::chunk::read_shard(c, req).await,
+                ChunkConn::Grpc(c) => {
+                    c.clone().read_shard(req).await.map(|r| r.into_inner()).map_err(Into::into)
+                }
+            }
+        })
+    }
+
+    fn delete_shards(&self, req: p::DeleteShardsRequest) -> BoxFuture<'_, Result<p::DeleteShardsReply>> {
+        Box::pin(async move {
+            match self {
+                ChunkConn::Wire(c) => wire::chunk::delete_shards(c, req).await,
+                ChunkConn::Grpc(c) => {
+                    c.clone().delete_shards(req).await.map(|r| r.into_inner()).map_err(Into::into)
+                }
+            }
+        })
+    }
+}
+
+/// What [`Nodes`] needs from outside: where the chunkservers are, shard capabilities and
+/// damage reports (the metaserver), and a connection to a chunkserver. [`MetaDirectory`] is
+/// the real one; tests give a fake, so the file and stripe logic runs without servers.
+pub trait NodeDirectory: Send + Sync {
+    /// Every registered chunkserver: (node id, address).
+    fn list_nodes(&self) -> BoxFuture<'_, Result<Vec<(u32, String)>>>;
+    fn grant_capability(&self, ino: u64) -> BoxFuture<'_, Result<Capability>>;
+    /// Report shards corrupt or gone (the future owns what it needs: it runs detached).
+    fn report_damaged(&self, ids: Vec<ShardId>) -> BoxFuture<'static, Result<()>>;
+    fn connect(&self, addr: &str) -> Result<Arc<dyn ShardApi>>;
+}
+
+/// The metaserver's node map and the configured transport.
+pub struct MetaDirectory {
+    meta: MetaConn,
+    transport: Transport,
+}
+
+impl MetaDirectory {
+    pub fn new(meta: MetaConn) -> Result<MetaDirectory> {
+        Ok(MetaDirectory { meta, transport: Transport::from_env()? })
+    }
+}
+
+impl NodeDirectory for MetaDirectory {
+    fn list_nodes(&self) -> BoxFuture<'_, Result<Vec<(u32, String)>>> {
+        Box::pin(async move {
+            let nodes = self.meta.list_nodes(p::Empty {}).await?.nodes;
+            Ok(nodes.into_iter().map(|n| (n.id, n.addr)).collect())
+        })
+    }
+
+    fn grant_capability(&self, ino: u64) -> BoxFuture<'_, Result<Capability>> {
+        Box::pin(self.meta.grant_capability(p::InoRequest { ino }))
+    }
+
+    fn report_damaged(&self, ids: Vec<ShardId>) -> BoxFuture<'static, Result<()>> {
+        let meta = self.meta.clone();
+        Box::pin(async move {
+            let req = p::ReportDamagedRequest { ids: ids.into_iter().map(Into::into).collect() };
+            meta.report_damaged(req).await.map(|_| ())
+        })
+    }
+
+    fn connect(&self, addr: &str) -> Result<Arc<dyn ShardApi>> {
+        Ok(Arc::new(match self.transport {
+            Transport::Wire => ChunkConn::Wire(Arc::new(WireClient::new(
+                addr,
+                Role::Chunk,
+                CONNECT_TIMEOUT,
+                REQUEST_TIMEOUT,
+            ))),
+            Transport::Grpc => {
+                let channel = grpc_channel(addr, Role::Chunk, CONNECT_TIMEOUT, REQUEST_TIMEOUT)
+                    .map_err(|e| CairnError::invalid(format!("chunkserver address: {e}")))?;
+                ChunkConn::Grpc(
+                    ChunkClient::new(channel)
+                        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                        .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                )
+            }
+        }))
     }
 }
 
@@ -81,12 +162,14 @@ impl ChunkConn {
 const WAIT_FIRST_PAUSE: Duration = Duration::from_millis(100);
 const WAIT_MAX_PAUSE: Duration = Duration::from_secs(2);
 
+/// A chunkserver's address and its connection.
+type Known = (String, Arc<dyn ShardApi>);
+
 pub struct Nodes {
-    meta: MetaConn,
+    directory: Arc<dyn NodeDirectory>,
     /// How long an operation that finds too few chunkservers answering waits for them.
     wait: Duration,
-    transport: Transport,
-    chunks: RwLock<HashMap<u32, (String, ChunkConn)>>,
+    chunks: RwLock<HashMap<u32, Known>>,
     refresh: tokio::sync::Mutex<()>,
     /// Nodes that failed to answer, and when.
     suspect: RwLock<HashMap<u32, Instant>>,
@@ -101,17 +184,21 @@ pub struct Nodes {
 impl Nodes {
     /// Connections through `meta`'s node map, with a block cache of `cache_bytes` (0: none).
     pub fn new(meta: MetaConn, cache_bytes: usize) -> Result<Nodes> {
-        Ok(Nodes {
-            meta,
+        Ok(Nodes::with_directory(Arc::new(MetaDirectory::new(meta)?), cache_bytes))
+    }
+
+    /// Connections through `directory`, with a block cache of `cache_bytes` (0: none).
+    pub fn with_directory(directory: Arc<dyn NodeDirectory>, cache_bytes: usize) -> Nodes {
+        Nodes {
+            directory,
             wait: Duration::ZERO,
-            transport: Transport::from_env()?,
             chunks: RwLock::new(HashMap::new()),
             refresh: tokio::sync::Mutex::new(()),
             suspect: RwLock::new(HashMap::new()),
             blocks: BlockCache::new(cache_bytes),
             caps: Held::default(),
             buffered: true,
-        })
+        }
     }
 
     /// Write shards buffered (`Close`, the default) or durable (`Fsync`).
@@ -194,7 +281,7 @@ impl Nodes {
         }
     }
 
-    async fn client(&self, node: u32) -> Result<ChunkConn> {
+    async fn client(&self, node: u32) -> Result<Arc<dyn ShardApi>> {
         if let Some((_, c)) = self.chunks.read().get(&node) {
             return Ok(c.clone());
         }
@@ -209,30 +296,14 @@ impl Nodes {
     /// Reload the node map from the metaserver (one caller at a time).
     pub async fn refresh(&self) -> Result<()> {
         let _guard = self.refresh.lock().await;
-        let nodes = self.meta.list_nodes(cairn_proto::Empty {}).await?.nodes;
+        let nodes = self.directory.list_nodes().await?;
         let mut map = self.chunks.write();
-        for n in nodes {
-            if map.get(&n.id).is_some_and(|(addr, _)| *addr == n.addr) {
+        for (id, addr) in nodes {
+            if map.get(&id).is_some_and(|(known, _)| *known == addr) {
                 continue;
             }
-            let conn = match self.transport {
-                Transport::Wire => ChunkConn::Wire(Arc::new(WireClient::new(
-                    &n.addr,
-                    Role::Chunk,
-                    CONNECT_TIMEOUT,
-                    REQUEST_TIMEOUT,
-                ))),
-                Transport::Grpc => {
-                    let channel = grpc_channel(&n.addr, Role::Chunk, CONNECT_TIMEOUT, REQUEST_TIMEOUT)
-                        .map_err(|e| CairnError::invalid(format!("chunkserver address: {e}")))?;
-                    ChunkConn::Grpc(
-                        ChunkClient::new(channel)
-                            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                            .max_encoding_message_size(MAX_MESSAGE_BYTES),
-                    )
-                }
-            };
-            map.insert(n.id, (n.addr, conn));
+            let conn = self.directory.connect(&addr)?;
+            map.insert(id, (addr, conn));
         }
         Ok(())
     }
@@ -248,7 +319,7 @@ impl Nodes {
         if let Some(cap) = self.caps.fresh(ino) {
             return Ok(cap);
         }
-        let cap = self.meta.grant_capability(cairn_proto::InoRequest { ino }).await?;
+        let cap = self.directory.grant_capability(ino).await?;
         self.caps.keep(Some(cap.clone()));
         Ok(cap)
     }
@@ -311,10 +382,9 @@ impl Nodes {
     /// Tell the metaserver a shard is corrupt or gone (fire and forget): it marks the shard
     /// missing and the repair rebuilds it.
     pub fn report_damaged(&self, id: ShardId) {
-        let meta = self.meta.clone();
+        let report = self.directory.report_damaged(vec![id]);
         tokio::spawn(async move {
-            let req = cairn_proto::ReportDamagedRequest { ids: vec![id.into()] };
-            if let Err(e) = meta.report_damaged(req).await {
+            if let Err(e) = report.await {
                 tracing::warn!(shard = %id, "could not report a damaged shard: {e}");
             }
         });
