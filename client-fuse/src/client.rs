@@ -20,7 +20,10 @@ use crate::nodes::Nodes;
 use crate::readahead::Readahead;
 use crate::stripe::Geometry;
 
+mod session;
 mod write_back;
+
+use session::{session_heartbeat, Releases};
 
 /// Client settings.
 #[derive(Clone, Debug)]
@@ -161,87 +164,6 @@ pub struct Client {
     releases: Arc<Releases>,
     /// The session heartbeat, the release batches and the write-back: stopped with the client.
     background: Background,
-}
-
-/// Releases of closed files, sent late and in batches: closing a file (the last handle on it)
-/// costs no round trip of its own. Every open this client registers with the metaserver gets a
-/// generation (a counter), and a release names the newest one it covers, so a release that
-/// arrives after a newer open of the same file changes nothing there. A file this client holds
-/// locks on is released at once: other clients may be waiting for them.
-struct Releases {
-    meta: MetaConn,
-    client_id: u32,
-    next_generation: AtomicU64,
-    pending: Mutex<Vec<p::Released>>,
-    wake: tokio::sync::Notify,
-    /// Per inode (hashed into [`EPOCH_BUCKETS`]), the newest generation released: an open whose
-    /// answer comes back after a release covering it was released with it and asks again.
-    released: Vec<AtomicU64>,
-}
-
-/// How long a closed file's release waits for others to share its request.
-const RELEASE_DELAY: Duration = Duration::from_millis(10);
-/// Most files one release request names.
-const RELEASE_BATCH: usize = 1000;
-
-impl Releases {
-    fn new(meta: MetaConn, client_id: u32) -> Releases {
-        Releases {
-            meta,
-            client_id,
-            next_generation: AtomicU64::new(1),
-            pending: Mutex::new(Vec::new()),
-            wake: tokio::sync::Notify::new(),
-            released: (0..EPOCH_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
-        }
-    }
-
-    fn next_generation(&self) -> u64 {
-        self.next_generation.fetch_add(1, Ordering::Relaxed)
-    }
-
-    fn released(&self, ino: u64) -> &AtomicU64 {
-        &self.released[(ino % EPOCH_BUCKETS as u64) as usize]
-    }
-
-    /// Release `ino`'s opens up to `generation`: queued, or `now`.
-    async fn release(&self, ino: u64, generation: u64, now: bool) {
-        let file = p::Released { ino, generation };
-        if now {
-            self.send(vec![file]).await;
-        } else {
-            self.pending.lock().push(file);
-            self.wake.notify_one();
-        }
-    }
-
-    async fn send(&self, files: Vec<p::Released>) {
-        for batch in files.chunks(RELEASE_BATCH) {
-            let req =
-                p::ReleaseRequest { client_id: self.client_id, more: batch.to_vec(), ..Default::default() };
-            if let Err(e) = self.meta.release(req).await {
-                tracing::warn!(files = batch.len(), "release: {e} (the session lease will clean up)");
-            }
-        }
-    }
-
-    /// Send what is queued now.
-    async fn flush(&self) {
-        let files = std::mem::take(&mut *self.pending.lock());
-        if !files.is_empty() {
-            self.send(files).await;
-        }
-    }
-
-    /// The background sender: after the first queued release, wait [`RELEASE_DELAY`] for
-    /// more, then send them all.
-    async fn run(self: Arc<Self>) {
-        loop {
-            self.wake.notified().await;
-            tokio::time::sleep(RELEASE_DELAY).await;
-            self.flush().await;
-        }
-    }
 }
 
 impl Drop for Client {
@@ -912,18 +834,4 @@ fn lock_request(
 
 fn need(attr: Option<p::Attr>) -> Result<p::Attr> {
     attr.ok_or_else(|| CairnError::internal("metaserver reply without attributes"))
-}
-
-/// Renew this client's session every quarter lease, announcing every inode it has open (so a
-/// restarted metaserver learns them again, and unlinked files stay readable).
-async fn session_heartbeat(meta: MetaConn, client_id: u32, files: Arc<Mutex<HashMap<u64, Opened>>>) {
-    let mut every = Duration::from_secs(5);
-    loop {
-        tokio::time::sleep(every).await;
-        let open: Vec<u64> = files.lock().keys().copied().collect();
-        match meta.client_heartbeat(p::ClientHeartbeatRequest { client_id, open }).await {
-            Ok(reply) => every = Duration::from_millis((reply.lease_ms / 4).clamp(100, 10_000)),
-            Err(e) => tracing::warn!("session heartbeat: {e}"),
-        }
-    }
 }
