@@ -81,3 +81,39 @@ write("config", "meta", b'listen = "127.0.0.1:9400"\x01data_dir = "/var/lib/cair
 write("config", "chunk", b'meta = "127.0.0.1:9400"\x01ssd_capacity = 8388608\n'
       b'QUEUE_DEPTH=64\nio_engine=pread')
 write("config", "replicas", b'raft_id = 1\x01replicas = ["1=127.0.0.1:9400", "2=127.0.0.1:9401"]\n')
+
+# meta_requests: records of (method byte, u16 length, protobuf request); the method numbers are
+# the match arms of fuzz_targets/meta_requests.rs. A new namespace hands out inodes 2, 3, ...
+def meta(method, body):
+    return bytes([method]) + struct.pack("<H", len(body)) + body
+
+
+def entry(parent, name, *rest):
+    return field_varint(1, parent) + field_bytes(2, name) + b"".join(rest)
+
+
+stripe = (field_varint(1, 0) + field_varint(2, 5) + field_varint(3, 5000) + field_varint(4, 5000))
+write("meta_requests", "tree",
+      meta(4, entry(1, b"d", field_varint(3, 0o755)))                         # mkdir /d -> 2
+      + meta(3, entry(2, b"f", field_varint(3, 0o100644)))                     # create /d/f -> 3
+      + meta(18, field_varint(1, 3) + field_varint(2, 5000) + field_bytes(3, stripe))  # commit
+      + meta(8, field_varint(1, 3) + field_varint(2, 1) + field_bytes(3, b"g"))  # link /g
+      + meta(7, entry(2, b"f", field_varint(3, 1), field_bytes(4, b"h")))      # rename to /h
+      + meta(9, entry(1, b"s", field_bytes(3, b"d/f")))                        # symlink /s
+      + meta(13, field_varint(1, 3) + field_bytes(2, b"user.a") + field_bytes(3, b"v"))
+      + meta(2, field_varint(1, 3) + field_varint(5, 100))                     # truncate
+      + meta(5, entry(1, b"g"))                                                # unlink /g
+      + meta(6, entry(1, b"d"))                                                # rmdir /d
+      + meta(11, field_varint(1, 1) + field_varint(3, 100) + field_varint(4, 1)))
+write("meta_requests", "rename-into-itself",
+      meta(4, entry(1, b"a", field_varint(3, 0o755)))                          # /a -> 2
+      + meta(4, entry(2, b"b", field_varint(3, 0o755)))                        # /a/b -> 3
+      + meta(7, entry(1, b"a", field_varint(3, 3), field_bytes(4, b"x")))      # /a into /a/b
+      + meta(7, entry(2, b"b", field_varint(3, 1), field_bytes(4, b"a"), field_varint(5, 2))))
+write("meta_requests", "open-unlink-release",
+      meta(24, b"")                                                            # client 1
+      + meta(3, entry(1, b"f", field_varint(3, 0o100644), field_varint(20, 1), field_varint(21, 1),
+                      field_varint(23, 1)))
+      + meta(5, entry(1, b"f"))
+      + meta(20, field_varint(1, 1) + field_varint(2, 2) + field_varint(3, 7) + field_varint(6, 99))
+      + meta(17, field_varint(1, 1) + field_varint(2, 2) + field_varint(3, 1)))
