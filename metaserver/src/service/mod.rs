@@ -20,8 +20,15 @@ use crate::access::{Access, Rule, Squash};
 use crate::namespace::{file_info, once, Namespace, NewEntry};
 use crate::raft::node::RaftNode;
 use crate::repair::Repair;
-use crate::schema::{Inode, NODE_ACTIVE, NODE_DRAINING};
+use crate::schema::{NODE_ACTIVE, NODE_DRAINING};
 use crate::sessions::{Lock, F_UNLCK};
+
+mod access_checks;
+mod backup;
+mod cluster;
+
+pub(crate) use cluster::nodes_with_progress;
+use cluster::{check_cluster, remove_node, status_reply};
 
 /// Most files one Release request may name.
 pub const MAX_RELEASES: usize = 10_000;
@@ -72,84 +79,6 @@ impl MetaService {
         self.caps_generation = access.generation().into();
         self.access = access;
         self
-    }
-
-    /// The capability signer, after revoking what it signed under access rules that have
-    /// changed since (a client made read-only must not keep writing with tokens it holds).
-    fn signer(&self) -> &Signer {
-        let now = self.access.generation();
-        if self.caps_generation.swap(now, std::sync::atomic::Ordering::AcqRel) != now {
-            self.caps.revoke_all();
-            tracing::info!("access rules changed: shard capabilities signed before are revoked");
-        }
-        &self.caps
-    }
-
-    /// The access rule the caller of `req` is held to, if any.
-    fn rule<T>(&self, req: &Request<T>) -> Option<Rule> {
-        self.access.rule_for(req.extensions().get::<cairn_common::tls::Peer>())
-    }
-
-    /// The caller's access rule, after refusing `what` (a namespace change) to a read-only
-    /// client.
-    fn may_change<T>(&self, req: &Request<T>, what: &str) -> Result<Option<Rule>> {
-        let rule = self.rule(req);
-        if let Some(rule) = &rule {
-            rule.change(what)?;
-        }
-        Ok(rule)
-    }
-
-    /// Before a client held to `rule` changes inode `ino` (its attributes, xattrs, or with
-    /// `data` its bytes): refused where the rule's squash says the client cannot act as the
-    /// inode's owner; before a data change, the file's setuid/setgid bits and file capabilities
-    /// are dropped unless the rule allows them (first, so new bytes never run with them).
-    /// Returns the inode as it was read (`None`: the rule needs no look at it), for the
-    /// caller's further checks.
-    async fn guard_inode(&self, rule: &Rule, ino: u64, data: bool) -> Result<Option<Inode>, Status> {
-        if rule.squash == Squash::None && rule.setuid {
-            return Ok(None);
-        }
-        let inode = self.read(|ns| ns.getattr(ino))?;
-        if !rule.may_change_owned_by(inode.uid) {
-            return Err(CairnError::new(
-                cairn_common::ErrorKind::NotPermitted,
-                format!(
-                    "inode {ino} is owned by uid {}, which this client's certificate may not act as \
-                     (squashed by the metaserver's access rules)",
-                    inode.uid
-                ),
-            )
-            .into());
-        }
-        if !data || !inode.is_reg() {
-            return Ok(Some(inode));
-        }
-        if let Some(mode) = rule.mode_after_write(inode.mode & 0o7777) {
-            let clear = SetAttrRequest { ino, mode: Some(mode), ..Default::default() };
-            self.once_change(None, move |ns| ns.setattr(&clear), move |ns| ns.getattr(ino)).await?;
-        }
-        // Looked up first: a write to the log only where there is something to drop.
-        let has_caps = || self.read(|ns| ns.get_xattr(ino, b"security.capability")).is_ok();
-        if !rule.setuid && has_caps() {
-            let dropped = self
-                .once_change(None, move |ns| ns.remove_xattr(ino, b"security.capability"), |_| Ok(()))
-                .await;
-            match dropped.map_err(CairnError::from) {
-                Err(e) if e.kind() != cairn_common::ErrorKind::NoData => return Err(e.into()),
-                _ => {}
-            }
-        }
-        Ok(Some(inode))
-    }
-
-    /// The shard operations a capability grants the caller: read only to a read-only client.
-    fn cap_ops<T>(&self, req: &Request<T>) -> u32 {
-        if self.rule(req).is_some_and(|rule| rule.read_only) {
-            READ
-        } else {
-            READ | WRITE
-        }
     }
 
     /// Serve `RepairNow` and `Reconcile` with this repair (the one running in the background).
@@ -366,143 +295,14 @@ fn check_ino(ino: u64) -> Result<u64> {
     Ok(ino)
 }
 
-/// Every node, with the drain progress of the last repair pass and, for a down node, when its
-/// rebuild starts.
-pub(crate) fn nodes_with_progress(ns: &Namespace) -> Vec<NodeInfo> {
-    let repair = ns.repair_state().lock().clone();
-    let mut nodes = ns.registry().nodes();
-    for n in &mut nodes {
-        n.shards_left = repair.drain_left.get(&n.id).copied().unwrap_or(0);
-        if !n.up {
-            n.rebuild_in_ms = repair.rebuild_in(n.last_heartbeat_ms_ago).map(|d| d.as_millis() as u64);
-        }
-    }
-    nodes
-}
-
 /// The name on the caller's TLS certificate (empty on a plaintext server), which binds a
 /// chunkserver's node id to the certificate it registered with.
 fn cert_name<T>(req: &Request<T>) -> String {
     req.extensions().get::<cairn_common::tls::Peer>().map(|p| p.name.clone()).unwrap_or_default()
 }
 
-/// Refuse a chunkserver that belongs to another cluster (`theirs`; "" before it joined one),
-/// before anything of it is recorded.
-fn check_cluster(ns: &Namespace, theirs: &str, addr: &str) -> Result<()> {
-    if theirs.is_empty() || theirs == ns.cluster_id() {
-        return Ok(());
-    }
-    tracing::error!(addr, theirs, ours = ns.cluster_id(), "refused a chunkserver of another cluster");
-    Err(CairnError::invalid(format!(
-        "the chunkserver at {addr} belongs to cluster {theirs}, and this metaserver serves cluster {}: \
-         refused (a metaserver started on the wrong data directory? if this namespace is the right \
-         one, e.g. restored from a backup older than cluster ids, remove `cluster` from the \
-         chunkserver's state_dir and restart it)",
-        ns.cluster_id()
-    )))
-}
-
 fn confirm_channels() -> Channels {
     Channels::new(std::time::Duration::from_secs(2), std::time::Duration::from_secs(10))
-}
-
-impl MetaService {
-    /// The shards of `ids` that the chunkserver holding each says are missing or corrupt
-    /// (verified against their checksums). A shard whose chunkserver does not answer is left
-    /// to the repair, which rebuilds what down nodes held.
-    async fn confirmed_damage(&self, ids: Vec<cairn_common::ShardId>) -> Result<Vec<cairn_common::ShardId>> {
-        let mut by_node: std::collections::BTreeMap<u32, Vec<cairn_common::ShardId>> = Default::default();
-        {
-            let ns = self.ns()?;
-            for id in ids {
-                id.validate()?;
-                let Ok(inode) = ns.getattr(id.ino) else { continue };
-                let layout = inode.layout();
-                if !inode.is_reg()
-                    || id.index >= layout.width()
-                    || inode.placement.len() != layout.width() as usize
-                {
-                    continue;
-                }
-                by_node.entry(inode.placement[layout.position(id.stripe, id.index)]).or_default().push(id);
-            }
-        }
-        let mut confirmed = Vec::new();
-        for (node, ids) in by_node {
-            let Some(addr) = self.ns()?.registry().node(node).filter(|n| n.up).map(|n| n.addr) else {
-                continue;
-            };
-            let request = CheckShardsRequest { ids: ids.iter().map(|&id| id.into()).collect(), verify: true };
-            let checked = match self.channels.chunk(&addr) {
-                Ok(mut c) => c.check_shards(request).await.map_err(CairnError::from),
-                Err(e) => Err(e),
-            };
-            match checked {
-                Ok(reply) => confirmed.extend(
-                    reply
-                        .into_inner()
-                        .results
-                        .iter()
-                        .filter(|r| {
-                            r.state == ShardState::ShardMissing as i32
-                                || r.state == ShardState::ShardCorrupt as i32
-                        })
-                        .filter_map(|r| r.id.as_ref().map(cairn_common::ShardId::from))
-                        .filter(|id| ids.contains(id)),
-                ),
-                Err(e) => tracing::warn!(node, "could not confirm reported damage with its chunkserver: {e}"),
-            }
-        }
-        Ok(confirmed)
-    }
-}
-
-fn status_reply(ns: &Namespace) -> Result<ClusterStatusReply> {
-    let stats = ns.stats();
-    let root = ns.getattr(cairn_common::ROOT_INO)?.layout();
-    let repair = ns.repair_state().lock().clone();
-    let nodes = nodes_with_progress(ns);
-    let meta_cert_not_after = cairn_common::tls::identity().map_or(0, |id| id.cert.not_after);
-    let health =
-        crate::health::assess(&nodes, &repair, ns.store().durability_lost().as_deref(), meta_cert_not_after);
-    Ok(ClusterStatusReply {
-        nodes,
-        files: stats.files.max(0) as u64,
-        directories: stats.directories.max(0) as u64,
-        logical_bytes: stats.logical_bytes.max(0) as u64,
-        default_layout: Some(root.into()),
-        pending_gc: ns.pending_gc()?,
-        degraded_stripes: repair.degraded_stripes,
-        bytes_to_rebuild: repair.bytes_to_rebuild,
-        unrecoverable_stripes: repair.unrecoverable_stripes,
-        unrecoverable_files: repair.unrecoverable_files,
-        shards_rebuilt: repair.shards_rebuilt,
-        bytes_rebuilt: repair.bytes_rebuilt,
-        rebuild_rate: repair.rate,
-        stale_shards_deleted: repair.stale_shards_deleted,
-        requests: cairn_common::metrics::foreground_requests(),
-        health: health.level.name().into(),
-        health_checks: health.checks,
-        stripes_by_margin: repair.by_margin,
-        reduced_redundancy_bytes: repair.reduced_bytes,
-        reduced_stripes_by_margin: repair.reduced_by_margin,
-        cluster_id: ns.cluster_id().to_string(),
-        meta_cert_not_after,
-        // Filled by the service, which holds the rules.
-        access_rules: Vec::new(),
-    })
-}
-
-/// Files whose placement names `node`.
-fn files_on(ns: &Namespace, node: u32) -> Result<u64> {
-    let mut count = 0;
-    let mut after = 0;
-    loop {
-        let page = ns.inodes_after(after, 4096)?;
-        let Some(last) = page.last() else { return Ok(count) };
-        after = last.ino;
-        count += page.iter().filter(|inode| inode.placement.contains(&node)).count() as u64;
-    }
 }
 
 fn attr_reply(inode: crate::schema::Inode) -> AttrReply {
@@ -514,9 +314,6 @@ fn attr_reply(inode: crate::schema::Inode) -> AttrReply {
 fn dir_after(ns: &Namespace, ino: u64) -> Option<Attr> {
     ns.inode(ino).ok().map(|i| i.to_attr())
 }
-
-/// Bytes of a metadata backup per streamed chunk.
-const BACKUP_CHUNK: usize = 1 << 20;
 
 #[tonic::async_trait]
 impl Meta for MetaService {
@@ -1041,30 +838,7 @@ impl Meta for MetaService {
 
     async fn remove_node(&self, req: Request<NodeRequest>) -> Result<Response<Empty>, Status> {
         let NodeRequest { node, force } = req.into_inner();
-        self.run(move |ns| {
-            let info = ns
-                .registry()
-                .nodes()
-                .into_iter()
-                .find(|n| n.id == node)
-                .ok_or_else(|| CairnError::not_found(format!("no chunkserver with id {node}")))?;
-            if !force {
-                let files = files_on(ns, node)?;
-                if files > 0 {
-                    return Err(CairnError::new(
-                        cairn_common::ErrorKind::NotEmpty,
-                        format!(
-                            "chunkserver {node} ({}) still holds shards of {files} files: drain it first \
-                             (cairn node drain {node}), or --force to remove it now and let the repair \
-                             rebuild its shards from the others",
-                            info.addr
-                        ),
-                    ));
-                }
-            }
-            ns.registry().remove(node)
-        })
-        .await?;
+        self.run(move |ns| remove_node(ns, node, force)).await?;
         Ok(Response::new(Empty {}))
     }
 
@@ -1100,50 +874,10 @@ impl Meta for MetaService {
         Ok(Response::new(raft.status()))
     }
 
-    type RaftBackupStream = tokio_stream::wrappers::ReceiverStream<Result<cairn_proto::BackupChunk, Status>>;
+    type RaftBackupStream = backup::BackupStream;
 
     async fn raft_backup(&self, _req: Request<Empty>) -> Result<Response<Self::RaftBackupStream>, Status> {
-        let (applied_index, file, total_bytes) = if self.replicated {
-            let raft = self.raft()?.clone();
-            tokio::task::spawn_blocking(move || raft.backup())
-                .await
-                .map_err(|e| CairnError::internal(e.to_string()))??
-        } else {
-            // A lone metaserver: a checkpoint of its store, in the same format.
-            let ns = self.ns()?;
-            let (file, size) =
-                tokio::task::spawn_blocking(move || crate::raft::state::pack_lone(&**ns.store()))
-                    .await
-                    .map_err(|e| CairnError::internal(e.to_string()))??;
-            (0, file, size)
-        };
-        let (send, receive) = tokio::sync::mpsc::channel(2);
-        // Chunks are read on the blocking pool and sent as the receiver takes them; a receiver
-        // that goes away ends the reading (the file, already unlinked, goes with it).
-        tokio::task::spawn_blocking(move || {
-            use std::io::Read;
-            let mut file = std::io::BufReader::new(file);
-            let mut first = true;
-            loop {
-                let mut data = vec![0u8; BACKUP_CHUNK];
-                let chunk = match file.read(&mut data) {
-                    Ok(0) if !first => return,
-                    Ok(n) => {
-                        data.truncate(n);
-                        let (applied_index, total_bytes) =
-                            if first { (applied_index, total_bytes) } else { (0, 0) };
-                        Ok(cairn_proto::BackupChunk { applied_index, total_bytes, data })
-                    }
-                    Err(e) => Err(CairnError::from_io("reading the backup", &e).into()),
-                };
-                first = false;
-                let failed = chunk.is_err();
-                if send.blocking_send(chunk).is_err() || failed {
-                    return;
-                }
-            }
-        });
-        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(receive)))
+        Ok(Response::new(self.backup_stream().await?))
     }
 
     async fn raft_status(&self, _req: Request<Empty>) -> Result<Response<RaftStatusReply>, Status> {
@@ -1156,5 +890,4 @@ impl Meta for MetaService {
 }
 
 #[cfg(test)]
-#[path = "service_tests.rs"]
 mod tests;
