@@ -1,10 +1,12 @@
 //! The error taxonomy. Each crate has its own error detail; across crate and process
-//! boundaries an error is a [`CairnError`]: an [`ErrorKind`] plus a message. Exactly one
+//! boundaries an error is a [`CairnError`]: an [`ErrorKind`] plus a message, and in this
+//! process the error it came from (an OS error, a gRPC status), as its `source()`. Exactly one
 //! `match` maps a kind to an errno (for FUSE) and one maps it to a gRPC code; the kind itself
 //! travels in the `cairn-kind` metadata of a `tonic::Status`, so a client sees the same kind the
 //! server raised.
 
 use std::fmt;
+use std::sync::Arc;
 
 pub type Result<T, E = CairnError> = std::result::Result<T, E>;
 
@@ -193,16 +195,32 @@ impl ErrorKind {
     }
 }
 
-/// An error with a kind that survives the trip over gRPC.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// An error with a kind that survives the trip over gRPC. Two errors are equal when kind and
+/// message are; the source (which does not travel) is not compared.
+#[derive(Clone, Debug)]
 pub struct CairnError {
     kind: ErrorKind,
     message: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
+
+impl PartialEq for CairnError {
+    fn eq(&self, other: &CairnError) -> bool {
+        self.kind == other.kind && self.message == other.message
+    }
+}
+
+impl Eq for CairnError {}
 
 impl CairnError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> CairnError {
-        CairnError { kind, message: message.into() }
+        CairnError { kind, message: message.into(), source: None }
+    }
+
+    /// The same error, caused by `source` (kept for logs and callers in this process).
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> CairnError {
+        self.source = Some(Arc::new(source));
+        self
     }
     pub fn kind(&self) -> ErrorKind {
         self.kind
@@ -243,7 +261,13 @@ impl CairnError {
                 _ => ErrorKind::Io,
             },
         };
-        CairnError::new(kind, format!("{context}: {e}"))
+        // `io::Error` is not `Clone`: the source is an equal one (same OS error, or same kind
+        // and text).
+        let source = match e.raw_os_error() {
+            Some(code) => std::io::Error::from_raw_os_error(code),
+            None => std::io::Error::new(e.kind(), e.to_string()),
+        };
+        CairnError::new(kind, format!("{context}: {e}")).with_source(source)
     }
 }
 
@@ -253,7 +277,11 @@ impl fmt::Display for CairnError {
     }
 }
 
-impl std::error::Error for CairnError {}
+impl std::error::Error for CairnError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
 impl From<CairnError> for tonic::Status {
     fn from(e: CairnError) -> tonic::Status {
@@ -271,7 +299,7 @@ impl From<tonic::Status> for CairnError {
             .and_then(|v| v.to_str().ok())
             .and_then(ErrorKind::from_name)
             .unwrap_or_else(|| ErrorKind::from_code(s.code()));
-        CairnError::new(kind, s.message().to_string())
+        CairnError::new(kind, s.message().to_string()).with_source(s)
     }
 }
 
@@ -309,5 +337,20 @@ mod tests {
         let e = CairnError::from_io("write", &std::io::Error::from_raw_os_error(libc::ENOSPC));
         assert_eq!(e.kind(), ErrorKind::NoSpace);
         assert_eq!(e.errno(), libc::ENOSPC);
+    }
+
+    #[test]
+    fn the_cause_stays_the_source() {
+        use std::error::Error;
+        let e = CairnError::from_io("write shard", &std::io::Error::from_raw_os_error(libc::EIO));
+        let io = e.source().and_then(|s| s.downcast_ref::<std::io::Error>()).expect("an io::Error source");
+        assert_eq!(io.raw_os_error(), Some(libc::EIO));
+        let status = tonic::Status::unavailable("connection refused");
+        let e = CairnError::from(status);
+        let status = e.source().and_then(|s| s.downcast_ref::<tonic::Status>()).expect("a Status source");
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        // Equality is kind and message: a retried error equals the first whatever its cause.
+        assert_eq!(e, CairnError::unavailable("connection refused"));
+        assert!(CairnError::unavailable("x").source().is_none());
     }
 }
