@@ -130,11 +130,6 @@ impl Mover {
         })
     }
 
-    /// The store it moves shards of.
-    pub fn store(&self) -> &Arc<ShardStore> {
-        &self.store
-    }
-
     /// The files whose shards stay on SSD.
     pub fn pins(&self) -> &Pins {
         &self.pins

@@ -3,7 +3,7 @@
 //! order, promotion of hot HDD shards, writes falling through to HDD, crash recovery at open,
 //! a corrupt copy aborting its move, `promote`, and reads racing moves.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +14,7 @@ use cairn_common::{ErrorKind, ShardId};
 use super::{MoveOutcome, Mover, MoverOptions, PromoteOptions, PromoteSummary};
 use crate::engine::{IoEngine, IoFuture, PreadEngine, UringEngine};
 use crate::policy::{ManualClock, TierPolicy};
+use crate::store::tests::{files_under, flip_byte};
 use crate::store::{ShardStore, StoreOptions, Tier};
 
 type MakeEngine = fn() -> Arc<dyn IoEngine>;
@@ -85,32 +86,6 @@ fn data(n: u64) -> Bytes {
     (0..SHARD)
         .map(|i| (i as u8).wrapping_mul(7).wrapping_add(n as u8).wrapping_add((i >> 12) as u8))
         .collect()
-}
-
-/// Every regular file under `dir`.
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                todo.push(path);
-            } else {
-                out.push(path);
-            }
-        }
-    }
-    out
-}
-
-fn flip_byte(path: &Path, at: u64) {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, at).unwrap();
-    b[0] ^= 0x01;
-    f.write_all_at(&b, at).unwrap();
 }
 
 async fn assert_reads_exact(store: &ShardStore, n: u64) {

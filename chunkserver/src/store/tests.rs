@@ -47,7 +47,7 @@ fn data(len: usize, seed: u8) -> Bytes {
 }
 
 /// Every regular file under `dir`.
-fn files_under(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut todo = vec![dir.to_path_buf()];
     while let Some(d) = todo.pop() {
@@ -63,7 +63,8 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-fn flip_byte(path: &Path, at: u64) {
+/// Flip one bit of the byte at `at` of `path`.
+pub(crate) fn flip_byte(path: &Path, at: u64) {
     use std::os::unix::fs::FileExt;
     let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
     let mut b = [0u8; 1];

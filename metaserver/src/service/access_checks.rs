@@ -86,6 +86,16 @@ impl MetaService {
         Ok(Some(inode))
     }
 
+    /// Before a client held to `rule` (if any) sets or removes xattr `name` of `ino`: the
+    /// names its rule refuses, and the inodes it may not act on ([`Self::guard_inode`]).
+    pub(super) async fn guard_xattr(&self, rule: Option<Rule>, ino: u64, name: &[u8]) -> Result<(), Status> {
+        if let Some(rule) = rule {
+            rule.xattr(name)?;
+            self.guard_inode(&rule, ino, false).await?;
+        }
+        Ok(())
+    }
+
     /// The shard operations a capability grants the caller: read only to a read-only client.
     pub(super) fn cap_ops<T>(&self, req: &Request<T>) -> u32 {
         if self.rule(req).is_some_and(|rule| rule.read_only) {

@@ -531,10 +531,7 @@ impl Meta for MetaService {
     async fn set_xattr(&self, req: Request<SetXattrRequest>) -> Result<Response<Empty>, Status> {
         let rule = self.may_change(&req, "setxattr")?;
         let r = req.into_inner();
-        if let Some(rule) = rule {
-            rule.xattr(&r.name)?;
-            self.guard_inode(&rule, check_ino(r.ino)?, false).await?;
-        }
+        self.guard_xattr(rule, check_ino(r.ino)?, &r.name).await?;
         let once = once_of(&r.once);
         let ino = check_ino(r.ino)?;
         self.once_change(once, move |ns| ns.set_xattr(ino, &r.name, &r.value, r.flags), |_| Ok(())).await?;
@@ -550,10 +547,7 @@ impl Meta for MetaService {
     async fn remove_xattr(&self, req: Request<XattrRequest>) -> Result<Response<Empty>, Status> {
         let rule = self.may_change(&req, "removexattr")?;
         let r = req.into_inner();
-        if let Some(rule) = rule {
-            rule.xattr(&r.name)?;
-            self.guard_inode(&rule, check_ino(r.ino)?, false).await?;
-        }
+        self.guard_xattr(rule, check_ino(r.ino)?, &r.name).await?;
         let once = once_of(&r.once);
         let ino = check_ino(r.ino)?;
         self.once_change(once, move |ns| ns.remove_xattr(ino, &r.name), |_| Ok(())).await?;
