@@ -71,6 +71,11 @@ pub const RAFT_QUORUM_ACK_AGE: &str = "cairn_meta_raft_quorum_ack_age_ms";
 /// the changes that failed to commit (counter).
 pub const RAFT_COMMIT_SECONDS: &str = "cairn_meta_raft_commit_seconds";
 pub const RAFT_COMMIT_FAILURES: &str = "cairn_meta_raft_commit_failures_total";
+/// Log entries the leader proposed for namespace changes, and the changes they carried
+/// (counters): changes proposed while earlier ones are committed share an entry
+/// (`raft/proposals.rs`), so the second over the first is the changes per entry.
+pub const RAFT_ENTRIES_PROPOSED: &str = "cairn_meta_raft_entries_proposed_total";
+pub const RAFT_CHANGES_PROPOSED: &str = "cairn_meta_raft_changes_proposed_total";
 /// Size in bytes of the last snapshot this replica built or installed (gauge), and how many it
 /// built and installed since start (counters, by `how`: built, installed).
 pub const RAFT_SNAPSHOT_BYTES: &str = "cairn_meta_raft_snapshot_bytes";

@@ -16,7 +16,7 @@ use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy};
 use super::log::LogStore;
 use super::network::{self, Network};
 use super::state::{SmStore, StateMachine};
-use super::{Command, NodeId, TypeConfig};
+use super::{NodeId, TypeConfig};
 use crate::store::{Batch, Cf, MetaStore, StoreView};
 
 /// How one replica runs.
@@ -78,6 +78,8 @@ pub struct RaftNode {
     /// Shut down in the background when the node is dropped.
     _runtime: RaftRuntime,
     raft_handle: tokio::runtime::Handle,
+    /// Changes to propose, grouped into entries by the task of `proposals.rs`.
+    proposals: tokio::sync::mpsc::UnboundedSender<super::proposals::Pending>,
     /// Set when a write failed: what the leader's namespace holds in memory may be ahead of or
     /// behind the store, so it is opened again before serving more.
     poisoned: AtomicBool,
@@ -169,11 +171,14 @@ impl RaftNode {
             .await
             .map_err(|e| CairnError::internal(format!("starting Raft: {e}")))?
             .map_err(|e| CairnError::internal(format!("starting Raft: {e}")))?;
+        let (proposals, queue) = tokio::sync::mpsc::unbounded_channel();
+        handle.spawn(super::proposals::run(raft.clone(), queue, settings.write_timeout, not_leader));
         let node = Arc::new(RaftNode {
             raft,
             settings,
             sm: store,
             raft_handle: handle,
+            proposals,
             _runtime: runtime,
             poisoned: AtomicBool::new(false),
             fence: parking_lot::RwLock::new(0),
@@ -559,18 +564,14 @@ impl RaftNode {
             ));
         }
         let proposed = std::time::Instant::now();
+        let (pending, answer) = super::proposals::Pending::new(batch.into_ops());
         let write = async {
-            match tokio::time::timeout(self.settings.write_timeout, self.raft.client_write(Command::from(batch))).await {
-                Err(_) => Err(CairnError::unavailable(format!(
-                    "a metadata change was not committed within {:?}: fewer than a majority of metaservers answer",
-                    self.settings.write_timeout
-                ))),
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
-                    Err(not_leader(f.leader_node.as_ref()))
-                }
-                Ok(Err(e)) => Err(CairnError::unavailable(format!("replicating a metadata change: {e}"))),
-            }
+            self.proposals
+                .send(pending)
+                .map_err(|_| CairnError::unavailable("this metaserver's Raft node is stopping"))?;
+            answer
+                .await
+                .unwrap_or_else(|_| Err(CairnError::unavailable("this metaserver's Raft node is stopping")))
         };
         let result = tokio::task::block_in_place(|| self.raft_handle.block_on(write));
         if result.is_ok() {

@@ -291,3 +291,62 @@ fn a_backup_restores_as_a_new_group_or_a_lone_namespace_and_nothing_is_overwritt
     assert!(e.message().contains("not a whole Cairn metadata backup"), "{e}");
     assert!(!other.exists() && !other.with_extension("restoring").exists());
 }
+
+/// Changes written at once by many threads through a one-replica group: every one lands whole,
+/// and they share log entries (group commit, `proposals.rs`) instead of one entry each.
+#[test]
+fn concurrent_changes_share_entries_and_each_lands_whole() {
+    use super::node::{RaftNode, RaftSettings};
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let settings = RaftSettings {
+        id: 1,
+        members: BTreeMap::from([(1, "127.0.0.1:9".to_string())]),
+        cluster: "test".into(),
+        dir: dir.path().join("raft"),
+        heartbeat: std::time::Duration::from_millis(50),
+        election: std::time::Duration::from_millis(300),
+        write_timeout: std::time::Duration::from_secs(10),
+        snapshot_every: 100_000,
+    };
+    let node = rt.block_on(async {
+        let node = RaftNode::start(settings).await.unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !node.is_leader() {
+            assert!(std::time::Instant::now() < deadline, "a one-replica group elects itself");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        node.caught_up().await.unwrap();
+        node
+    });
+    let before = node.raft.metrics().borrow().last_log_index.unwrap_or(0);
+    let store = node.store();
+    let (threads, each) = (16, 25);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let store = store.clone();
+            s.spawn(move || {
+                for i in 0..each {
+                    let mut batch = crate::store::Batch::new();
+                    batch.put(Cf::Inodes, format!("{t}/{i}/a"), format!("{t}.{i}"));
+                    batch.put(Cf::Dentries, format!("{t}/{i}/b"), format!("{t}.{i}"));
+                    store.write(batch).unwrap();
+                }
+            });
+        }
+    });
+    for t in 0..threads {
+        for i in 0..each {
+            let want = Some(format!("{t}.{i}").into_bytes());
+            assert_eq!(store.get(Cf::Inodes, format!("{t}/{i}/a").as_bytes()).unwrap(), want);
+            assert_eq!(store.get(Cf::Dentries, format!("{t}/{i}/b").as_bytes()).unwrap(), want);
+        }
+    }
+    let entries = node.raft.metrics().borrow().last_log_index.unwrap_or(0) - before;
+    assert!(
+        entries < (threads * each) as u64,
+        "{} changes took {entries} log entries: none were grouped",
+        threads * each
+    );
+    rt.block_on(node.shutdown());
+}

@@ -114,6 +114,10 @@ impl Batch {
         &self.ops
     }
 
+    pub fn into_ops(self) -> Vec<Op> {
+        self.ops
+    }
+
     /// `write` returns only once this batch (and everything written before it) is on disk,
     /// whatever the store's sync mode short of `Never`.
     pub fn set_durable(&mut self) {
