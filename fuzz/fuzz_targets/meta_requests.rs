@@ -43,8 +43,9 @@ macro_rules! call {
 }
 
 async fn run(data: &[u8]) {
-    let ns = Arc::new(Namespace::open_memory(Layout::new(2, 1, 4096).expect("layout")).expect("namespace"));
-    let svc = MetaService::new(ns.clone());
+    let (ns, cluster) = Namespace::open_memory(Layout::new(2, 1, 4096).expect("layout")).expect("namespace");
+    let ns = Arc::new(ns);
+    let svc = MetaService::new(ns.clone(), cluster);
     for i in 0..3u32 {
         let req = RegisterChunkRequest {
             uuid: format!("u{i}"),

@@ -35,12 +35,13 @@ pub struct GcRound {
 
 pub struct Gc {
     ns: Arc<Namespace>,
+    cluster: Arc<crate::cluster::Cluster>,
     channels: Channels,
 }
 
 impl Gc {
-    pub fn new(ns: Arc<Namespace>) -> Gc {
-        Gc { ns, channels: Channels::new(RPC_TIMEOUT, RPC_TIMEOUT) }
+    pub fn new(ns: Arc<Namespace>, cluster: Arc<crate::cluster::Cluster>) -> Gc {
+        Gc { ns, cluster, channels: Channels::new(RPC_TIMEOUT, RPC_TIMEOUT) }
     }
 
     async fn delete_on(&self, addr: &str, shards: &[GcShard]) -> Result<()> {
@@ -94,7 +95,7 @@ impl Gc {
         if entries.is_empty() {
             return Ok(GcRound::default());
         }
-        let registry = self.ns.registry().clone();
+        let registry = self.cluster.registry().clone();
         let mut gone = HashSet::new();
         let mut calls = Vec::new();
         for (node, shards) in &by_node {

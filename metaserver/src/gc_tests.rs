@@ -106,7 +106,7 @@ async fn fake_chunkserver() -> (String, FakeChunk) {
 fn every_opening_raises_the_namespace_epoch() {
     let store: Arc<dyn crate::store::MetaStore> = Arc::new(crate::store::MemoryStore::new());
     let layout = Layout::new(2, 1, 4096).unwrap();
-    let open = || Namespace::open(store.clone(), layout, std::time::Duration::from_secs(60)).unwrap().fence();
+    let open = || crate::fixture::Fixture::open(store.clone(), layout).fence();
     let first = open();
     let since_1970 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
     assert!(first >= since_1970.as_millis() as u64 - 1_000, "{first}");
@@ -130,7 +130,7 @@ async fn dead_addr() -> String {
 async fn deletes_on_up_nodes_and_keeps_the_rest() {
     let (addr, fake) = fake_chunkserver().await;
     let dead = dead_addr().await;
-    let ns = Arc::new(Namespace::open_memory(Layout::new(2, 1, 4096).unwrap()).unwrap());
+    let ns = Arc::new(crate::fixture::Fixture::memory(Layout::new(2, 1, 4096).unwrap()));
     let reg = ns.registry().clone();
     let a = reg.register("a", &addr, vec![], 0, "").unwrap();
     let b = reg.register("b", &addr, vec![], 0, "").unwrap();
@@ -143,7 +143,7 @@ async fn deletes_on_up_nodes_and_keeps_the_rest() {
     ns.unlink(ROOT_INO, b"f").unwrap();
     assert_eq!(ns.pending_gc().unwrap(), 9);
 
-    let gc = Gc::new(ns.clone());
+    let gc = Gc::new(ns.ns.clone(), ns.cluster.clone());
     let round = gc.run_once().await.unwrap();
     assert_eq!(round, GcRound { deleted: 6, dropped: 0, pending: 3 });
     let mut deleted = fake.deleted.lock().clone();
@@ -175,12 +175,12 @@ async fn deletes_on_up_nodes_and_keeps_the_rest() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shards_of_unknown_nodes_are_dropped() {
-    let ns = Arc::new(Namespace::open_memory(Layout::new(2, 1, 4096).unwrap()).unwrap());
+    let ns = Arc::new(crate::fixture::Fixture::memory(Layout::new(2, 1, 4096).unwrap()));
     let mut batch = Batch::new();
     let entry = GcEntry { shards: vec![GcShard { node: 42, ino: 5, stripe: 0, index: 0, version: 1 }] };
     batch.put(Cf::Gc, schema::gc_key(0, 0), schema::encode(&entry));
     ns.store().write(batch).unwrap();
-    let round = Gc::new(ns.clone()).run_once().await.unwrap();
+    let round = Gc::new(ns.ns.clone(), ns.cluster.clone()).run_once().await.unwrap();
     assert_eq!(round, GcRound { deleted: 0, dropped: 1, pending: 0 });
     assert_eq!(ns.pending_gc().unwrap(), 0);
 }
@@ -188,11 +188,10 @@ async fn shards_of_unknown_nodes_are_dropped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_deletes_only_unreferenced_old_shards() {
     let (addr, fake) = fake_chunkserver().await;
-    let ns = Arc::new(
-        Namespace::open_memory(Layout::new(2, 1, 4096).unwrap())
-            .unwrap()
-            .with_client_lease(std::time::Duration::from_millis(1)),
-    );
+    let ns = Arc::new(crate::fixture::Fixture::memory_with_lease(
+        Layout::new(2, 1, 4096).unwrap(),
+        std::time::Duration::from_millis(1),
+    ));
     let reg = ns.registry().clone();
     // One real node (the fake) and two others; the file is placed on all three.
     let a = reg.register("a", &addr, vec![], 0, "").unwrap();
@@ -232,9 +231,14 @@ async fn reconcile_deletes_only_unreferenced_old_shards() {
     ];
     assert!(999 < ns.inos_reserved_end());
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    let repair = crate::repair::Repair::new(ns.clone(), std::time::Duration::from_secs(60), 1 << 20)
-        .with_orphan_grace(std::time::Duration::from_secs(30))
-        .with_unknown_inode_grace(std::time::Duration::from_secs(50));
+    let repair = crate::repair::Repair::new(
+        ns.ns.clone(),
+        ns.cluster.clone(),
+        std::time::Duration::from_secs(60),
+        1 << 20,
+    )
+    .with_orphan_grace(std::time::Duration::from_secs(30))
+    .with_unknown_inode_grace(std::time::Duration::from_secs(50));
     let dry = repair.reconcile(true, false).await;
     assert_eq!((dry.checked, dry.stale, dry.deleted, dry.foreign), (6, 3, 0, 1), "{dry:?}");
     assert!(fake.deleted.lock().is_empty());

@@ -8,6 +8,9 @@
 //! (the gRPC adapter).
 
 pub mod access;
+pub mod cluster;
+#[cfg(test)]
+mod fixture;
 pub mod gc;
 pub mod health;
 pub mod metrics;
@@ -29,13 +32,14 @@ use cairn_common::config::MetaConfig;
 use cairn_common::{wire, CairnError, Result};
 use cairn_proto::meta_server::MetaServer;
 
+pub use cluster::Cluster;
 pub use gc::Gc;
 pub use namespace::Namespace;
 pub use registry::Registry;
 pub use service::MetaService;
 
-/// Open the namespace in `config.data_dir`.
-pub fn open_namespace(config: &MetaConfig) -> Result<Namespace> {
+/// Open the namespace in `config.data_dir`, and the cluster state beside it.
+pub fn open_namespace(config: &MetaConfig) -> Result<(Namespace, Arc<Cluster>)> {
     config.validate()?;
     let raft_dir = config.data_dir.join("raft");
     if raft_dir.exists() {
@@ -45,13 +49,13 @@ pub fn open_namespace(config: &MetaConfig) -> Result<Namespace> {
             raft_dir.display()
         )));
     }
-    Ok(Namespace::open_rocks(
+    Namespace::open_rocks(
         &config.data_dir,
         config.sync_mode,
         config.layout()?,
         Duration::from_millis(config.node_timeout_ms),
-    )?
-    .with_client_lease(Duration::from_millis(config.client_lease_ms)))
+        Duration::from_millis(config.client_lease_ms),
+    )
 }
 
 /// Restore the metadata backup `file` (`cairn meta backup`) as the data of the metaserver
@@ -108,21 +112,21 @@ pub fn restore(config: &MetaConfig, file: &std::path::Path) -> Result<u64> {
 /// forget old records of changes done once.
 /// Orphans left from before a restart are freed once clients had a full lease to re-announce
 /// their open files.
-async fn reap_sessions(ns: Arc<Namespace>) {
+async fn reap_sessions(ns: Arc<Namespace>, cluster: Arc<Cluster>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut swept_after_grace = false;
     let mut ticks = 0u64;
     loop {
         tick.tick().await;
         ticks += 1;
-        let ns = ns.clone();
-        let sweep = !swept_after_grace && ns.sessions().past_grace();
+        let (ns, cluster) = (ns.clone(), cluster.clone());
+        let sweep = !swept_after_grace && cluster.sessions().past_grace();
         let result = tokio::task::spawn_blocking(move || -> Result<()> {
             // Once a minute: the records of changes done once that no client can still resend.
             if ticks.is_multiple_of(60) {
                 ns.forget_old_once(namespace::once::KEEP)?;
             }
-            for ino in ns.sessions().expire() {
+            for ino in cluster.sessions().expire() {
                 ns.free_if_orphan(ino)?;
             }
             if sweep {
@@ -176,10 +180,10 @@ pub async fn serve(
         return serve_replicated(config, background, listener, shutdown).await;
     }
     let cfg = config.clone();
-    let ns = tokio::task::spawn_blocking(move || open_namespace(&cfg))
+    let (ns, cluster) = tokio::task::spawn_blocking(move || open_namespace(&cfg))
         .await
         .map_err(|e| CairnError::internal(format!("opening the namespace: {e}")))??;
-    serve_with(Arc::new(ns), background, listener, shutdown).await
+    serve_with(Arc::new(ns), cluster, background, listener, shutdown).await
 }
 
 /// Serve as one replica of the namespace's Raft group: answer the other replicas at once, and
@@ -237,7 +241,7 @@ async fn serve_replicated(
         let node_timeout = Duration::from_millis(config.node_timeout_ms);
         let lease = Duration::from_millis(config.client_lease_ms);
         move |store: Arc<raft::node::RaftStore>| {
-            Namespace::open(store, layout, node_timeout).map(|ns| ns.with_client_lease(lease))
+            Namespace::open_with_cluster(store, layout, node_timeout, lease)
         }
     };
     let leading = tokio::spawn(lead(node.clone(), service.clone(), open, background));
@@ -276,17 +280,26 @@ impl Drop for Tasks {
 }
 
 /// Start the garbage collector, the session reaper, the repair and the metrics beside `ns`.
-fn start_background(ns: Arc<Namespace>, background: Background) -> (service::Serving, Tasks) {
-    let gc = tokio::spawn(Gc::new(ns.clone()).run(background.gc_interval));
-    let reaper = tokio::spawn(reap_sessions(ns.clone()));
+fn start_background(
+    ns: Arc<Namespace>,
+    cluster: Arc<Cluster>,
+    background: Background,
+) -> (service::Serving, Tasks) {
+    let gc = tokio::spawn(Gc::new(ns.clone(), cluster.clone()).run(background.gc_interval));
+    let reaper = tokio::spawn(reap_sessions(ns.clone(), cluster.clone()));
     let repair = Arc::new(
-        repair::Repair::new(ns.clone(), background.rebuild_after, background.repair_rate_bytes)
-            .with_orphan_grace(background.orphan_grace)
-            .with_unknown_inode_grace(background.unknown_inode_grace),
+        repair::Repair::new(
+            ns.clone(),
+            cluster.clone(),
+            background.rebuild_after,
+            background.repair_rate_bytes,
+        )
+        .with_orphan_grace(background.orphan_grace)
+        .with_unknown_inode_grace(background.unknown_inode_grace),
     );
     let repairing = tokio::spawn(repair.clone().run(Duration::from_secs(2), background.reconcile_interval));
-    let published = tokio::spawn(metrics::publish(ns.clone(), Duration::from_secs(5)));
-    (service::Serving { ns, repair: Some(repair) }, Tasks(vec![gc, reaper, repairing, published]))
+    let published = tokio::spawn(metrics::publish(ns.clone(), cluster.clone(), Duration::from_secs(5)));
+    (service::Serving { ns, cluster, repair: Some(repair) }, Tasks(vec![gc, reaper, repairing, published]))
 }
 
 /// Serve clients while this replica leads: once it leads and has applied everything committed,
@@ -296,7 +309,7 @@ fn start_background(ns: Arc<Namespace>, background: Background) -> (service::Ser
 async fn lead(
     node: Arc<raft::node::RaftNode>,
     service: Arc<MetaService>,
-    open: impl Fn(Arc<raft::node::RaftStore>) -> Result<Namespace> + Clone + Send + 'static,
+    open: impl Fn(Arc<raft::node::RaftStore>) -> Result<(Namespace, Arc<Cluster>)> + Clone + Send + 'static,
     background: Background,
 ) {
     let mut metrics = node.raft.metrics();
@@ -323,8 +336,9 @@ async fn lead(
                 Ok(()) => {
                     let (open, opener) = (open.clone(), node.clone());
                     match tokio::task::spawn_blocking(move || open(opener.store())).await {
-                        Ok(Ok(ns)) => {
-                            let (serving, tasks) = start_background(Arc::new(ns), background.clone());
+                        Ok(Ok((ns, cluster))) => {
+                            let (serving, tasks) =
+                                start_background(Arc::new(ns), cluster, background.clone());
                             service.serve(Some(serving));
                             current = Some((term, tasks));
                             tracing::info!(term, id = node.id(), "leading: serving the namespace");
@@ -382,24 +396,26 @@ impl Default for Background {
 /// Serve an already opened namespace (tests use this with an in-memory store).
 pub async fn serve_namespace(
     ns: Arc<Namespace>,
+    cluster: Arc<Cluster>,
     gc_interval: Duration,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    serve_with(ns, Background { gc_interval, ..Background::default() }, listener, shutdown).await
+    serve_with(ns, cluster, Background { gc_interval, ..Background::default() }, listener, shutdown).await
 }
 
 /// Serve `ns` with the garbage collector, the session reaper and the repair running beside.
 pub async fn serve_with(
     ns: Arc<Namespace>,
+    cluster: Arc<Cluster>,
     background: Background,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     let background_access = background.access.clone();
-    let (serving, tasks) = start_background(ns.clone(), background);
+    let (serving, tasks) = start_background(ns.clone(), cluster.clone(), background);
     let service = Arc::new(
-        MetaService::new(ns)
+        MetaService::new(ns, cluster)
             .with_repair(serving.repair.clone().expect("started with a repair"))
             .with_access(background_access),
     );

@@ -85,12 +85,12 @@ pub const RAFT_SNAPSHOTS: &str = "cairn_meta_raft_snapshots_total";
 static PUBLISHED_LEVELS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Publish the gauges every `every` until the task is dropped.
-pub async fn publish(ns: Arc<Namespace>, every: Duration) {
+pub async fn publish(ns: Arc<Namespace>, cluster: Arc<crate::cluster::Cluster>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
-        let ns = ns.clone();
-        let _ = tokio::task::spawn_blocking(move || publish_once(&ns)).await;
+        let (ns, cluster) = (ns.clone(), cluster.clone());
+        let _ = tokio::task::spawn_blocking(move || publish_once(&ns, &cluster)).await;
     }
 }
 
@@ -124,25 +124,25 @@ pub fn clear() {
     }
 }
 
-fn publish_once(ns: &Namespace) {
+fn publish_once(ns: &Namespace, cluster: &crate::cluster::Cluster) {
     let stats = ns.stats();
     metrics::gauge!(FILES).set(stats.files as f64);
     metrics::gauge!(DIRECTORIES).set(stats.directories as f64);
     metrics::gauge!(LOGICAL_BYTES).set(stats.logical_bytes as f64);
-    let nodes = ns.registry().nodes();
+    let nodes = cluster.registry().nodes();
     let up = nodes.iter().filter(|n| n.up).count();
     let draining = nodes.iter().filter(|n| n.state == "draining").count();
     metrics::gauge!(NODES, "state" => "up").set(up as f64);
     metrics::gauge!(NODES, "state" => "down").set((nodes.len() - up) as f64);
     metrics::gauge!(NODES, "state" => "draining").set(draining as f64);
-    let (capacity, free) = ns.registry().capacity();
+    let (capacity, free) = cluster.registry().capacity();
     metrics::gauge!(RAW_CAPACITY).set(capacity as f64);
     metrics::gauge!(RAW_FREE).set(free as f64);
     if let Ok(pending) = ns.pending_gc() {
         metrics::gauge!(GC_PENDING).set(pending as f64);
     }
-    metrics::gauge!(CLIENTS).set(ns.sessions().live_count() as f64);
-    let repair = ns.repair_state().lock().clone();
+    metrics::gauge!(CLIENTS).set(cluster.sessions().live_count() as f64);
+    let repair = cluster.repair_state().lock().clone();
     metrics::gauge!(DEGRADED_STRIPES).set(repair.degraded_stripes as f64);
     // Every level up to the largest m seen since start, zeros included, so an alert sees 0
     // and not "no data" when all is well, and a level that emptied reads 0, not its last count.
@@ -159,7 +159,7 @@ fn publish_once(ns: &Namespace) {
     let lost = ns.store().durability_lost();
     let cert = cairn_common::tls::identity().map_or(0, |id| id.cert.not_after);
     let health =
-        crate::health::assess(&crate::service::nodes_with_progress(ns), &repair, lost.as_deref(), cert);
+        crate::health::assess(&crate::service::nodes_with_progress(cluster), &repair, lost.as_deref(), cert);
     metrics::gauge!(HEALTH).set(health.level.gauge());
     metrics::gauge!(BYTES_TO_REBUILD).set(repair.bytes_to_rebuild as f64);
     metrics::gauge!(REBUILD_RATE).set(repair.rate as f64);

@@ -76,7 +76,7 @@ impl Repair {
             }
         }
         {
-            let mut state = self.ns.repair_state().lock();
+            let mut state = self.cluster.repair_state().lock();
             // (Foreign shards on a chunkserver that could not be cleaned are still there.)
             let deleted_foreign = delete_foreign && !dry_run && report.errors.is_empty();
             state.foreign_shards = if deleted_foreign { 0 } else { report.foreign };
@@ -93,7 +93,7 @@ impl Repair {
             );
         }
         if report.deleted > 0 {
-            self.ns.repair_state().lock().stale_shards_deleted += report.deleted;
+            self.cluster.repair_state().lock().stale_shards_deleted += report.deleted;
             tracing::info!(
                 deleted = report.deleted,
                 bytes = report.stale_bytes,
@@ -192,7 +192,7 @@ impl Repair {
             }
             _ => {
                 let writer = (id.version >> 32) as u32;
-                let sessions = self.ns.sessions();
+                let sessions = self.cluster.sessions();
                 if sessions.is_live(writer) || !sessions.past_grace() {
                     Ok(Verdict::Pending)
                 } else {
@@ -205,20 +205,18 @@ impl Repair {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use cairn_common::Layout;
     use cairn_proto::{StripeInfo, Timespec};
 
     use super::*;
-    use crate::namespace::{Namespace, NewEntry};
+    use crate::namespace::NewEntry;
 
     #[test]
     fn verdicts_follow_the_namespace() {
-        let ns = Arc::new(
-            Namespace::open_memory(Layout::new(2, 1, 4096).unwrap())
-                .unwrap()
-                .with_client_lease(Duration::from_millis(1)),
+        let ns = crate::fixture::Fixture::memory_with_lease(
+            Layout::new(2, 1, 4096).unwrap(),
+            Duration::from_millis(1),
         );
         for i in 0..3 {
             ns.registry()
@@ -232,7 +230,7 @@ mod tests {
         let stripe = StripeInfo { index: 0, version, len: 10, written_len: 10, missing: 0 };
         ns.commit(ino, 10, &[stripe], Some(&Timespec { sec: 1, nsec: 0 })).unwrap();
         std::thread::sleep(Duration::from_millis(5));
-        let repair = Repair::new(ns.clone(), Duration::from_secs(60), 1 << 20)
+        let repair = Repair::new(ns.ns.clone(), ns.cluster.clone(), Duration::from_secs(60), 1 << 20)
             .with_orphan_grace(Duration::ZERO)
             .with_unknown_inode_grace(Duration::from_secs(100));
         let old = Duration::from_secs(10);
@@ -267,8 +265,8 @@ mod tests {
         let far = ShardId { ino: ns.inos_reserved_end() + 5000, ..foreign };
         assert_eq!(repair.verdict(home(0), &far, old).unwrap(), Verdict::Foreign);
         // Young shards are never judged.
-        let strict =
-            Repair::new(ns, Duration::from_secs(60), 1 << 20).with_orphan_grace(Duration::from_secs(60));
+        let strict = Repair::new(ns.ns.clone(), ns.cluster.clone(), Duration::from_secs(60), 1 << 20)
+            .with_orphan_grace(Duration::from_secs(60));
         assert_eq!(strict.verdict(home(0), &gone, old).unwrap(), Verdict::Pending);
     }
 }

@@ -89,6 +89,7 @@ impl RepairState {
 
 pub struct Repair {
     pub(crate) ns: Arc<Namespace>,
+    pub(crate) cluster: Arc<crate::cluster::Cluster>,
     rebuild_after: Duration,
     rate_bytes: u64,
     started: Instant,
@@ -122,11 +123,17 @@ impl NodeView {
 }
 
 impl Repair {
-    pub fn new(ns: Arc<Namespace>, rebuild_after: Duration, rate_bytes: u64) -> Repair {
+    pub fn new(
+        ns: Arc<Namespace>,
+        cluster: Arc<crate::cluster::Cluster>,
+        rebuild_after: Duration,
+        rate_bytes: u64,
+    ) -> Repair {
         let started = Instant::now();
-        ns.repair_state().lock().rebuild_after = Some((rebuild_after, started));
+        cluster.repair_state().lock().rebuild_after = Some((rebuild_after, started));
         Repair {
             ns,
+            cluster,
             rebuild_after,
             rate_bytes: rate_bytes.max(1 << 20),
             started,
@@ -183,7 +190,7 @@ impl Repair {
             let seen: Vec<(u32, bool, bool, bool, bool)> =
                 nodes.iter().map(|(id, n)| (*id, n.up, n.gone, n.draining, n.full)).collect();
             let changed = seen != last_seen;
-            let hint = self.ns.take_degraded_hint();
+            let hint = self.cluster.take_degraded_hint();
             // While work is left that cannot progress, look again less and less often.
             let backoff = (1u32 << idle_passes.min(4)) - 1;
             if !(changed || hint || (pending && skipped >= backoff)) {
@@ -191,7 +198,7 @@ impl Repair {
                 continue;
             }
             skipped = 0;
-            let before = self.ns.repair_state().lock().shards_rebuilt;
+            let before = self.cluster.repair_state().lock().shards_rebuilt;
             match self.pass_now().await {
                 Ok(state) => {
                     last_seen = seen;
@@ -210,7 +217,7 @@ impl Repair {
 
     pub(crate) fn nodes(&self) -> BTreeMap<u32, NodeView> {
         let uptime = self.started.elapsed().as_millis() as u64;
-        self.ns
+        self.cluster
             .registry()
             .health()
             .into_iter()
@@ -237,7 +244,7 @@ impl Repair {
         let _running = self.running.lock().await;
         let nodes = self.nodes();
         let state = self.pass(&nodes).await?;
-        let mut published = self.ns.repair_state().lock();
+        let mut published = self.cluster.repair_state().lock();
         // Reconciliation's own findings are kept (it may have counted deletions meanwhile).
         let state = RepairState {
             stale_shards_deleted: published.stale_shards_deleted,
@@ -251,7 +258,7 @@ impl Repair {
 
     async fn pass(&self, nodes: &BTreeMap<u32, NodeView>) -> Result<RepairState> {
         let mut state = {
-            let last = self.ns.repair_state().lock();
+            let last = self.cluster.repair_state().lock();
             RepairState {
                 shards_rebuilt: last.shards_rebuilt,
                 bytes_rebuilt: last.bytes_rebuilt,

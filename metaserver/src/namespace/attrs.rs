@@ -217,7 +217,7 @@ impl Namespace {
     /// the cluster has fewer chunkservers than the layout is wide: nothing could be created.
     pub fn set_layout(&self, ino: u64, layout: Layout) -> Result<Inode> {
         layout.validate()?;
-        let nodes = self.registry.nodes().iter().filter(|n| n.state == "active").count();
+        let nodes = self.cluster.active_chunkservers();
         if (layout.width() as usize) > nodes {
             return Err(CairnError::invalid(format!(
                 "a {}+{} layout needs {} chunkservers, the cluster has {nodes} active",
@@ -249,7 +249,7 @@ impl Namespace {
     /// Capacity over the up chunkservers; usable space scaled by the root layout's k/(k+m).
     pub fn statfs(&self) -> Result<StatFsReply> {
         let root = self.inode(cairn_common::ROOT_INO)?.layout();
-        let (raw_capacity, raw_free) = self.registry.capacity();
+        let (raw_capacity, raw_free) = self.cluster.capacity();
         let usable = |raw: u64| (raw as u128 * root.k as u128 / root.width().max(1) as u128) as u64;
         Ok(StatFsReply {
             raw_capacity,

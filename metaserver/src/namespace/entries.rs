@@ -131,7 +131,7 @@ impl Namespace {
                     return Ok((inode, false));
                 }
                 let placement = if kind == S_IFREG {
-                    Some(self.registry.place_avoiding(&self.dir(new.parent)?.layout(), avoid)?)
+                    Some(self.cluster.place(&self.dir(new.parent)?.layout(), avoid)?)
                 } else {
                     None
                 };

@@ -1,7 +1,5 @@
 //! Metadata side of repair: publishing rebuilt shards and replaced placement members.
 
-use std::sync::atomic::Ordering;
-
 use cairn_common::{CairnError, Result};
 
 use super::Namespace;
@@ -9,17 +7,8 @@ use crate::schema::{self, GcShard, Stripe};
 use crate::store::Cf;
 
 impl Namespace {
-    /// True if a commit recorded missing shards since the last call (the repair then scans).
-    pub fn take_degraded_hint(&self) -> bool {
-        self.degraded_hint.swap(false, Ordering::Relaxed)
-    }
-
     pub(crate) fn note_degraded(&self) {
-        self.degraded_hint.store(true, Ordering::Relaxed);
-    }
-
-    pub fn repair_state(&self) -> &parking_lot::Mutex<crate::repair::RepairState> {
-        &self.repair_state
+        self.cluster.note_degraded();
     }
 
     /// The record of stripe `stripe` of `ino`, if one was committed.

@@ -35,9 +35,8 @@ use cairn_common::{CairnError, ErrorKind, Layout, Result, NAME_MAX, ROOT_INO};
 use cairn_proto::Timespec;
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::registry::Registry;
+use crate::cluster::{Cluster, Surroundings};
 use crate::schema::{self, counter, Counter, Dentry, GcEntry, GcShard, Inode, Stats, Stripe, S_IFDIR};
-use crate::sessions::Sessions;
 use crate::store::{Batch, Cf, MemoryStore, MetaStore, RocksStore};
 
 pub use attrs::{XATTR_CREATE, XATTR_REPLACE};
@@ -84,7 +83,8 @@ struct InoAlloc {
 /// The metaserver's namespace over a [`MetaStore`].
 pub struct Namespace {
     store: Arc<dyn MetaStore>,
-    registry: Arc<Registry>,
+    /// Placement, chunkserver capacity, open files: asked of the cluster around it.
+    cluster: Arc<dyn Surroundings>,
     locks: LockTable,
     rename_lock: Mutex<()>,
     inos: Mutex<InoAlloc>,
@@ -95,10 +95,6 @@ pub struct Namespace {
     gc_epoch: u64,
     cluster_id: String,
     gc_seq: AtomicU64,
-    next_client: Mutex<u64>,
-    sessions: Arc<Sessions>,
-    degraded_hint: std::sync::atomic::AtomicBool,
-    repair_state: Mutex<crate::repair::RepairState>,
 }
 
 /// How long a client that stopped heartbeating keeps its open files and locks.
@@ -186,10 +182,13 @@ pub fn check_time(t: &Timespec) -> Result<()> {
 
 impl Namespace {
     /// Open the namespace over `store`, creating the root directory (with `root_layout`) on
-    /// first open.
-    pub fn open(store: Arc<dyn MetaStore>, root_layout: Layout, node_timeout: Duration) -> Result<Namespace> {
+    /// first open; `cluster` places new files and says which are open.
+    pub fn open(
+        store: Arc<dyn MetaStore>,
+        root_layout: Layout,
+        cluster: Arc<dyn Surroundings>,
+    ) -> Result<Namespace> {
         root_layout.validate()?;
-        let registry = Arc::new(Registry::open(store.clone(), node_timeout)?);
         let mut stats = Vec::with_capacity(STATS_SHARDS);
         for shard in 0..STATS_SHARDS {
             let s = match store.get(Cf::Counters, &stats_key(shard))? {
@@ -244,11 +243,10 @@ impl Namespace {
             batch.put(Cf::Counters, counter::INO_RESERVED, schema::encode(&Counter { value: next_ino }));
         }
         store.write(batch)?;
-        let next_client = read_counter(&*store, counter::NEXT_CLIENT)?.unwrap_or(1);
         let foreign_inos = read_foreign_inos(&*store)?;
         Ok(Namespace {
             store,
-            registry,
+            cluster,
             locks: LockTable::new(),
             rename_lock: Mutex::new(()),
             inos: Mutex::new(InoAlloc { next: next_ino, reserved_end: next_ino }),
@@ -258,26 +256,46 @@ impl Namespace {
             gc_epoch,
             cluster_id,
             gc_seq: AtomicU64::new(0),
-            next_client: Mutex::new(next_client),
-            sessions: Arc::new(Sessions::new(DEFAULT_CLIENT_LEASE)),
-            degraded_hint: std::sync::atomic::AtomicBool::new(false),
-            repair_state: Mutex::new(Default::default()),
         })
     }
 
-    /// An in-memory namespace (tests).
-    pub fn open_memory(root_layout: Layout) -> Result<Namespace> {
-        Namespace::open(Arc::new(MemoryStore::new()), root_layout, Duration::from_secs(60))
+    /// An in-memory namespace and its cluster (tests): nodes time out after a minute, clients
+    /// after [`DEFAULT_CLIENT_LEASE`].
+    pub fn open_memory(root_layout: Layout) -> Result<(Namespace, Arc<Cluster>)> {
+        Namespace::open_with_cluster(
+            Arc::new(MemoryStore::new()),
+            root_layout,
+            Duration::from_secs(60),
+            DEFAULT_CLIENT_LEASE,
+        )
     }
 
-    /// A namespace in a RocksDB database at `path`.
+    /// A namespace and its cluster in a RocksDB database at `path`.
     pub fn open_rocks(
         path: &Path,
         sync: cairn_common::config::SyncMode,
         root_layout: Layout,
         node_timeout: Duration,
-    ) -> Result<Namespace> {
-        Namespace::open(Arc::new(RocksStore::open(path, sync)?), root_layout, node_timeout)
+        client_lease: Duration,
+    ) -> Result<(Namespace, Arc<Cluster>)> {
+        Namespace::open_with_cluster(
+            Arc::new(RocksStore::open(path, sync)?),
+            root_layout,
+            node_timeout,
+            client_lease,
+        )
+    }
+
+    /// The cluster (see [`Cluster::open`]) and the namespace over `store`.
+    pub fn open_with_cluster(
+        store: Arc<dyn MetaStore>,
+        root_layout: Layout,
+        node_timeout: Duration,
+        client_lease: Duration,
+    ) -> Result<(Namespace, Arc<Cluster>)> {
+        let cluster = Cluster::open(store.clone(), node_timeout, client_lease)?;
+        let ns = Namespace::open(store, root_layout, cluster.clone())?;
+        Ok((ns, cluster))
     }
 
     /// This namespace's epoch, raised by every opening (a new leader's, a restart's): the fence
@@ -289,10 +307,6 @@ impl Namespace {
     /// The cluster this namespace is (32 hex digits, drawn by its first opening).
     pub fn cluster_id(&self) -> &str {
         &self.cluster_id
-    }
-
-    pub fn registry(&self) -> &Arc<Registry> {
-        &self.registry
     }
 
     /// The store under the namespace, for the metaserver's own housekeeping (sync, the GC
@@ -346,30 +360,6 @@ impl Namespace {
         Ok(ino)
     }
 
-    /// A new client id, never handed out before.
-    pub fn register_client(&self) -> Result<u32> {
-        let mut next = self.next_client.lock();
-        let id =
-            u32::try_from(*next).map_err(|_| CairnError::new(ErrorKind::NoSpace, "no client ids left"))?;
-        let mut batch = Batch::new();
-        batch.put(Cf::Counters, counter::NEXT_CLIENT, schema::encode(&Counter { value: *next + 1 }));
-        // Durable: a client id prefixes its stripe versions and must never be handed out twice.
-        batch.set_durable();
-        self.store.write(batch)?;
-        *next += 1;
-        Ok(id)
-    }
-
-    /// Use `lease` for client sessions (how long a silent client keeps its open files and locks).
-    pub fn with_client_lease(mut self, lease: Duration) -> Namespace {
-        self.sessions = Arc::new(Sessions::new(lease));
-        self
-    }
-
-    pub fn sessions(&self) -> &Arc<Sessions> {
-        &self.sessions
-    }
-
     /// Free an unlinked file once nobody has it open: `ino` if it is an orphan, else nothing.
     /// Whether `ino` is unlinked but was kept for its openers (a cheap read; see
     /// [`Namespace::free_if_orphan`]).
@@ -381,7 +371,7 @@ impl Namespace {
         self.locked(
             || vec![ino],
             || {
-                if self.store.get(Cf::Orphans, &schema::ino_key(ino))?.is_none() || self.sessions.is_open(ino)
+                if self.store.get(Cf::Orphans, &schema::ino_key(ino))?.is_none() || self.cluster.is_open(ino)
                 {
                     return Ok(false);
                 }
@@ -537,7 +527,7 @@ impl Tx<'_> {
         inode.nlink = inode.nlink.saturating_sub(1);
         inode.set_ctime(now);
         if inode.nlink == 0 {
-            if inode.is_reg() && self.ns.sessions.is_open(ino) {
+            if inode.is_reg() && self.ns.cluster.is_open(ino) {
                 // Unlinked while open: kept (nlink 0) until the last client closes it.
                 self.batch.put(Cf::Orphans, schema::ino_key(ino), Vec::new());
             } else {

@@ -1,12 +1,12 @@
 //! Namespace semantics against the in-memory store, plus a restart test on RocksDB.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use cairn_common::{ErrorKind, Layout, ROOT_INO};
 use cairn_proto::{SetAttrRequest, Timespec};
 
 use super::*;
+use crate::fixture::Fixture;
 use crate::schema::{S_IFCHR, S_IFIFO, S_IFLNK, S_IFREG, S_ISGID};
 
 pub(super) fn layout() -> Layout {
@@ -14,13 +14,13 @@ pub(super) fn layout() -> Layout {
 }
 
 /// A namespace with three up chunkservers (enough for a 2+1 layout).
-pub(super) fn setup() -> Namespace {
-    let ns = Namespace::open_memory(layout()).unwrap();
+pub(super) fn setup() -> Fixture {
+    let ns = Fixture::memory(layout());
     add_nodes(&ns, 3);
     ns
 }
 
-pub(super) fn add_nodes(ns: &Namespace, n: usize) {
+pub(super) fn add_nodes(ns: &Fixture, n: usize) {
     for i in 0..n {
         ns.registry()
             .register(&format!("node-{i}"), &format!("127.0.0.1:{}", 1000 + i), vec![], 1, "")
@@ -139,7 +139,7 @@ fn inodes_after_pages_every_inode_in_order() {
 
 #[test]
 fn create_needs_enough_chunkservers() {
-    let ns = Namespace::open_memory(layout()).unwrap();
+    let ns = Fixture::memory(layout());
     add_nodes(&ns, 2);
     let err = ns.create(&new(ROOT_INO, "a", S_IFREG | 0o644), 0, false).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::TooFewNodes);
@@ -452,7 +452,7 @@ fn readdir_pages_through_ten_thousand_entries() {
 
 #[test]
 fn statfs_scales_by_root_layout() {
-    let ns = Namespace::open_memory(layout()).unwrap();
+    let ns = Fixture::memory(layout());
     let tier =
         cairn_proto::TierUsage { name: "ssd".into(), capacity: 3 << 30, free: 3 << 29, ..Default::default() };
     for i in 0..3 {
@@ -505,15 +505,7 @@ fn concurrent_operations_keep_counts_consistent() {
 #[test]
 fn restart_on_rocksdb_keeps_everything_and_never_reuses_inodes() {
     let dir_path = tempfile::tempdir().unwrap();
-    let open = || {
-        Namespace::open_rocks(
-            dir_path.path(),
-            cairn_common::config::SyncMode::Commit,
-            layout(),
-            Duration::from_secs(60),
-        )
-        .unwrap()
-    };
+    let open = || Fixture::rocks(dir_path.path(), layout());
     let (d, f, l, max_ino) = {
         let ns = open();
         add_nodes(&ns, 3);
@@ -602,7 +594,7 @@ fn check_finds_and_repairs_inconsistencies_and_keeps_data() {
 fn a_restored_namespace_skips_the_inode_numbers_and_client_ids_lost_changes_may_have_used() {
     let store: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
     let (end, client) = {
-        let ns = Namespace::open(store.clone(), layout(), Duration::from_secs(60)).unwrap();
+        let ns = Fixture::open(store.clone(), layout());
         dir(&ns, ROOT_INO, "kept");
         (ns.inos_reserved_end(), ns.register_client().unwrap())
     };
@@ -610,7 +602,7 @@ fn a_restored_namespace_skips_the_inode_numbers_and_client_ids_lost_changes_may_
     let mut batch = Batch::new();
     prepare_restored(&*store, &mut batch).unwrap();
     store.write(batch).unwrap();
-    let ns = Namespace::open(store.clone(), layout(), Duration::from_secs(60)).unwrap();
+    let ns = Fixture::open(store.clone(), layout());
     assert!(ns.is_foreign_ino(end) && ns.is_foreign_ino(end + 5000), "the skipped numbers are foreign");
     assert!(!ns.is_foreign_ino(end - 1), "numbers the namespace had are not");
     let new = dir(&ns, ROOT_INO, "new");
@@ -623,6 +615,6 @@ fn a_restored_namespace_skips_the_inode_numbers_and_client_ids_lost_changes_may_
     let mut batch = Batch::new();
     prepare_restored(&*store, &mut batch).unwrap();
     store.write(batch).unwrap();
-    let ns = Namespace::open(store, layout(), Duration::from_secs(60)).unwrap();
+    let ns = Fixture::open(store, layout());
     assert!(ns.is_foreign_ino(end) && ns.is_foreign_ino(end2));
 }

@@ -5,14 +5,15 @@
 use cairn_common::{CairnError, Result};
 use cairn_proto::{CheckShardsRequest, ClusterStatusReply, NodeInfo, ShardState};
 
-use super::MetaService;
+use super::{MetaService, Serving};
+use crate::cluster::Cluster;
 use crate::namespace::Namespace;
 
 /// Every node, with the drain progress of the last repair pass and, for a down node, when its
 /// rebuild starts.
-pub(crate) fn nodes_with_progress(ns: &Namespace) -> Vec<NodeInfo> {
-    let repair = ns.repair_state().lock().clone();
-    let mut nodes = ns.registry().nodes();
+pub(crate) fn nodes_with_progress(cluster: &Cluster) -> Vec<NodeInfo> {
+    let repair = cluster.repair_state().lock().clone();
+    let mut nodes = cluster.registry().nodes();
     for n in &mut nodes {
         n.shards_left = repair.drain_left.get(&n.id).copied().unwrap_or(0);
         if !n.up {
@@ -24,7 +25,8 @@ pub(crate) fn nodes_with_progress(ns: &Namespace) -> Vec<NodeInfo> {
 
 /// Refuse a chunkserver that belongs to another cluster (`theirs`; "" before it joined one),
 /// before anything of it is recorded.
-pub(super) fn check_cluster(ns: &Namespace, theirs: &str, addr: &str) -> Result<()> {
+pub(super) fn check_cluster(serving: &Serving, theirs: &str, addr: &str) -> Result<()> {
+    let ns = &serving.ns;
     if theirs.is_empty() || theirs == ns.cluster_id() {
         return Ok(());
     }
@@ -64,7 +66,7 @@ impl MetaService {
         }
         let mut confirmed = Vec::new();
         for (node, ids) in by_node {
-            let Some(addr) = self.ns()?.registry().node(node).filter(|n| n.up).map(|n| n.addr) else {
+            let Some(addr) = self.cluster()?.registry().node(node).filter(|n| n.up).map(|n| n.addr) else {
                 continue;
             };
             let request = CheckShardsRequest { ids: ids.iter().map(|&id| id.into()).collect(), verify: true };
@@ -92,11 +94,12 @@ impl MetaService {
     }
 }
 
-pub(super) fn status_reply(ns: &Namespace) -> Result<ClusterStatusReply> {
+pub(super) fn status_reply(serving: &Serving) -> Result<ClusterStatusReply> {
+    let (ns, cluster) = (&serving.ns, &serving.cluster);
     let stats = ns.stats();
     let root = ns.getattr(cairn_common::ROOT_INO)?.layout();
-    let repair = ns.repair_state().lock().clone();
-    let nodes = nodes_with_progress(ns);
+    let repair = cluster.repair_state().lock().clone();
+    let nodes = nodes_with_progress(cluster);
     let meta_cert_not_after = cairn_common::tls::identity().map_or(0, |id| id.cert.not_after);
     let health =
         crate::health::assess(&nodes, &repair, ns.store().durability_lost().as_deref(), meta_cert_not_after);
@@ -142,8 +145,9 @@ fn files_on(ns: &Namespace, node: u32) -> Result<u64> {
 
 /// Remove chunkserver `node` from the registry; unless `force`, only once no file's placement
 /// names it (drained).
-pub(super) fn remove_node(ns: &Namespace, node: u32, force: bool) -> Result<()> {
-    let info = ns
+pub(super) fn remove_node(serving: &Serving, node: u32, force: bool) -> Result<()> {
+    let (ns, cluster) = (&serving.ns, &serving.cluster);
+    let info = cluster
         .registry()
         .nodes()
         .into_iter()
@@ -163,5 +167,5 @@ pub(super) fn remove_node(ns: &Namespace, node: u32, force: bool) -> Result<()> 
             ));
         }
     }
-    ns.registry().remove(node)
+    cluster.registry().remove(node)
 }

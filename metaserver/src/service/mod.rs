@@ -17,6 +17,7 @@ use cairn_proto::*;
 use tonic::{Request, Response, Status};
 
 use crate::access::{Access, Rule, Squash};
+use crate::cluster::Cluster;
 use crate::namespace::{file_info, once, Namespace, NewEntry};
 use crate::raft::node::RaftNode;
 use crate::repair::Repair;
@@ -55,16 +56,17 @@ pub struct MetaService {
 /// found; chunkservers' scrubs send more).
 pub const MAX_CLIENT_DAMAGE_IDS: usize = 256;
 
-/// The namespace and the repair that run while this metaserver serves.
+/// The namespace, the cluster state and the repair that run while this metaserver serves.
 pub struct Serving {
     pub ns: Arc<Namespace>,
+    pub cluster: Arc<Cluster>,
     pub repair: Option<Arc<Repair>>,
 }
 
 impl MetaService {
-    pub fn new(ns: Arc<Namespace>) -> MetaService {
+    pub fn new(ns: Arc<Namespace>, cluster: Arc<Cluster>) -> MetaService {
         MetaService {
-            serving: RwLock::new(Some(Arc::new(Serving { ns, repair: None }))),
+            serving: RwLock::new(Some(Arc::new(Serving { ns, cluster, repair: None }))),
             raft: std::sync::OnceLock::new(),
             replicated: false,
             caps: Signer::new(),
@@ -83,9 +85,9 @@ impl MetaService {
 
     /// Serve `RepairNow` and `Reconcile` with this repair (the one running in the background).
     pub fn with_repair(self, repair: Arc<Repair>) -> MetaService {
-        let ns = self.serving.read().as_ref().map(|s| s.ns.clone());
-        if let Some(ns) = ns {
-            *self.serving.write() = Some(Arc::new(Serving { ns, repair: Some(repair) }));
+        let serving = self.serving.read().as_ref().map(|s| (s.ns.clone(), s.cluster.clone()));
+        if let Some((ns, cluster)) = serving {
+            *self.serving.write() = Some(Arc::new(Serving { ns, cluster, repair: Some(repair) }));
         }
         self
     }
@@ -151,6 +153,10 @@ impl MetaService {
 
     fn ns(&self) -> Result<Arc<Namespace>, Status> {
         Ok(self.serving()?.ns.clone())
+    }
+
+    fn cluster(&self) -> Result<Arc<Cluster>, Status> {
+        Ok(self.serving()?.cluster.clone())
     }
 
     /// Whether the change a client sends again (`once`) was done by an earlier try: then the
@@ -276,8 +282,18 @@ impl MetaService {
         T: Send + 'static,
         F: FnOnce(&Namespace) -> Result<T> + Send + 'static,
     {
-        let ns = self.ns()?;
-        match tokio::task::spawn_blocking(move || f(&ns)).await {
+        self.run_serving(move |serving| f(&serving.ns)).await
+    }
+
+    /// Work on the cluster state (the registry, client ids) on the blocking pool: its changes
+    /// are written, like the namespace's.
+    async fn run_serving<T, F>(&self, f: F) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Serving) -> Result<T> + Send + 'static,
+    {
+        let serving = self.serving()?;
+        match tokio::task::spawn_blocking(move || f(&serving)).await {
             Ok(result) => result.map_err(Status::from),
             Err(e) => Err(CairnError::internal(format!("request failed: {e}")).into()),
         }
@@ -381,12 +397,14 @@ impl Meta for MetaService {
             (check_ino(r.parent)?, r.name.clone(), r.client_id, r.generation, r.open);
         // The session's owner is checked before anything is created; recording the open after
         // the create cannot then fail but for a race with another certificate's claim, logged.
+        let cluster = self.cluster()?;
         if open {
-            self.ns()?.sessions().check_owner(client, &holder)?;
+            cluster.sessions().check_owner(client, &holder)?;
         }
         let (owner, owner_again) = (holder.clone(), holder.clone());
-        let record_open = move |ns: &Namespace, owner: &str, ino: u64| {
-            if let Err(e) = ns.sessions().opened(client, owner, ino, generation) {
+        let (sessions, sessions_again) = (cluster.sessions().clone(), cluster.sessions().clone());
+        let record_open = move |sessions: &crate::sessions::Sessions, owner: &str, ino: u64| {
+            if let Err(e) = sessions.opened(client, owner, ino, generation) {
                 tracing::warn!(ino, "a created file's open was not recorded: {e}");
             }
         };
@@ -397,7 +415,7 @@ impl Meta for MetaService {
                     let new = NewEntry { parent, name: &r.name, mode: r.mode, uid: r.uid, gid: r.gid };
                     let (inode, created) = ns.create_avoiding(&new, r.rdev, r.exclusive, &r.avoid_nodes)?;
                     if r.open {
-                        record_open(ns, &owner, inode.ino);
+                        record_open(&sessions, &owner, inode.ino);
                     }
                     let parent = if created { dir_after(ns, new.parent) } else { None };
                     Ok((inode, created, parent))
@@ -405,7 +423,7 @@ impl Meta for MetaService {
                 |ns| {
                     let inode = ns.lookup(parent, &name)?;
                     if open {
-                        record_open(ns, &owner_again, inode.ino);
+                        record_open(&sessions_again, &owner_again, inode.ino);
                     }
                     Ok((inode, true, dir_after(ns, parent)))
                 },
@@ -559,13 +577,14 @@ impl Meta for MetaService {
         let ops = self.cap_ops(&req);
         let r = req.into_inner();
         // Reads only (the inode, its stripe records), so inline like the point reads.
+        let sessions = self.cluster()?.sessions().clone();
         let (inode, stripes, more) = self.read(|ns| {
             let ino = check_ino(r.ino)?;
             // Count the open before looking: an unlink from now on keeps the file for us.
-            ns.sessions().opened(r.client_id, &holder, ino, r.generation)?;
+            sessions.opened(r.client_id, &holder, ino, r.generation)?;
             let opened = ns.open_file(ino);
             if opened.is_err() {
-                ns.sessions().released(r.client_id, ino, r.generation);
+                sessions.released(r.client_id, ino, r.generation);
             }
             opened
         })?;
@@ -576,7 +595,8 @@ impl Meta for MetaService {
     async fn release(&self, req: Request<ReleaseRequest>) -> Result<Response<Empty>, Status> {
         let holder = cert_name(&req);
         let r = req.into_inner();
-        self.ns()?.sessions().check_owner(r.client_id, &holder)?;
+        let cluster = self.cluster()?;
+        cluster.sessions().check_owner(r.client_id, &holder)?;
         if r.more.len() > MAX_RELEASES {
             return Err(CairnError::invalid(format!(
                 "{} files in one release, at most {MAX_RELEASES}",
@@ -590,7 +610,7 @@ impl Meta for MetaService {
         let mut orphans = Vec::new();
         for (ino, generation) in files {
             // Nearly every file closed is linked: one inline read says so.
-            if self.ns()?.sessions().released(r.client_id, ino, generation)
+            if cluster.sessions().released(r.client_id, ino, generation)
                 && self.read(|ns| ns.is_orphan(ino))?
             {
                 orphans.push(ino);
@@ -610,8 +630,8 @@ impl Meta for MetaService {
     ) -> Result<Response<ClientHeartbeatReply>, Status> {
         let holder = cert_name(&req);
         let r = req.into_inner();
-        let ns = self.ns()?;
-        let sessions = ns.sessions();
+        let cluster = self.cluster()?;
+        let sessions = cluster.sessions();
         sessions.heartbeat(r.client_id, &holder, Some(r.open))?;
         Ok(Response::new(ClientHeartbeatReply { lease_ms: sessions.lease().as_millis() as u64 }))
     }
@@ -627,8 +647,8 @@ impl Meta for MetaService {
         }
         let want =
             Lock { client: r.client_id, owner: r.owner, pid: r.pid, start: r.start, end: r.end, typ: r.typ };
-        let ns = self.ns()?;
-        let sessions = ns.sessions();
+        let cluster = self.cluster()?;
+        let sessions = cluster.sessions();
         sessions.heartbeat(r.client_id, &holder, None)?;
         let outcome = if r.test {
             sessions.conflict(r.ino, &want).map_or(Ok(()), Err)
@@ -680,8 +700,8 @@ impl Meta for MetaService {
     async fn register_client(&self, req: Request<Empty>) -> Result<Response<RegisterClientReply>, Status> {
         let holder = cert_name(&req);
         let read_only = self.rule(&req).is_some_and(|rule| rule.read_only);
-        let client_id = self.run(|ns| ns.register_client()).await?;
-        self.ns()?.sessions().bind(client_id, &holder);
+        let client_id = self.run_serving(|s| s.cluster.register_client()).await?;
+        self.cluster()?.sessions().bind(client_id, &holder);
         Ok(Response::new(RegisterClientReply { client_id, read_only }))
     }
 
@@ -692,10 +712,10 @@ impl Meta for MetaService {
         let cert = cert_name(&req);
         let r = req.into_inner();
         let (node_id, cluster_id) = self
-            .run(move |ns| {
-                check_cluster(ns, &r.cluster_id, &r.addr)?;
-                let node_id = ns.registry().register(&r.uuid, &r.addr, r.tiers, r.pid, &cert)?;
-                Ok((node_id, ns.cluster_id().to_string()))
+            .run_serving(move |s| {
+                check_cluster(s, &r.cluster_id, &r.addr)?;
+                let node_id = s.cluster.registry().register(&r.uuid, &r.addr, r.tiers, r.pid, &cert)?;
+                Ok((node_id, s.ns.cluster_id().to_string()))
             })
             .await?;
         tracing::info!(node_id, "chunkserver registered");
@@ -706,11 +726,11 @@ impl Meta for MetaService {
         let cert = cert_name(&req);
         let r = req.into_inner();
         let fence = self
-            .run(move |ns| {
-                check_cluster(ns, &r.cluster_id, &r.addr)?;
-                ns.registry().heartbeat(r.node_id, &r.addr, r.tiers, r.pid, &cert)?;
-                ns.registry().set_cert_expiry(r.node_id, r.cert_not_after);
-                Ok((ns.fence(), ns.cluster_id().to_string()))
+            .run_serving(move |s| {
+                check_cluster(s, &r.cluster_id, &r.addr)?;
+                s.cluster.registry().heartbeat(r.node_id, &r.addr, r.tiers, r.pid, &cert)?;
+                s.cluster.registry().set_cert_expiry(r.node_id, r.cert_not_after);
+                Ok((s.ns.fence(), s.ns.cluster_id().to_string()))
             })
             .await?;
         Ok(Response::new(HeartbeatReply {
@@ -721,7 +741,7 @@ impl Meta for MetaService {
     }
 
     async fn list_nodes(&self, _req: Request<Empty>) -> Result<Response<ListNodesReply>, Status> {
-        Ok(Response::new(ListNodesReply { nodes: nodes_with_progress(&*self.ns()?) }))
+        Ok(Response::new(ListNodesReply { nodes: nodes_with_progress(&*self.cluster()?) }))
     }
 
     async fn report_damaged(
@@ -743,14 +763,14 @@ impl Meta for MetaService {
     }
 
     async fn cluster_status(&self, _req: Request<Empty>) -> Result<Response<ClusterStatusReply>, Status> {
-        let mut reply = self.run(status_reply).await?;
+        let mut reply = self.run_serving(status_reply).await?;
         reply.access_rules = self.access.rules().iter().map(Rule::describe).collect();
         Ok(Response::new(reply))
     }
 
     async fn repair_now(&self, _req: Request<Empty>) -> Result<Response<ClusterStatusReply>, Status> {
         self.repair()?.pass_now().await?;
-        let reply = self.run(status_reply).await?;
+        let reply = self.run_serving(status_reply).await?;
         Ok(Response::new(reply))
     }
 
@@ -794,13 +814,13 @@ impl Meta for MetaService {
 
     async fn drain_node(&self, req: Request<NodeRequest>) -> Result<Response<NodeReply>, Status> {
         let node = req.into_inner().node;
-        let info = self.run(move |ns| ns.registry().set_state(node, NODE_DRAINING)).await?;
+        let info = self.run_serving(move |s| s.cluster.registry().set_state(node, NODE_DRAINING)).await?;
         Ok(Response::new(NodeReply { node: Some(info) }))
     }
 
     async fn activate_node(&self, req: Request<NodeRequest>) -> Result<Response<NodeReply>, Status> {
         let node = req.into_inner().node;
-        let info = self.run(move |ns| ns.registry().set_state(node, NODE_ACTIVE)).await?;
+        let info = self.run_serving(move |s| s.cluster.registry().set_state(node, NODE_ACTIVE)).await?;
         Ok(Response::new(NodeReply { node: Some(info) }))
     }
 
@@ -832,7 +852,7 @@ impl Meta for MetaService {
 
     async fn remove_node(&self, req: Request<NodeRequest>) -> Result<Response<Empty>, Status> {
         let NodeRequest { node, force } = req.into_inner();
-        self.run(move |ns| remove_node(ns, node, force)).await?;
+        self.run_serving(move |s| remove_node(s, node, force)).await?;
         Ok(Response::new(Empty {}))
     }
 

@@ -390,8 +390,6 @@ async fn a_change_sent_again_is_done_once() {
 /// Access rules, called in process with the caller's certificate in the request as both
 /// transports put it there.
 mod access_rules {
-    use std::sync::Arc;
-
     use cairn_common::capability;
     use cairn_common::tls::{Peer, Role, Roles};
     use cairn_proto::meta_server::Meta;
@@ -399,7 +397,8 @@ mod access_rules {
 
     use super::*;
     use crate::access::{Access, Rule, Squash};
-    use crate::{MetaService, Namespace};
+    use crate::fixture::Fixture;
+    use crate::MetaService;
 
     const S_IFREG: u32 = 0o100000;
     const S_IFDIR: u32 = 0o040000;
@@ -420,8 +419,8 @@ mod access_rules {
     }
 
     /// An in-memory namespace with three chunkservers (a 2+1 layout).
-    fn namespace() -> Namespace {
-        let ns = Namespace::open_memory(cairn_common::Layout::new(2, 1, 4096).unwrap()).unwrap();
+    fn namespace() -> Fixture {
+        let ns = Fixture::memory(cairn_common::Layout::new(2, 1, 4096).unwrap());
         for i in 0..3 {
             ns.registry()
                 .register(&format!("node-{i}"), &format!("127.0.0.1:{}", 1000 + i), vec![], 1, "")
@@ -446,7 +445,8 @@ mod access_rules {
             Rule { squash: Squash::Root, ..rule(&["root-squashed"]) },
         ])
         .unwrap();
-        MetaService::new(Arc::new(namespace())).with_access(access)
+        let f = namespace();
+        MetaService::new(f.ns.clone(), f.cluster.clone()).with_access(access)
     }
 
     fn set_xattr(ino: u64, name: &str) -> SetXattrRequest {
@@ -717,7 +717,8 @@ mod access_rules {
         let path = dir.path().join("access.toml");
         std::fs::write(&path, "").unwrap();
         let access = Access::load(&path).unwrap();
-        let svc = MetaService::new(Arc::new(namespace())).with_access(access.clone());
+        let f = namespace();
+        let svc = MetaService::new(f.ns.clone(), f.cluster.clone()).with_access(access.clone());
         let made = svc.create(client("job", create("f", S_IFREG | 0o644, 1000))).await.unwrap().into_inner();
         let ino = made.file.unwrap().attr.unwrap().ino;
         let before = svc.grant_capability(client("job", InoRequest { ino })).await.unwrap().into_inner();
