@@ -111,6 +111,16 @@ impl Signer {
         keys
     }
 
+    /// Sign with a new key from now on (a leadership starting): chunkservers retire the keys
+    /// a new leadership does not send, so one that leads again must not sign with a key it
+    /// had before. The old keys are still sent while they may be valid.
+    pub fn new_key(&self) {
+        let now = unix_secs();
+        let mut keys = self.keys.lock();
+        let old = std::mem::replace(&mut keys.0, Key::new(now));
+        keys.1.push(old);
+    }
+
     /// Revoke every token signed so far (what they grant changed: access rules were edited)
     /// and sign with a new key from now on. Chunkservers learn it with their next heartbeat
     /// and then refuse the old tokens (after the clock skew they allow); clients renew.
@@ -188,6 +198,9 @@ pub fn required_of(peer: Option<&Peer>) -> bool {
 #[derive(Default)]
 pub struct Verifier {
     keys: RwLock<HashMap<u64, ([u8; 32], i64)>>,
+    /// The highest namespace epoch (fence) a reply carrying keys had: the leadership whose keys
+    /// count. Keys the leader of a higher epoch does not send are retired.
+    epoch: parking_lot::Mutex<u64>,
     /// Woken when a capability names a key not known yet (the heartbeat then goes at once).
     wanted: tokio::sync::Notify,
 }
@@ -196,9 +209,47 @@ pub struct Verifier {
 const KEY_WAIT: Duration = Duration::from_secs(2);
 
 impl Verifier {
-    /// Keep `keys` (from a registration or heartbeat reply), and forget retired ones.
+    /// Keep `keys` (from a registration reply), and forget retired ones.
     pub fn learn(&self, keys: &[CapabilityKey]) {
-        let now = unix_secs();
+        self.learn_at(keys, unix_secs());
+    }
+
+    /// Keep `keys` from a heartbeat reply of the leadership with namespace epoch `epoch` (its
+    /// fence; 0: a metaserver that sends none). The first reply of a newer leadership retires
+    /// every key it does not send — a deposed leader's, or a restarted metaserver's old ones —
+    /// so what they signed is refused once the clock skew allowance passes, and their holders
+    /// ask the new leader; keys in a reply of an older leadership (a deposed leader answering
+    /// before it knows) are not taken.
+    pub fn learn_from_leader(&self, keys: &[CapabilityKey], epoch: u64) {
+        self.learn_from_leader_at(keys, epoch, unix_secs());
+    }
+
+    fn learn_from_leader_at(&self, keys: &[CapabilityKey], epoch: u64, now: i64) {
+        let mut highest = self.epoch.lock();
+        if epoch != 0 && epoch < *highest {
+            tracing::debug!(epoch, highest = *highest, "ignored capability keys of an older leadership");
+            return;
+        }
+        if epoch > *highest {
+            let mut known = self.keys.write();
+            for (id, (_, retire)) in known.iter_mut() {
+                if !keys.iter().any(|k| k.id == *id) {
+                    *retire = (*retire).min(now);
+                }
+            }
+            drop(known);
+            if *highest != 0 {
+                tracing::info!(
+                    epoch,
+                    "a new metaserver leadership: retired the capability keys it does not send"
+                );
+            }
+            *highest = epoch;
+        }
+        self.learn_at(keys, now);
+    }
+
+    fn learn_at(&self, keys: &[CapabilityKey], now: i64) {
         let mut known = self.keys.write();
         known.retain(|_, (_, retire)| *retire + SKEW_SECS > now);
         for k in keys {

@@ -139,3 +139,37 @@ fn a_client_renews_before_expiry_and_after_a_refusal() {
     assert!(is_refusal(&e), "{e}");
     assert!(!is_refusal(&CairnError::new(ErrorKind::PermissionDenied, "chunk.ReadShard is for ...")));
 }
+
+/// A new leadership (a higher namespace epoch) retires the keys it does not send: what a
+/// deposed leader signed is refused after the skew allowance, even if that leader goes on
+/// answering; and a metaserver that leads again signs with a key of the new leadership.
+#[test]
+fn a_new_leadership_retires_the_keys_it_does_not_send() {
+    let (old_leader, new_leader) = (Signer::new(), Signer::new());
+    let v = Verifier::default();
+    let now = unix_secs();
+    v.learn_from_leader_at(&old_leader.keys(), 5, now);
+    let before = old_leader.grant_at(7, READ, "c", now);
+    assert_eq!(v.check_at(Some(&before), 7, READ, "c", now), Ok(()));
+    v.learn_from_leader_at(&new_leader.keys(), 6, now);
+    let after = new_leader.grant_at(7, READ, "c", now);
+    assert_eq!(v.check_at(Some(&after), 7, READ, "c", now + SKEW_SECS + 1), Ok(()));
+    assert_eq!(v.check_at(Some(&before), 7, READ, "c", now + SKEW_SECS + 1), Err(Refusal::Expired));
+    // The deposed leader answering late (its older epoch) changes nothing.
+    v.learn_from_leader_at(&old_leader.keys(), 5, now);
+    assert_eq!(v.check_at(Some(&before), 7, READ, "c", now + SKEW_SECS + 1), Err(Refusal::Expired));
+    // It leads again later: its new key counts, its old one stays retired.
+    old_leader.new_key();
+    v.learn_from_leader_at(&old_leader.keys(), 7, now);
+    let again = old_leader.grant_at(7, READ, "c", now);
+    assert_ne!(again.key_id, before.key_id);
+    assert_eq!(v.check_at(Some(&again), 7, READ, "c", now + SKEW_SECS + 1), Ok(()));
+    assert_eq!(v.check_at(Some(&before), 7, READ, "c", now + SKEW_SECS + 1), Err(Refusal::Expired));
+    assert_eq!(v.check_at(Some(&after), 7, READ, "c", now + SKEW_SECS + 1), Err(Refusal::Expired));
+    // A metaserver that sends no epoch (0) is heard as before: nothing retired.
+    let lone = Signer::new();
+    v.learn_from_leader_at(&lone.keys(), 0, now);
+    let theirs = lone.grant_at(7, READ, "c", now);
+    assert_eq!(v.check_at(Some(&theirs), 7, READ, "c", now + SKEW_SECS + 1), Ok(()));
+    assert_eq!(v.check_at(Some(&again), 7, READ, "c", now + SKEW_SECS + 1), Ok(()));
+}

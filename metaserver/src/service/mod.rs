@@ -127,7 +127,12 @@ impl MetaService {
     }
 
     /// Start (`Some`) or stop (`None`) answering clients.
+    /// Each leadership signs shard capabilities with a key of its own: chunkservers retire the
+    /// keys a newer leadership does not send (`capability::Verifier::learn_from_leader`).
     pub fn serve(&self, serving: Option<Serving>) {
+        if serving.is_some() {
+            self.caps.new_key();
+        }
         *self.serving.write() = serving.map(Arc::new);
     }
 
