@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use cairn_common::{CairnError, ErrorKind, Layout, Result, NAME_MAX, ROOT_INO};
 use cairn_proto::Timespec;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::cluster::{Cluster, Surroundings};
 use crate::schema::{self, counter, Counter, Dentry, GcEntry, GcShard, Inode, Stats, Stripe, S_IFDIR};
@@ -75,9 +75,29 @@ impl LockTable {
     }
 }
 
+/// Inode numbers are handed out from blocks reserved (durably) in `counters/ino_reserved`
+/// before use. The next block is reserved in the background once half of the current one is
+/// handed out, so no change waits for that write while it holds its locks.
+struct Inos {
+    alloc: Mutex<InoAlloc>,
+    /// Signalled when a background reservation ends.
+    reserved: Condvar,
+}
+
 struct InoAlloc {
     next: u64,
     reserved_end: u64,
+    /// A reservation of the next block is being written in the background.
+    reserving: bool,
+}
+
+/// Reserve inode numbers up to `end` (durable before any of them is handed out: numbers never
+/// repeat, also across restarts).
+fn reserve_inos(store: &dyn MetaStore, end: u64) -> Result<()> {
+    let mut batch = Batch::new();
+    batch.put(Cf::Counters, counter::INO_RESERVED, schema::encode(&Counter { value: end }));
+    batch.set_durable();
+    store.write(batch)
 }
 
 /// The metaserver's namespace over a [`MetaStore`].
@@ -87,7 +107,7 @@ pub struct Namespace {
     cluster: Arc<dyn Surroundings>,
     locks: LockTable,
     rename_lock: Mutex<()>,
-    inos: Mutex<InoAlloc>,
+    inos: Arc<Inos>,
     /// Inode ranges restores skipped (`counters/foreign_inos`).
     foreign_inos: Vec<(u64, u64)>,
     stats: Vec<Mutex<Stats>>,
@@ -227,7 +247,7 @@ impl Namespace {
         };
         let reserved = read_counter(&*store, counter::INO_RESERVED)?;
         let root_exists = store.get(Cf::Inodes, &schema::ino_key(ROOT_INO))?.is_some();
-        let mut next_ino = reserved.unwrap_or(ROOT_INO + 1).max(ROOT_INO + 1);
+        let next_ino = reserved.unwrap_or(ROOT_INO + 1).max(ROOT_INO + 1);
         if !root_exists {
             let now = cairn_common::time::now();
             let mut root = Inode::new(ROOT_INO, S_IFDIR | 0o755, 0, 0, &now);
@@ -239,9 +259,13 @@ impl Namespace {
             s0.add(&Stats { directories: 1, inodes: 1, ..Default::default() });
             batch.put(Cf::Counters, stats_key(0), schema::encode(&s0));
             *stats[0].lock() = s0;
-            next_ino = next_ino.max(ROOT_INO + 1);
-            batch.put(Cf::Counters, counter::INO_RESERVED, schema::encode(&Counter { value: next_ino }));
         }
+        // The first block of this opening, reserved with it (durable: see `reserve_inos`).
+        let reserved_end = next_ino
+            .checked_add(INO_BLOCK)
+            .ok_or_else(|| CairnError::new(ErrorKind::NoSpace, "no inode numbers left"))?;
+        batch.put(Cf::Counters, counter::INO_RESERVED, schema::encode(&Counter { value: reserved_end }));
+        batch.set_durable();
         store.write(batch)?;
         let foreign_inos = read_foreign_inos(&*store)?;
         Ok(Namespace {
@@ -249,7 +273,10 @@ impl Namespace {
             cluster,
             locks: LockTable::new(),
             rename_lock: Mutex::new(()),
-            inos: Mutex::new(InoAlloc { next: next_ino, reserved_end: next_ino }),
+            inos: Arc::new(Inos {
+                alloc: Mutex::new(InoAlloc { next: next_ino, reserved_end, reserving: false }),
+                reserved: Condvar::new(),
+            }),
             foreign_inos,
             stats,
             stats_cursor: AtomicUsize::new(0),
@@ -330,7 +357,7 @@ impl Namespace {
     /// the reserved block): a shard of such an inode was written against another namespace, or a
     /// later state of this one (this one restored from a backup).
     pub fn inos_reserved_end(&self) -> u64 {
-        self.inos.lock().reserved_end
+        self.inos.alloc.lock().reserved_end
     }
 
     /// Whether files of this namespace can never have had inode number `ino`: at or past the
@@ -342,21 +369,43 @@ impl Namespace {
 
     /// A new inode number, never handed out before (also across restarts).
     fn alloc_ino(&self) -> Result<u64> {
-        let mut a = self.inos.lock();
-        if a.next >= a.reserved_end {
+        let mut a = self.inos.alloc.lock();
+        while a.next >= a.reserved_end {
+            if a.reserving {
+                self.inos.reserved.wait(&mut a);
+                continue;
+            }
+            // The block ran out before the next one was reserved (the background write
+            // failed, or is slower than the creates): reserve here.
             let end = a
                 .next
                 .checked_add(INO_BLOCK)
                 .ok_or_else(|| CairnError::new(ErrorKind::NoSpace, "no inode numbers left"))?;
-            let mut batch = Batch::new();
-            batch.put(Cf::Counters, counter::INO_RESERVED, schema::encode(&Counter { value: end }));
-            // Durable before any inode of the block is handed out: numbers never repeat.
-            batch.set_durable();
-            self.store.write(batch)?;
+            reserve_inos(&*self.store, end)?;
             a.reserved_end = end;
         }
         let ino = a.next;
         a.next += 1;
+        if !a.reserving && a.reserved_end - a.next <= INO_BLOCK / 2 {
+            if let Some(end) = a.reserved_end.checked_add(INO_BLOCK) {
+                a.reserving = true;
+                let (inos, store) = (self.inos.clone(), self.store.clone());
+                let started = std::thread::Builder::new().name("ino-reserve".into()).spawn(move || {
+                    let written = reserve_inos(&*store, end);
+                    let mut a = inos.alloc.lock();
+                    a.reserving = false;
+                    match written {
+                        // Only ever up: nothing else reserves while this one runs.
+                        Ok(()) => a.reserved_end = a.reserved_end.max(end),
+                        Err(e) => tracing::warn!("reserving inode numbers ahead: {e} (reserved when needed)"),
+                    }
+                    inos.reserved.notify_all();
+                });
+                if started.is_err() {
+                    a.reserving = false;
+                }
+            }
+        }
         Ok(ino)
     }
 

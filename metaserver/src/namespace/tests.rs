@@ -618,3 +618,36 @@ fn a_restored_namespace_skips_the_inode_numbers_and_client_ids_lost_changes_may_
     let ns = Fixture::open(store, layout());
     assert!(ns.is_foreign_ino(end) && ns.is_foreign_ino(end2));
 }
+
+/// Each opening reserves a block of inode numbers, and the next block is reserved in the
+/// background once half of the current one is handed out, so no create waits for that write
+/// while it holds its locks; numbers stay below what is reserved and never repeat.
+#[test]
+fn the_next_inode_block_is_reserved_before_the_current_one_runs_out() {
+    let ns = setup();
+    let reserved = |ns: &Fixture| read_counter(&**ns.store(), counter::INO_RESERVED).unwrap().unwrap();
+    let first = reserved(&ns);
+    assert_eq!(first, ns.inos_reserved_end(), "the opening reserved a block");
+    let mut last = 0;
+    for i in 0..=INO_BLOCK / 2 {
+        last = dir(&ns, ROOT_INO, &format!("d{i}")).ino;
+        assert!(last < reserved(&ns), "inode {last} handed out before it was reserved");
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while reserved(&ns) == first {
+        assert!(std::time::Instant::now() < deadline, "the next block was never reserved");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(reserved(&ns), first + INO_BLOCK);
+    while ns.inos_reserved_end() != first + INO_BLOCK {
+        assert!(std::time::Instant::now() < deadline, "the reservation was never taken into use");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // Past the first block without a wait, and on into a third.
+    for i in 0..INO_BLOCK {
+        let ino = dir(&ns, ROOT_INO, &format!("e{i}")).ino;
+        assert!(ino > last && ino < reserved(&ns), "inode {ino} handed out before it was reserved");
+        last = ino;
+    }
+    assert!(last >= first, "numbers went past the first block");
+}
