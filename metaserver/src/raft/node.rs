@@ -569,9 +569,16 @@ impl RaftNode {
             self.proposals
                 .send(pending)
                 .map_err(|_| CairnError::unavailable("this metaserver's Raft node is stopping"))?;
-            answer
-                .await
-                .unwrap_or_else(|_| Err(CairnError::unavailable("this metaserver's Raft node is stopping")))
+            // Bounded here too: queued behind an entry that cannot commit, a change would
+            // otherwise wait for that entry's time and then its own.
+            match tokio::time::timeout(self.settings.write_timeout, answer).await {
+                Err(_) => Err(CairnError::unavailable(format!(
+                    "a metadata change was not committed within {:?}: fewer than a majority of metaservers answer",
+                    self.settings.write_timeout
+                ))),
+                Ok(answer) => answer
+                    .unwrap_or_else(|_| Err(CairnError::unavailable("this metaserver's Raft node is stopping"))),
+            }
         };
         let result = tokio::task::block_in_place(|| self.raft_handle.block_on(write));
         if result.is_ok() {

@@ -60,7 +60,7 @@ impl Pending {
 
 /// Propose what arrives on `queue` through `raft`, in groups (see the module's comment); each
 /// change is answered once its entry is applied here, or fails after `timeout` without a
-/// majority. `not_leader` turns openraft's forward-to-leader answer into the client's error.
+/// majority (its caller also stops waiting after `timeout`, counted from when it proposed). `not_leader` turns openraft's forward-to-leader answer into the client's error.
 pub async fn run(
     raft: Raft<TypeConfig>,
     mut queue: mpsc::UnboundedReceiver<Pending>,
@@ -80,6 +80,12 @@ pub async fn run(
                 }
                 Err(_) => break,
             }
+        }
+        // A change whose caller stopped waiting (its time ran out while earlier entries could
+        // not commit) is not proposed: the caller already answered that it failed.
+        group.retain(|pending| !pending.done.is_closed());
+        if group.is_empty() {
+            continue;
         }
         metrics::counter!(crate::metrics::RAFT_ENTRIES_PROPOSED).increment(1);
         metrics::counter!(crate::metrics::RAFT_CHANGES_PROPOSED).increment(group.len() as u64);
