@@ -205,6 +205,8 @@ const ACCESS_TEMPLATE: &str = r#"# Per-client access rules (docs/operations.md, 
 # anon_gid = 65534
 # setuid = false           # setuid/setgid bits cleared, file capabilities refused
 # devices = false          # no device nodes
+# uids = [1000, 1999]       # owners it may give entries (EACCES outside) and act as (EPERM)
+# gids = [1000, 1999]
 "#;
 
 /// The cluster's certificates under `DATA/tls` (see [`crate::cert::cluster`]), and the admin

@@ -62,10 +62,34 @@ pub struct Rule {
     /// Character and block device nodes may be made.
     #[serde(default)]
     pub devices: bool,
+    /// The owners this client may claim, `[first, last]` inclusive (after its squash): entries
+    /// it makes and chowns to owners outside are refused (`EACCES`), and it may not act as the
+    /// owner of an inode owned outside (`EPERM`). None: any.
+    #[serde(default)]
+    pub uids: Option<[u32; 2]>,
+    #[serde(default)]
+    pub gids: Option<[u32; 2]>,
 }
 
 fn nobody() -> u32 {
     NOBODY
+}
+
+fn in_range(range: Option<[u32; 2]>, id: u32) -> bool {
+    range.is_none_or(|[first, last]| (first..=last).contains(&id))
+}
+
+fn claim(what: &str, range: Option<[u32; 2]>, id: u32) -> Result<u32> {
+    match range {
+        Some([first, last]) if !(first..=last).contains(&id) => Err(CairnError::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "{what} {id} is outside the {what}s {first}-{last} this client's certificate may claim \
+                 (the metaserver's access rules)"
+            ),
+        )),
+        _ => Ok(id),
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -94,6 +118,21 @@ impl Rule {
         if self.squash != Squash::None && (self.anon_uid == 0 || self.anon_gid == 0) {
             return bad("squashing to uid or gid 0 squashes nothing: set anon_uid and anon_gid".into());
         }
+        for (what, range) in [("uids", self.uids), ("gids", self.gids)] {
+            if let Some([first, last]) = range {
+                if first > last {
+                    return bad(format!("`{what} = [{first}, {last}]`: the first is above the last"));
+                }
+            }
+        }
+        if self.squash != Squash::None {
+            let (uid, gid) = (self.anon_uid, self.anon_gid);
+            if !in_range(self.uids, uid) || !in_range(self.gids, gid) {
+                return bad(format!(
+                    "the squash maps to {uid}:{gid}, outside the uids or gids this rule allows:                      every change would be refused"
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -110,6 +149,12 @@ impl Rule {
         }
         what.push(if self.setuid { "setuid allowed" } else { "no setuid" }.into());
         what.push(if self.devices { "devices allowed" } else { "no devices" }.into());
+        if let Some([first, last]) = self.uids {
+            what.push(format!("uids {first}-{last}"));
+        }
+        if let Some([first, last]) = self.gids {
+            what.push(format!("gids {first}-{last}"));
+        }
         format!("{}: {}", self.clients.join(", "), what.join(", "))
     }
 
@@ -128,11 +173,31 @@ impl Rule {
     /// owner it could have set (under root squash anyone but root; under all squash only
     /// `anon_uid`), as an NFS client whose root is squashed cannot change root's files.
     pub fn may_change_owned_by(&self, uid: u32) -> bool {
-        match self.squash {
+        let squash = match self.squash {
             Squash::None => true,
             Squash::Root => uid != 0,
             Squash::All => uid == self.anon_uid,
-        }
+        };
+        squash && in_range(self.uids, uid)
+    }
+
+    /// Whether [`Rule::may_change_owned_by`] may refuse anything (else the inode need not be
+    /// read).
+    pub fn limits_owners(&self) -> bool {
+        self.squash != Squash::None || self.uids.is_some()
+    }
+
+    /// The owner uid an entry this client makes (or chowns to) gets: squashed, and refused
+    /// outside the uids it may claim.
+    pub fn claim_uid(&self, uid: u32) -> Result<u32> {
+        let uid = self.uid(uid);
+        claim("uid", self.uids, uid)
+    }
+
+    /// As [`Rule::claim_uid`], for the group.
+    pub fn claim_gid(&self, gid: u32) -> Result<u32> {
+        let gid = self.gid(gid);
+        claim("gid", self.gids, gid)
     }
 
     /// Whether an extended attribute may be set or removed: without `setuid`, none that
@@ -425,6 +490,8 @@ mod tests {
             anon_gid: 600,
             setuid: false,
             devices: false,
+            uids: None,
+            gids: None,
         };
         let none = rule(Squash::None);
         assert_eq!((none.uid(0), none.gid(0), none.uid(7)), (0, 0, 7));
@@ -450,6 +517,8 @@ mod tests {
             anon_gid: NOBODY,
             setuid: false,
             devices: false,
+            uids: None,
+            gids: None,
         };
         assert_eq!(strict.mode(0o100000 | 0o6755, false).unwrap(), 0o100000 | 0o755, "file: both cleared");
         assert_eq!(strict.mode(0o6755, false).unwrap(), 0o755, "a chmod of a file");
@@ -480,5 +549,54 @@ mod tests {
         assert_eq!(open.mode_after_write(0o4755), None);
         assert_eq!(open.mode(0o100000 | 0o6755, false).unwrap(), 0o100000 | 0o6755);
         assert!(open.mode(0o020000 | 0o644, false).is_ok());
+    }
+
+    #[test]
+    fn a_client_claims_only_the_owners_in_its_ranges() {
+        let access = parse(
+            r#"
+            [[rule]]
+            clients = ["job-*"]
+            uids = [1000, 1999]
+            gids = [100, 100]
+            [[rule]]
+            clients = ["squashed"]
+            squash = "root"
+            anon_uid = 1500
+            anon_gid = 100
+            uids = [1000, 1999]
+            "#,
+        )
+        .unwrap();
+        let rule = access.rule_for(Some(&peer("job-1", &[Role::Client]))).unwrap();
+        assert_eq!((rule.claim_uid(1000).unwrap(), rule.claim_uid(1999).unwrap()), (1000, 1999));
+        for uid in [0, 999, 2000] {
+            let e = rule.claim_uid(uid).unwrap_err();
+            assert_eq!(e.kind().errno(), libc::EACCES, "{e}");
+            assert!(e.message().contains(&format!("uid {uid} is outside the uids 1000-1999")), "{e}");
+        }
+        assert_eq!(rule.claim_gid(100).unwrap(), 100);
+        assert_eq!(rule.claim_gid(0).unwrap_err().kind(), ErrorKind::PermissionDenied);
+        assert!(
+            rule.may_change_owned_by(1500) && !rule.may_change_owned_by(0) && !rule.may_change_owned_by(2000)
+        );
+        assert!(rule.limits_owners());
+        assert_eq!(rule.describe(), "job-*: no setuid, no devices, uids 1000-1999, gids 100-100");
+        // Squashed first, then checked: root becomes the anonymous owner, inside the range.
+        let squashed = access.rule_for(Some(&peer("squashed", &[Role::Client]))).unwrap();
+        assert_eq!(squashed.claim_uid(0).unwrap(), 1500);
+        assert!(squashed.claim_uid(7).is_err());
+        assert!(squashed.claim_gid(7).is_ok(), "no gid range: any group");
+        for (text, says) in [
+            ("[[rule]]\nclients = [\"a\"]\nuids = [2000, 1000]\n", "the first is above the last"),
+            ("[[rule]]\nclients = [\"a\"]\nuids = [1000]\n", "uids"),
+            (
+                "[[rule]]\nclients = [\"a\"]\nsquash = \"all\"\nuids = [1000, 1999]\n",
+                "outside the uids or gids this rule allows",
+            ),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(says), "{text:?}: {e}");
+        }
     }
 }

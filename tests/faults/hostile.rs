@@ -512,17 +512,20 @@ fn access_rules_make_a_client_read_only_and_squash_its_root() {
         "cairn up writes a file with no rules"
     );
     let (reader, squashed) = (client_cert(&cluster, "reader-1"), client_cert(&cluster, "squashed"));
+    let ranged = client_cert(&cluster, "ranged");
     set_access_rules(
         &cluster,
         "[[rule]]\nclients = [\"reader-*\"]\nread_only = true\n\n\
-         [[rule]]\nclients = [\"squashed\"]\nsquash = \"root\"\n",
-        Some(2),
+         [[rule]]\nclients = [\"squashed\"]\nsquash = \"root\"\n\n\
+         [[rule]]\nclients = [\"ranged\"]\nuids = [1000, 1999]\ngids = [1000, 1999]\n",
+        Some(3),
     );
 
     let status = cluster.cairn().arg("status").output().unwrap();
     let text = String::from_utf8_lossy(&status.stdout);
     assert!(text.contains("  reader-*: read-only, no setuid, no devices"), "{text}");
     assert!(text.contains("  squashed: squash root to 65534:65534, no setuid, no devices"), "{text}");
+    assert!(text.contains("  ranged: no setuid, no devices, uids 1000-1999, gids 1000-1999"), "{text}");
 
     // A read-only client reads, and its mount is read-only: the kernel refuses every change.
     let ro = Mount::with_env(&cluster, "ro", &[], &[("CAIRN_TLS", reader.to_str().unwrap())]);
@@ -547,6 +550,24 @@ fn access_rules_make_a_client_read_only_and_squash_its_root() {
     fs::set_permissions(sq.dir.join("mine"), fs::Permissions::from_mode(0o4755)).unwrap();
     assert_eq!(fs::metadata(sq.dir.join("mine")).unwrap().mode() & 0o7777, 0o755);
 
+    // A client held to uid and gid ranges: root on its host makes no root-owned file (EACCES),
+    // a user in the range does.
+    fs::create_dir(cluster.mnt.join("shared")).unwrap();
+    std::os::unix::fs::chown(cluster.mnt.join("shared"), Some(1500), Some(1500)).unwrap();
+    let rg = Mount::with_env(&cluster, "rg", &[], &[("CAIRN_TLS", ranged.to_str().unwrap())]);
+    let e = fs::write(rg.dir.join("shared/by-root"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+    assert!(!cluster.mnt.join("shared/by-root").exists(), "nothing was made");
+    let by_user = rg.dir.join("shared/by-user");
+    let made = std::process::Command::new("setpriv")
+        .args(["--reuid=1500", "--regid=1500", "--clear-groups", "sh", "-c"])
+        .arg(format!("echo x > {}", by_user.display()))
+        .status()
+        .unwrap();
+    assert!(made.success(), "a user in the range writes a file");
+    let meta = fs::metadata(&by_user).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (1500, 1500));
+
     // The cluster's own client certificate, which no rule names, is not held to them.
     fs::write(cluster.mnt.join("by-client"), b"x").unwrap();
     assert_eq!(fs::metadata(cluster.mnt.join("by-client")).unwrap().uid(), 0);
@@ -556,6 +577,6 @@ fn access_rules_make_a_client_read_only_and_squash_its_root() {
     drop(ro);
     let ro = Mount::with_env(&cluster, "ro2", &[], &[("CAIRN_TLS", reader.to_str().unwrap())]);
     assert_eq!(fs::write(ro.dir.join("new"), b"x").unwrap_err().raw_os_error(), Some(libc::EROFS));
-    drop((ro, sq));
+    drop((ro, sq, rg));
     cluster.stop();
 }

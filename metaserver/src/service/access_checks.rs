@@ -8,7 +8,7 @@ use cairn_proto::SetAttrRequest;
 use tonic::{Request, Status};
 
 use super::MetaService;
-use crate::access::{Rule, Squash};
+use crate::access::Rule;
 use crate::schema::Inode;
 
 impl MetaService {
@@ -50,7 +50,7 @@ impl MetaService {
         ino: u64,
         data: bool,
     ) -> Result<Option<Inode>, Status> {
-        if rule.squash == Squash::None && rule.setuid {
+        if !rule.limits_owners() && rule.setuid {
             return Ok(None);
         }
         let inode = self.read(|ns| ns.getattr(ino))?;
@@ -59,7 +59,7 @@ impl MetaService {
                 cairn_common::ErrorKind::NotPermitted,
                 format!(
                     "inode {ino} is owned by uid {}, which this client's certificate may not act as \
-                     (squashed by the metaserver's access rules)",
+                     (squashed or outside its uids by the metaserver's access rules)",
                     inode.uid
                 ),
             )

@@ -154,8 +154,8 @@ impl Meta for MetaService {
                     .into());
                 }
             }
-            r.uid = r.uid.map(|uid| rule.uid(uid));
-            r.gid = r.gid.map(|gid| rule.gid(gid));
+            r.uid = r.uid.map(|uid| rule.claim_uid(uid)).transpose()?;
+            r.gid = r.gid.map(|gid| rule.claim_gid(gid)).transpose()?;
             if let Some(mode) = r.mode {
                 // Whether a directory's setgid may stay (looked up only where it matters). The
                 // kernel sends the file type too: only the permission bits change.
@@ -173,7 +173,8 @@ impl Meta for MetaService {
         let rule = self.may_change(&req, "create")?;
         let mut r = req.into_inner();
         if let Some(rule) = rule {
-            (r.mode, r.uid, r.gid) = (rule.mode(r.mode, false)?, rule.uid(r.uid), rule.gid(r.gid));
+            (r.mode, r.uid, r.gid) =
+                (rule.mode(r.mode, false)?, rule.claim_uid(r.uid)?, rule.claim_gid(r.gid)?);
         }
         let once = once_of(&r.once);
         let (parent, name, client, generation, open) =
@@ -220,7 +221,8 @@ impl Meta for MetaService {
         let rule = self.may_change(&req, "mkdir")?;
         let mut r = req.into_inner();
         if let Some(rule) = rule {
-            (r.mode, r.uid, r.gid) = (rule.mode(r.mode, true)?, rule.uid(r.uid), rule.gid(r.gid));
+            (r.mode, r.uid, r.gid) =
+                (rule.mode(r.mode, true)?, rule.claim_uid(r.uid)?, rule.claim_gid(r.gid)?);
         }
         let once = once_of(&r.once);
         let (parent, name) = (check_ino(r.parent)?, r.name.clone());
@@ -288,7 +290,7 @@ impl Meta for MetaService {
         let rule = self.may_change(&req, "symlink")?;
         let mut r = req.into_inner();
         if let Some(rule) = rule {
-            (r.uid, r.gid) = (rule.uid(r.uid), rule.gid(r.gid));
+            (r.uid, r.gid) = (rule.claim_uid(r.uid)?, rule.claim_gid(r.gid)?);
         }
         let once = once_of(&r.once);
         let (parent, name) = (check_ino(r.parent)?, r.name.clone());

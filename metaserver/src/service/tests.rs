@@ -438,11 +438,14 @@ mod access_rules {
             anon_gid: 600,
             setuid: false,
             devices: false,
+            uids: None,
+            gids: None,
         };
         let access = Access::of(vec![
             Rule { read_only: true, ..rule(&["reader", "eval-*"]) },
             Rule { squash: Squash::All, ..rule(&["squashed"]) },
             Rule { squash: Squash::Root, ..rule(&["root-squashed"]) },
+            Rule { uids: Some([1000, 1999]), gids: Some([1000, 1999]), ..rule(&["ranged"]) },
         ])
         .unwrap();
         let f = namespace();
@@ -628,6 +631,55 @@ mod access_rules {
             .into_inner();
         let attr = made.file.unwrap().attr.unwrap();
         assert_eq!((attr.uid, attr.gid, attr.mode), (0, 0, S_IFREG | 0o4755));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_claims_only_the_owners_its_rule_allows() {
+        let svc = service();
+        let who = "ranged";
+        let made = svc.create(client(who, create("in", S_IFREG | 0o644, 1500))).await.unwrap().into_inner();
+        let mine = made.file.unwrap().attr.unwrap();
+        assert_eq!((mine.uid, mine.gid), (1500, 1500));
+        // Entries owned outside its ranges: EACCES, and nothing made.
+        let mkdir =
+            MkdirRequest { parent: ROOT_INO, name: "d".into(), mode: 0o755, uid: 0, gid: 1500, once: None };
+        let symlink = SymlinkRequest {
+            parent: ROOT_INO,
+            name: "s".into(),
+            target: "in".into(),
+            uid: 1500,
+            gid: 2000,
+            once: None,
+        };
+        let refused = [
+            svc.create(client(who, create("root-owned", S_IFREG | 0o644, 0))).await.err(),
+            svc.mkdir(client(who, mkdir)).await.err(),
+            svc.symlink(client(who, symlink)).await.err(),
+            svc.set_attr(client(who, SetAttrRequest { ino: mine.ino, uid: Some(0), ..Default::default() }))
+                .await
+                .err(),
+            svc.set_attr(client(who, SetAttrRequest { ino: mine.ino, gid: Some(999), ..Default::default() }))
+                .await
+                .err(),
+        ];
+        for (i, e) in refused.into_iter().enumerate() {
+            let e = e.unwrap_or_else(|| panic!("change {i} was not refused"));
+            assert_eq!(kind(e), ErrorKind::PermissionDenied, "{i}");
+        }
+        for name in ["root-owned", "d", "s"] {
+            let e = svc.lookup(client(who, LookupRequest { parent: ROOT_INO, name: name.into() })).await;
+            assert_eq!(kind(e.unwrap_err()), ErrorKind::NotFound, "{name}");
+        }
+        let attr = svc.get_attr(client(who, InoRequest { ino: mine.ino })).await.unwrap().into_inner();
+        assert_eq!(attr.attr.unwrap().uid, 1500, "unchanged");
+        // A chown inside the range goes through; root's files it may not act on.
+        let chown = SetAttrRequest { ino: mine.ino, uid: Some(1999), gid: Some(1000), ..Default::default() };
+        let after = svc.set_attr(client(who, chown)).await.unwrap().into_inner().attr.unwrap();
+        assert_eq!((after.uid, after.gid), (1999, 1000));
+        let made = svc.create(client("writer", create("roots", S_IFREG | 0o666, 0))).await.unwrap();
+        let roots = made.into_inner().file.unwrap().attr.unwrap().ino;
+        let touch = SetAttrRequest { ino: roots, mode: Some(0o600), ..Default::default() };
+        assert_eq!(kind(svc.set_attr(client(who, touch)).await.unwrap_err()), ErrorKind::NotPermitted);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
