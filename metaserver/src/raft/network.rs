@@ -160,6 +160,34 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
 type RpcError<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
 
+/// The most entry bytes one append message carries (the transport refuses messages over
+/// `cairn_common::MAX_MESSAGE_BYTES`, 80 MiB): a single larger entry still goes alone.
+const APPEND_BUDGET: usize = 32 << 20;
+
+/// How many of `entries`, from the first, fit in `budget` bytes of keys and values (at least
+/// one, whatever its size, so a large change is never stuck).
+fn entries_within(entries: &[super::Entry], budget: usize) -> usize {
+    let mut used = 0usize;
+    for (i, entry) in entries.iter().enumerate() {
+        let bytes = match &entry.payload {
+            openraft::EntryPayload::Normal(command) => command
+                .ops
+                .iter()
+                .map(|op| match op {
+                    crate::store::Op::Put { key, value, .. } => key.len() + value.len() + 16,
+                    crate::store::Op::Delete { key, .. } => key.len() + 16,
+                })
+                .sum(),
+            _ => 1024,
+        };
+        used += bytes;
+        if used > budget && i > 0 {
+            return i;
+        }
+    }
+    entries.len()
+}
+
 impl Peer {
     /// Send `msg` with `call` and decode the reply, a `Result` of openraft's as JSON.
     async fn send<T, E, F, Fut>(
@@ -200,6 +228,13 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> std::result::Result<AppendEntriesResponse<NodeId>, RpcError> {
+        // openraft sends up to `max_payload_entries` entries at once to a lagging follower, and
+        // group commit makes entries of up to 4 MiB: ask it for fewer where they would not fit
+        // one message.
+        let fit = entries_within(&rpc.entries, APPEND_BUDGET);
+        if fit < rpc.entries.len() {
+            return Err(openraft::error::PayloadTooLarge::new_entries_hint(fit.max(1) as u64).into());
+        }
         let msg = encode_append(&rpc, &self.cluster);
         self.send(msg, &option, |mut c, m| async move { c.raft_append(m).await }).await
     }
@@ -256,5 +291,28 @@ mod tests {
         assert!(decode_append(&bad).unwrap_err().message().contains("malformed Raft entry"));
         bad.header = b"{".to_vec();
         assert!(decode_append(&bad).unwrap_err().message().contains("malformed Raft message"));
+    }
+
+    /// Entries for a lagging follower are sent in messages the transport takes: as many as fit
+    /// the budget, and a single large one alone.
+    #[test]
+    fn appends_stay_within_the_message_budget() {
+        let entry = |i, bytes: usize| Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), i),
+            payload: EntryPayload::Normal(Command {
+                ops: vec![Op::Put { cf: Cf::Inodes, key: vec![1], value: vec![0; bytes] }],
+            }),
+        };
+        let small: Vec<Entry> = (1..=300).map(|i| entry(i, 1000)).collect();
+        assert_eq!(entries_within(&small, APPEND_BUDGET), 300, "small entries all go");
+        let big: Vec<Entry> = (1..=300).map(|i| entry(i, 4 << 20)).collect();
+        let fit = entries_within(&big, APPEND_BUDGET);
+        assert_eq!(fit, 7, "4 MiB entries: as many as 32 MiB takes");
+        assert_eq!(
+            entries_within(&[entry(1, 100 << 20), entry(2, 10)], APPEND_BUDGET),
+            1,
+            "a huge one alone"
+        );
+        assert_eq!(entries_within(&[], APPEND_BUDGET), 0);
     }
 }
