@@ -115,10 +115,14 @@ impl Signer {
     /// a new leadership does not send, so one that leads again must not sign with a key it
     /// had before. The old keys are still sent while they may be valid.
     pub fn new_key(&self) {
-        let now = unix_secs();
+        drop(self.new_key_at(unix_secs()));
+    }
+
+    fn new_key_at(&self, now: i64) -> parking_lot::MutexGuard<'_, (Key, Vec<Key>)> {
         let mut keys = self.keys.lock();
         let old = std::mem::replace(&mut keys.0, Key::new(now));
         keys.1.push(old);
+        keys
     }
 
     /// Revoke every token signed so far (what they grant changed: access rules were edited)
@@ -129,9 +133,7 @@ impl Signer {
     }
 
     fn revoke_all_at(&self, now: i64) {
-        let mut keys = self.keys.lock();
-        let old = std::mem::replace(&mut keys.0, Key::new(now));
-        keys.1.push(old);
+        let mut keys = self.new_key_at(now);
         for k in &mut keys.1 {
             k.revoked.get_or_insert(now);
         }

@@ -55,11 +55,7 @@ impl Cluster {
         client_lease: Duration,
     ) -> Result<Arc<Cluster>> {
         let registry = Arc::new(Registry::open(store.clone(), node_timeout)?);
-        let next_client = store
-            .get(Cf::Counters, counter::NEXT_CLIENT)?
-            .map(|v| schema::decode::<Counter>("counter", &v).map(|c| c.value))
-            .transpose()?
-            .unwrap_or(1);
+        let next_client = crate::namespace::read_counter(&*store, counter::NEXT_CLIENT)?.unwrap_or(1);
         Ok(Arc::new(Cluster {
             store,
             registry,

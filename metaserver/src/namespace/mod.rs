@@ -171,7 +171,7 @@ fn read_foreign_inos(store: &dyn MetaStore) -> Result<Vec<(u64, u64)>> {
         .collect())
 }
 
-fn read_counter(store: &dyn MetaStore, key: &[u8]) -> Result<Option<u64>> {
+pub(crate) fn read_counter(store: &dyn MetaStore, key: &[u8]) -> Result<Option<u64>> {
     store
         .get(Cf::Counters, key)?
         .map(|v| schema::decode::<Counter>("counter", &v).map(|c| c.value))

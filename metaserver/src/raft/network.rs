@@ -170,14 +170,8 @@ fn entries_within(entries: &[super::Entry], budget: usize) -> usize {
     let mut used = 0usize;
     for (i, entry) in entries.iter().enumerate() {
         let bytes = match &entry.payload {
-            openraft::EntryPayload::Normal(command) => command
-                .ops
-                .iter()
-                .map(|op| match op {
-                    crate::store::Op::Put { key, value, .. } => key.len() + value.len() + 16,
-                    crate::store::Op::Delete { key, .. } => key.len() + 16,
-                })
-                .sum(),
+            // Each op's bytes and its framing (kind, family, lengths).
+            openraft::EntryPayload::Normal(command) => command.ops.iter().map(|op| op.bytes() + 16).sum(),
             _ => 1024,
         };
         used += bytes;

@@ -48,13 +48,7 @@ impl Pending {
     }
 
     fn bytes(&self) -> usize {
-        self.ops
-            .iter()
-            .map(|op| match op {
-                Op::Put { key, value, .. } => key.len() + value.len(),
-                Op::Delete { key, .. } => key.len(),
-            })
-            .sum()
+        self.ops.iter().map(Op::bytes).sum()
     }
 }
 

@@ -85,6 +85,16 @@ pub enum Op {
     Delete { cf: Cf, key: Vec<u8> },
 }
 
+impl Op {
+    /// The bytes of its key and value.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Op::Put { key, value, .. } => key.len() + value.len(),
+            Op::Delete { key, .. } => key.len(),
+        }
+    }
+}
+
 /// Changes applied atomically by [`MetaStore::write`], in order (a later op on the same key wins).
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
