@@ -6,6 +6,7 @@
 //! All shards handed to the codec have one length, which must be even; callers pad shorter
 //! data shards with zeros (see `Layout::coded_len`).
 
+use crate::content::ContentHashes;
 use crate::{CairnError, Result};
 
 #[derive(Clone, Copy, Debug)]
@@ -86,6 +87,10 @@ pub struct StripeShards {
     layout: crate::Layout,
     written_len: u64,
     shards: Vec<Option<Vec<u8>>>,
+    /// The data shards' content hashes (none: nothing is checked beyond lengths).
+    hashes: ContentHashes,
+    /// Data shards already checked against `hashes` (bit per index).
+    checked: u32,
 }
 
 impl StripeShards {
@@ -94,7 +99,14 @@ impl StripeShards {
         let shards = (0..layout.width())
             .map(|i| (i < layout.k && layout.shard_len(i, written_len) == 0).then(|| vec![0; coded]))
             .collect();
-        StripeShards { layout, written_len, shards }
+        StripeShards { layout, written_len, shards, hashes: ContentHashes::default(), checked: 0 }
+    }
+
+    /// Check the data shards against their writer's content hashes: each one added, and each
+    /// one decoded (so a wrong parity shard shows as decoded data that does not match).
+    pub fn verified_by(mut self, hashes: ContentHashes) -> StripeShards {
+        self.hashes = hashes;
+        self
     }
 
     /// Whether shard `index` has to be fetched (it is not a known-empty data shard).
@@ -112,7 +124,8 @@ impl StripeShards {
         self.present() >= self.layout.k as usize
     }
 
-    /// Add a fetched shard; a shard of the wrong length is rejected (and not used).
+    /// Add a fetched shard; a shard of the wrong length, or a data shard that does not match
+    /// its content hash, is rejected (`Corrupt`, and not used).
     pub fn add(&mut self, index: u32, data: &[u8]) -> Result<()> {
         let expect = self.layout.shard_len(index, self.written_len) as usize;
         if data.len() != expect {
@@ -121,15 +134,33 @@ impl StripeShards {
                 data.len()
             )));
         }
+        self.hashes.check(index, data)?;
+        self.checked |= 1 << index;
         let mut v = data.to_vec();
         v.resize(self.layout.coded_len(self.written_len) as usize, 0);
         self.shards[index as usize] = Some(v);
         Ok(())
     }
 
+    /// After decoding: every data shard not checked when added matches its content hash.
+    fn check_decoded(&self) -> Result<()> {
+        for i in (0..self.layout.k).filter(|&i| self.checked & (1 << i) == 0 && self.hashes.covers(i)) {
+            let len = self.layout.shard_len(i, self.written_len) as usize;
+            let shard = &self.shards[i as usize].as_ref().expect("reconstructed")[..len];
+            self.hashes.check(i, shard).map_err(|e| {
+                CairnError::corrupt(format!(
+                    "decoded from shards that do not agree with the writer's content hashes: {}",
+                    e.message()
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
     /// The stripe's first `written_len` bytes, decoded from any `k` shards.
     pub fn data(mut self) -> Result<Vec<u8>> {
         Codec::new(self.layout.k, self.layout.m).reconstruct_data(&mut self.shards)?;
+        self.check_decoded()?;
         let mut data = Vec::with_capacity(self.written_len as usize);
         for (i, shard) in self.shards.iter().take(self.layout.k as usize).enumerate() {
             let len = self.layout.shard_len(i as u32, self.written_len) as usize;
@@ -141,6 +172,7 @@ impl StripeShards {
     /// Shard `index` as stored, rebuilt from any `k` shards.
     pub fn shard(mut self, index: u32) -> Result<Vec<u8>> {
         Codec::new(self.layout.k, self.layout.m).reconstruct_all(&mut self.shards)?;
+        self.check_decoded()?;
         let mut data = self.shards[index as usize].take().expect("reconstructed");
         data.truncate(self.layout.shard_len(index, self.written_len) as usize);
         Ok(data)
@@ -219,6 +251,57 @@ mod tests {
         s.add(4, &parity[0]).unwrap();
         s.add(5, &parity[1]).unwrap();
         assert_eq!(s.shard(0).unwrap(), data[..4096]);
+    }
+
+    /// With the writer's content hashes, a data shard that is not what was written is refused
+    /// when added, and a parity shard that is not is caught in what it decodes to.
+    #[test]
+    fn stripe_shards_check_content_hashes() {
+        let layout = crate::Layout::new(4, 2, 4096).unwrap();
+        let data: Vec<u8> = (0..4 * 4096u32).map(|i| (i * 13 + 5) as u8).collect();
+        let written = data.len() as u64;
+        let shards: Vec<Vec<u8>> = data.chunks(4096).map(<[u8]>::to_vec).collect();
+        let parity = Codec::new(4, 2).encode(&shards).unwrap();
+        let hashes = ContentHashes::of(&shards);
+        let mut forged = shards[2].clone();
+        forged[100] ^= 1;
+
+        let mut s = StripeShards::new(layout, written).verified_by(hashes.clone());
+        let e = s.add(2, &forged).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Corrupt);
+        assert_eq!(s.present(), 0, "a refused shard is not used");
+        for i in [0, 1, 3] {
+            s.add(i, &shards[i as usize]).unwrap();
+        }
+        s.add(4, &parity[0]).unwrap();
+        assert_eq!(s.data().unwrap(), data);
+
+        // A forged parity shard passes `add` (parity has no hash) but not the decode.
+        let mut bad_parity = parity[1].clone();
+        bad_parity[7] ^= 0x80;
+        let mut s = StripeShards::new(layout, written).verified_by(hashes.clone());
+        for i in [0, 1] {
+            s.add(i, &shards[i as usize]).unwrap();
+        }
+        s.add(4, &parity[0]).unwrap();
+        s.add(5, &bad_parity).unwrap();
+        let e = s.data().unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Corrupt, "{e}");
+        let mut s = StripeShards::new(layout, written).verified_by(hashes.clone());
+        for i in [1, 2, 3] {
+            s.add(i, &shards[i as usize]).unwrap();
+        }
+        s.add(5, &bad_parity).unwrap();
+        assert_eq!(s.shard(4).unwrap_err().kind(), crate::ErrorKind::Corrupt, "a rebuild from it is refused");
+
+        // Without hashes the same forged shard decodes to wrong bytes: what the hashes are for.
+        let mut s = StripeShards::new(layout, written);
+        for i in [0, 1] {
+            s.add(i, &shards[i as usize]).unwrap();
+        }
+        s.add(4, &parity[0]).unwrap();
+        s.add(5, &bad_parity).unwrap();
+        assert_ne!(s.data().unwrap(), data);
     }
 
     #[test]

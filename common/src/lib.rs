@@ -9,6 +9,7 @@ pub mod checksum;
 pub mod codec;
 pub mod config;
 pub mod connect;
+pub mod content;
 pub mod error;
 pub mod failover;
 pub mod ids;
