@@ -6,7 +6,7 @@ mod support;
 use std::fs;
 use std::time::{Duration, Instant};
 
-use support::{cli_json, eventually, kill9, random_bytes, sha256, Cluster};
+use support::{cli_json, eventually, kill9, random_bytes, sha256, Cluster, Mount};
 
 fn status(cluster: &Cluster) -> serde_json::Value {
     let out = cluster.cli(&["status", "--json"]);
@@ -309,6 +309,51 @@ fn shards_of(cluster: &Cluster, ino: u64, stripe: u64) -> Vec<std::path::PathBuf
         .collect();
     out.sort();
     out
+}
+
+/// Replace a shard file by one holding other bytes under a valid header: its block checksums
+/// are computed over the new bytes, as a chunkserver (or anyone with its disk) could write.
+fn forge(path: &std::path::Path) {
+    let name = path.file_name().unwrap().to_str().unwrap();
+    let id = cairn_common::ShardId::parse_file_name(name).unwrap();
+    let file = fs::read(path).unwrap();
+    let header = cairn_chunk::shard::parse_header(&file, &id).unwrap();
+    let mut data = file[header.header_len as usize..].to_vec();
+    data[0] ^= 0xff;
+    let mut forged = cairn_chunk::shard::encode_header(&id, &data);
+    forged.extend_from_slice(&data);
+    assert_eq!(forged.len(), file.len());
+    fs::write(path, forged).unwrap();
+}
+
+/// A forged data shard passes every block checksum but not the content hash its writer
+/// recorded in the stripe record: fsck reports it corrupt, a reader on another mount gets the
+/// written bytes (from the other shards), and scrub rebuilds it byte-identical.
+#[test]
+fn a_forged_shard_with_valid_checksums_is_caught_by_its_content_hash() {
+    use std::os::unix::fs::MetadataExt;
+    let cluster = Cluster::start(6, "4+2", 256);
+    let data = random_bytes(2_500_000, 920);
+    fs::write(cluster.mnt.join("f"), &data).unwrap();
+    let pristine = shard_bytes(&cluster);
+    let ino = fs::metadata(cluster.mnt.join("f")).unwrap().ino();
+    let data_shard_2 = shards_of(&cluster, ino, 1)
+        .into_iter()
+        .find(|p| p.file_name().unwrap().to_string_lossy().contains(&format!("-{:012x}-02-", 1)))
+        .unwrap();
+    forge(&data_shard_2);
+
+    let (code, found) = cli_json(&cluster, &["fsck"]);
+    assert_eq!(code, 4, "{found}");
+    assert_eq!((found["shards_corrupt"].as_u64(), found["degraded"].as_u64()), (Some(1), Some(1)), "{found}");
+    let other = Mount::new(&cluster, "other");
+    assert_eq!(sha256(&fs::read(other.dir.join("f")).unwrap()), sha256(&data), "forged bytes were read");
+
+    let (code, scrubbed) = cli_json(&cluster, &["scrub", "--all"]);
+    assert_eq!(code, 1, "{scrubbed}");
+    assert_eq!(scrubbed["repaired"].as_u64(), Some(1), "{scrubbed}");
+    assert!(shard_bytes(&cluster) == pristine, "the forged shard was not rebuilt as written");
+    assert_eq!(cli_json(&cluster, &["fsck"]).0, 0);
 }
 
 #[test]

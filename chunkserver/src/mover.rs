@@ -244,7 +244,7 @@ impl Mover {
         }
         self.store.engine().fsync(dst.clone()).await.map_err(|e| io("fsync", tmp, e))?;
         let copy = ShardFile { file: dst, direct: false };
-        copy.verify(self.store.engine(), id, Some(loc.file_len)).await?;
+        copy.verify(self.store.engine(), id, Some(loc.file_len), None).await?;
         self.store.written_to(target, &copy.file);
         Ok(())
     }

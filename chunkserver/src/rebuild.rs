@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use cairn_common::channels::Channels;
 use cairn_common::codec::StripeShards;
+use cairn_common::content::ContentHashes;
 use cairn_common::{CairnError, Layout, Result, ShardId};
 use cairn_proto::{ReadShardRequest, RebuildShardRequest};
 
@@ -26,17 +27,23 @@ pub async fn rebuild(store: &Arc<ShardStore>, req: RebuildShardRequest) -> Resul
         return Err(CairnError::invalid(format!("rebuild: shard {id} does not fit {layout}")));
     }
     let want_len = layout.shard_len(id.index, req.written_len);
+    let hashes = ContentHashes::from_bytes(&req.hashes, layout.k)?;
     if let Some(same) = req.sources.iter().find(|s| s.index == id.index) {
         match fetch(&same.addr, id).await {
-            Ok(data) if data.len() as u64 == want_len => {
-                store.write(id, bytes::Bytes::from(data)).await?;
-                return Ok(want_len);
-            }
+            Ok(data) if data.len() as u64 == want_len => match hashes.check(id.index, &data) {
+                Ok(()) => {
+                    store.write(id, bytes::Bytes::from(data)).await?;
+                    return Ok(want_len);
+                }
+                Err(e) => {
+                    tracing::warn!(%id, addr = %same.addr, "copy source refused, decoding instead: {e}")
+                }
+            },
             Ok(data) => tracing::warn!(%id, got = data.len(), want_len, "copy source has the wrong length"),
             Err(e) => tracing::warn!(%id, addr = %same.addr, "copy failed, decoding instead: {e}"),
         }
     }
-    let mut shards = StripeShards::new(layout, req.written_len);
+    let mut shards = StripeShards::new(layout, req.written_len).verified_by(hashes);
     let fetches = req.sources.iter().filter(|s| s.index < layout.width() && s.index != id.index).map(|s| {
         let source = ShardId { index: s.index, ..id };
         async move { (s.index, fetch(&s.addr, source).await) }

@@ -76,7 +76,7 @@ impl Scrub {
             metrics::counter!(crate::metrics::SCRUB_SHARDS).increment(1);
             metrics::counter!(crate::metrics::SCRUB_BYTES).increment(len);
             self.limiter.take(len).await;
-            match file.verify(self.store.engine(), &id, None).await {
+            match file.verify(self.store.engine(), &id, None, None).await {
                 Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::Corrupt => {
                     tracing::warn!(%id, path = %path.display(), "scrub: {e}");

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use cairn_common::capability::{self, Refusal, Verifier};
+use cairn_common::content::HASH_LEN;
 use cairn_common::tls::Peer;
 use cairn_common::ErrorKind;
 use cairn_common::{CairnError, Result, ShardId};
@@ -249,10 +250,30 @@ impl Chunk for ChunkService {
             .into());
         }
         let ids = req.ids.iter().map(|id| shard_id(Some(id))).collect::<Result<Vec<_>>>()?;
+        if !req.hashes.is_empty() && req.hashes.len() != ids.len() {
+            return Err(CairnError::invalid(format!(
+                "{} content hashes for {} shard ids: one per id, or none",
+                req.hashes.len(),
+                ids.len()
+            ))
+            .into());
+        }
+        let mut contents = Vec::with_capacity(ids.len());
+        for (i, id) in ids.iter().enumerate() {
+            contents.push(match req.hashes.get(i).filter(|h| !h.is_empty()) {
+                None => None,
+                Some(h) => Some(<[u8; HASH_LEN]>::try_from(h.as_slice()).map_err(|_| {
+                    CairnError::invalid(format!(
+                        "shard {id}: a content hash has {} bytes, not {HASH_LEN}",
+                        h.len()
+                    ))
+                })?),
+            });
+        }
         let verify = req.verify;
-        let results = stream::iter(ids)
-            .map(|id| async move {
-                let (state, error) = match self.store.check(id, verify).await {
+        let results = stream::iter(ids.into_iter().zip(contents))
+            .map(|(id, content)| async move {
+                let (state, error) = match self.store.check(id, verify, content).await {
                     Ok(()) => (ShardState::ShardOk, String::new()),
                     Err(e) if e.kind() == ErrorKind::NotFound => {
                         (ShardState::ShardMissing, e.message().into())

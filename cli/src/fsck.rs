@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn_client::MetaConn;
+use cairn_common::content::HASH_LEN;
 use cairn_common::{CairnError, Result};
 use cairn_proto as p;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -58,6 +59,8 @@ struct Shard {
     stripe: usize,
     id: p::ShardId,
     bytes: u64,
+    /// Its content hash from the stripe record (a data shard; empty when the record has none).
+    content: Vec<u8>,
 }
 
 /// Shards of one stripe found damaged or unavailable (bit i = shard index i).
@@ -363,11 +366,14 @@ async fn check(
             f.stripes.iter().enumerate().map(|(i, s)| (s.index, i)).collect();
         for (s, index, node, bytes) in f.shards() {
             let id = p::ShardId { ino: f.ino, stripe: s.index, index, version: s.version };
+            let at = index as usize * HASH_LEN;
+            let content = s.hashes.get(at..at + HASH_LEN).map_or_else(Vec::new, <[u8]>::to_vec);
             by_node.entry(node).or_default().push(Shard {
                 file: fi,
                 stripe: stripe_pos[&s.index],
                 id,
                 bytes,
+                content,
             });
             total += bytes;
         }
@@ -423,7 +429,11 @@ async fn check_node(
         let bytes: u64 = rest[..n].iter().map(|s| s.bytes).sum();
         let (batch, after) = rest.split_at(n);
         rest = after;
-        let req = p::CheckShardsRequest { ids: batch.iter().map(|s| s.id).collect(), verify };
+        let req = p::CheckShardsRequest {
+            ids: batch.iter().map(|s| s.id).collect(),
+            verify,
+            hashes: batch.iter().map(|s| s.content.clone()).collect(),
+        };
         match client.check_shards(req).await {
             Ok(reply) => {
                 let results = reply.into_inner().results;
@@ -475,8 +485,14 @@ mod tests {
     #[test]
     fn stripes_are_healthy_degraded_or_unrecoverable() {
         let layout = Layout::new(4, 2, 4096).unwrap();
-        let stripe =
-            |missing| p::StripeInfo { index: 0, version: 1, len: 16384, written_len: 16384, missing };
+        let stripe = |missing| p::StripeInfo {
+            index: 0,
+            version: 1,
+            len: 16384,
+            written_len: 16384,
+            missing,
+            ..Default::default()
+        };
         let f = Opened {
             ino: 5,
             path: "/f".into(),

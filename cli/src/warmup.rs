@@ -372,7 +372,7 @@ async fn placement_on(node: u32, addr: Option<String>, shards: &[Shard]) -> Plac
         for batch in shards.chunks(STATUS_BATCH) {
             let ids = batch.iter().map(|s| s.id).collect();
             let reply = client
-                .check_shards(p::CheckShardsRequest { ids, verify: false })
+                .check_shards(p::CheckShardsRequest { ids, verify: false, hashes: Vec::new() })
                 .await
                 .map_err(CairnError::from)?
                 .into_inner();
@@ -524,9 +524,16 @@ mod tests {
         let mut plan = Plan::default();
         let stripes = vec![
             // One byte: data shard 0 plus two parity shards.
-            p::StripeInfo { index: 0, version: 7, len: 1, written_len: 1, missing: 0 },
+            p::StripeInfo { index: 0, version: 7, len: 1, written_len: 1, ..Default::default() },
             // A full stripe whose shard 5 was never stored.
-            p::StripeInfo { index: 1, version: 8, len: 4 * 4096, written_len: 4 * 4096, missing: 1 << 5 },
+            p::StripeInfo {
+                index: 1,
+                version: 8,
+                len: 4 * 4096,
+                written_len: 4 * 4096,
+                missing: 1 << 5,
+                ..Default::default()
+            },
         ];
         let placement = vec![10, 11, 12, 13, 14, 15];
         add_file(&mut plan, Opened { ino: 9, path: "/f".into(), layout, placement, stripes });

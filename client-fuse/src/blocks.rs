@@ -136,6 +136,16 @@ impl BlockCache {
         self.evict(&mut inner);
     }
 
+    /// Drop every cached block of shard `id` (found not to be what its writer wrote).
+    pub fn forget(&self, id: ShardId) {
+        let mut inner = self.inner.lock();
+        let keys: Vec<Key> = inner.map.keys().filter(|(shard, _)| *shard == id).copied().collect();
+        for key in keys {
+            let gone = inner.map.remove(&key).expect("present");
+            inner.bytes -= gone.data.len();
+        }
+    }
+
     fn evict(&self, inner: &mut Inner) {
         while inner.bytes > self.capacity {
             let Some(key) = inner.ring.pop_front() else { break };

@@ -277,7 +277,7 @@ impl OpenFile {
                     let to = ((in_stripe + take) as usize).min(buf.len());
                     Source::Bytes(buf[from..to].to_vec())
                 } else if let Some(info) = inner.stripes.get(&stripe) {
-                    Source::Stripe(*info)
+                    Source::Stripe(info.clone())
                 } else {
                     Source::Hole
                 };
@@ -294,7 +294,7 @@ impl OpenFile {
                 let from = *in_stripe as usize;
                 if from + *take as usize <= whole.len() {
                     if how.ahead {
-                        let last = *info;
+                        let last = info.clone();
                         self.read_ahead(nodes, &last).await;
                     }
                     return Ok(whole.slice(from, *take as usize));
@@ -348,7 +348,7 @@ impl OpenFile {
         }
         let infos: Vec<StripeInfo> = {
             let inner = self.inner.lock().await;
-            inner.stripes.range(range).map(|(_, info)| *info).collect()
+            inner.stripes.range(range).map(|(_, info)| info.clone()).collect()
         };
         for info in infos {
             let Some(cell) = self.cache.lock().ahead_cell(info.index, info.version) else {
@@ -480,7 +480,7 @@ impl OpenFile {
                 .unwrap_or_else(|e| Err(CairnError::internal(format!("stripe {stripe} write task: {e}"))));
             match result {
                 Ok(info) => {
-                    inner.stripes.insert(stripe, info);
+                    inner.stripes.insert(stripe, info.clone());
                     inner.uncommitted.insert(stripe, info);
                 }
                 Err(e) => {
@@ -511,7 +511,7 @@ impl OpenFile {
         for ((stripe, buf), result) in bufs.into_iter().zip(results) {
             match result {
                 Ok(info) => {
-                    inner.stripes.insert(stripe, info);
+                    inner.stripes.insert(stripe, info.clone());
                     inner.uncommitted.insert(stripe, info);
                 }
                 Err(e) => {
@@ -639,7 +639,7 @@ impl OpenFile {
             None => (inner.size, inner.uncommitted.values().cloned().collect()),
             Some(stripe) => (
                 inner.size.min(self.geo.layout.stripe_start(stripe)),
-                inner.uncommitted.range(..stripe).map(|(_, info)| *info).collect(),
+                inner.uncommitted.range(..stripe).map(|(_, info)| info.clone()).collect(),
             ),
         };
         if stripes.is_empty() && (first_unwritten.is_some() || !inner.size_dirty) {

@@ -90,11 +90,27 @@ impl ShardApi for FakeChunk {
 /// Six fake chunkservers, node ids 1..=6.
 struct Cluster {
     chunks: Vec<Arc<FakeChunk>>,
+    /// Shards reported damaged, in order.
+    reported: Mutex<Vec<ShardId>>,
 }
 
 impl Cluster {
     fn new() -> Arc<Cluster> {
-        Arc::new(Cluster { chunks: (0..6).map(|_| Arc::default()).collect() })
+        Arc::new(Cluster { chunks: (0..6).map(|_| Arc::default()).collect(), reported: Mutex::default() })
+    }
+
+    /// Replace shard `id`'s bytes, wherever it is stored, by other bytes of the same length
+    /// (as a chunkserver serving a forged shard with valid checksums would).
+    fn forge(&self, id: ShardId) {
+        for chunk in &self.chunks {
+            if let Some(data) = chunk.shards.lock().get_mut(&id) {
+                let mut forged = data.to_vec();
+                forged[0] ^= 0x5a;
+                *data = Bytes::from(forged);
+                return;
+            }
+        }
+        panic!("no chunkserver holds {id}");
     }
 
     fn set_down(&self, nodes: &[u32], down: bool) {
@@ -127,7 +143,8 @@ impl NodeDirectory for Cluster {
         Box::pin(async move { Ok(Capability { ino, ..Default::default() }) })
     }
 
-    fn report_damaged(&self, _ids: Vec<ShardId>) -> BoxFuture<'static, Result<()>> {
+    fn report_damaged(&self, ids: Vec<ShardId>) -> BoxFuture<'static, Result<()>> {
+        self.reported.lock().extend(ids);
         Box::pin(async { Ok(()) })
     }
 
@@ -151,7 +168,7 @@ impl FakeMeta {
     }
 
     fn records(&self) -> Vec<StripeInfo> {
-        let mut all: Vec<StripeInfo> = self.records.lock().values().copied().collect();
+        let mut all: Vec<StripeInfo> = self.records.lock().values().cloned().collect();
         all.sort_by_key(|s| s.index);
         all
     }
@@ -160,7 +177,7 @@ impl FakeMeta {
 impl FileMeta for FakeMeta {
     fn commit(&self, req: p::CommitRequest) -> BoxFuture<'_, Result<p::AttrReply>> {
         Box::pin(async move {
-            self.records.lock().extend(req.stripes.iter().map(|s| (s.index, *s)));
+            self.records.lock().extend(req.stripes.iter().map(|s| (s.index, s.clone())));
             let attr = p::Attr { ino: req.ino, size: req.size, ..Default::default() };
             self.commits.lock().push(req);
             Ok(p::AttrReply { attr: Some(attr), parent: None })
@@ -409,4 +426,48 @@ impl FileMeta for FailingCommits {
     fn list_stripes(&self, _req: p::ListStripesRequest) -> BoxFuture<'_, Result<p::ListStripesReply>> {
         Box::pin(async { Err(CairnError::unavailable("no metaserver leader")) })
     }
+}
+
+/// A data shard whose bytes are not what its writer wrote (a forged shard: the chunkserver's
+/// own checksums would pass) is caught by the content hash the writer committed: the reader
+/// gets the written bytes from the other shards and reports the shard. More forged shards than
+/// the stripe can do without: the read fails with EIO, never returns the forged bytes.
+#[tokio::test]
+async fn a_forged_data_shard_is_caught_by_its_content_hash() {
+    let s = Setup::new().await;
+    let file = s.create();
+    let data = pattern(2 * STRIPE + 3000, 21);
+    s.write(&file, 0, &data).await.unwrap();
+    let size = s.flush(&file).await.unwrap().expect("committed").size;
+    for r in s.meta.records() {
+        assert_eq!(
+            r.hashes.len(),
+            4 * cairn_common::content::HASH_LEN,
+            "stripe {}: one hash per data shard",
+            r.index
+        );
+    }
+    let shard = |stripe, index| ShardId {
+        ino: INO,
+        stripe,
+        index,
+        version: s.meta.records()[stripe as usize].version,
+    };
+
+    s.cluster.forge(shard(0, 1));
+    s.cluster.forge(shard(2, 0)); // the short last stripe: its one data shard
+    assert!(s.read_all(&s.reopen(size), size).await == data, "forged bytes were read");
+    let reported = s.cluster.reported.lock().clone();
+    assert!(reported.contains(&shard(0, 1)) && reported.contains(&shard(2, 0)), "{reported:?}");
+
+    // Stripe 1 with three forged data shards: only three good shards are left of the four
+    // needed.
+    for index in 0..3 {
+        s.cluster.forge(shard(1, index));
+    }
+    let reader = s.reopen(size);
+    let e = reader.read(&s.nodes, STRIPE as u64, 5000).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    // Stripe 0 still reads right beside it.
+    assert!(reader.read(&s.nodes, 0, 5000).await.unwrap() == data[..5000]);
 }

@@ -13,6 +13,10 @@ pub const READ_BYTES: &str = "cairn_client_read_bytes_total";
 pub const WRITTEN_BYTES: &str = "cairn_client_written_bytes_total";
 /// Stripe reads served by Reed–Solomon reconstruction instead of the data shards (counter).
 pub const DEGRADED_READS: &str = "cairn_client_degraded_reads_total";
+/// Shards that arrived but were not what their writer wrote (counter): a data shard whose
+/// bytes do not match the content hash in its stripe record, or a shard of the wrong length.
+/// Each is reported damaged and the stripe read by reconstruction from the others.
+pub const CONTENT_MISMATCHES: &str = "cairn_client_content_mismatches_total";
 /// Reads that waited past the hedge deadline and reconstructed around a slow node (counter).
 pub const HEDGED_READS: &str = "cairn_client_hedged_reads_total";
 /// Shard writes that failed or were skipped for a suspect node (counter); the stripe was

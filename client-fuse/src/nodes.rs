@@ -379,6 +379,14 @@ impl Nodes {
         result
     }
 
+    /// A shard whose bytes do not match the content hash its writer recorded: its cached
+    /// blocks are dropped and it is reported damaged.
+    pub fn content_mismatch(&self, id: ShardId) {
+        ::metrics::counter!(crate::metrics::CONTENT_MISMATCHES).increment(1);
+        self.blocks.forget(id);
+        self.report_damaged(id);
+    }
+
     /// Tell the metaserver a shard is corrupt or gone (fire and forget): it marks the shard
     /// missing and the repair rebuilds it.
     pub fn report_damaged(&self, id: ShardId) {

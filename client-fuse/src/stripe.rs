@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cairn_common::codec::{Codec, StripeShards};
+use cairn_common::content::ContentHashes;
 use cairn_common::{CairnError, ErrorKind, Layout, Result, ShardId};
 use cairn_proto::StripeInfo;
 use futures::future::join_all;
@@ -67,6 +68,7 @@ pub async fn write_stripe(
             data.slice(start..end)
         })
         .collect();
+    let hashes = ContentHashes::of(&shards).to_bytes();
     if layout.m > 0 && written > 0 {
         // The codec wants shards of one length: a full stripe's are already; only a partial
         // stripe's shorter shards are copied to be zero-padded.
@@ -165,7 +167,14 @@ pub async fn write_stripe(
             ),
         ));
     }
-    Ok(StripeInfo { index: stripe, version, len: written, written_len: written, missing })
+    Ok(StripeInfo {
+        index: stripe,
+        version,
+        len: written,
+        written_len: written,
+        missing,
+        hashes: hashes.into(),
+    })
 }
 
 /// [`write_stripe`], waiting for chunkservers while too few answer (up to the mount's
@@ -399,11 +408,23 @@ async fn read_data_shards(
     let complete =
         results.iter().zip(&segments).all(|(r, s)| matches!(r, Some(Ok(d)) if d.len() as u64 >= s.len));
     if complete {
-        let pieces = segments
+        let pieces: Vec<Bytes> = segments
             .iter()
             .zip(results)
             .map(|(s, r)| r.expect("complete").expect("checked above").slice(..s.len as usize))
             .collect();
+        // A piece that is a whole data shard is checked against its writer's content hash.
+        let hashes = content_hashes(geo, info);
+        for (s, piece) in segments.iter().zip(&pieces) {
+            if s.shard_offset != 0 || s.len != layout.shard_len(s.shard, info.written_len) {
+                continue;
+            }
+            if let Err(e) = hashes.check(s.shard, piece) {
+                tracing::warn!(ino = geo.ino, stripe = info.index, shard = s.shard, "degraded read: {e}");
+                nodes.content_mismatch(geo.shard(info.index, s.shard, info.version));
+                return None;
+            }
+        }
         return Some(pieces);
     }
     for (s, r) in segments.iter().zip(&results) {
@@ -439,7 +460,7 @@ async fn read_data_shards(
 /// are not enough), and decoding starts as soon as `k` have arrived.
 pub async fn reconstruct(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Result<Vec<u8>> {
     metrics::counter!(crate::metrics::DEGRADED_READS).increment(1);
-    let mut shards = StripeShards::new(geo.layout, info.written_len);
+    let mut shards = StripeShards::new(geo.layout, info.written_len).verified_by(content_hashes(geo, info));
     let stored: Vec<u32> =
         (0..geo.layout.width()).filter(|&i| shards.needs_fetch(i) && info.missing & (1 << i) == 0).collect();
     let need = (geo.layout.k as usize).saturating_sub(shards.present());
@@ -462,10 +483,19 @@ pub async fn reconstruct(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Re
             .collect();
         while !shards.decodable() {
             let Some((index, result)) = reads.next().await else { break };
-            if let Err(e) = result.and_then(|data| shards.add(index, &data)) {
+            let id = geo.shard(info.index, index, info.version);
+            // A shard that arrived but is not what was written (wrong length or content).
+            let added = result.map(|data| shards.add(index, &data));
+            if let Ok(Err(e)) = &added {
+                tracing::warn!(ino = geo.ino, stripe = info.index, index, "shard refused: {e}");
+                nodes.content_mismatch(id);
+                damaged += 1;
+                continue;
+            }
+            if let Err(e) = added {
                 tracing::warn!(ino = geo.ino, stripe = info.index, index, "shard unavailable: {e}");
                 if is_damage(&e) {
-                    nodes.report_damaged(geo.shard(info.index, index, info.version));
+                    nodes.report_damaged(id);
                 }
                 if unreachable(&e) {
                     unanswered += 1;
@@ -480,12 +510,14 @@ pub async fn reconstruct(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Re
     }
     // Short only because nodes did not answer: the stored shards are intact as far as we know.
     let stored_intact = geo.layout.width() as usize - info.missing.count_ones() as usize - damaged;
-    let kind = if unanswered > 0 && stored_intact >= geo.layout.k as usize {
-        ErrorKind::TooFewNodes
-    } else {
-        ErrorKind::Io
-    };
+    let waiting_helps = unanswered > 0 && stored_intact >= geo.layout.k as usize;
     shards.data().map_err(|e| {
+        // Decoded bytes that do not match the content hashes: some shard used is wrong.
+        let kind = if waiting_helps && e.kind() != ErrorKind::Corrupt {
+            ErrorKind::TooFewNodes
+        } else {
+            ErrorKind::Io
+        };
         CairnError::new(
             kind,
             format!("inode {} stripe {} cannot be reconstructed: {}", geo.ino, info.index, e.message()),
@@ -493,7 +525,15 @@ pub async fn reconstruct(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Re
     })
 }
 
-/// A node that did not answer (down, partitioned, timed out) or too few of them.
+/// The stripe record's content hashes; a malformed field (a metaserver checks it at commit)
+/// is read as none.
+fn content_hashes(geo: &Geometry, info: &StripeInfo) -> ContentHashes {
+    ContentHashes::from_bytes(&info.hashes, geo.layout.k).unwrap_or_else(|e| {
+        tracing::warn!(ino = geo.ino, stripe = info.index, "stripe record: {e}");
+        ContentHashes::default()
+    })
+}
+
 /// fsync's part at the chunkservers: every node of the file's placement group puts the shards
 /// of the file it holds on disk (`SyncShards`). A node that reports a failed flush fails the
 /// fsync with EIO; one that cannot be reached (or is suspect) is tolerated like a failed shard
@@ -540,6 +580,7 @@ pub async fn sync_shards(nodes: &Nodes, geo: &Geometry) -> Result<()> {
     Ok(())
 }
 
+/// A node that did not answer (down, partitioned, timed out) or too few of them.
 fn unreachable(e: &CairnError) -> bool {
     matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::TooFewNodes)
 }

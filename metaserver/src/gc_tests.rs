@@ -137,8 +137,16 @@ async fn deletes_on_up_nodes_and_keeps_the_rest() {
     let c = reg.register("c", &dead, vec![], 0, "").unwrap();
     let new = NewEntry { parent: ROOT_INO, name: b"f", mode: S_IFREG | 0o644, uid: 0, gid: 0 };
     let f = ns.create(&new, 0, true).unwrap().0;
-    let stripes: Vec<StripeInfo> =
-        (0..3).map(|i| StripeInfo { index: i, version: 9, len: 10, written_len: 10, missing: 0 }).collect();
+    let stripes: Vec<StripeInfo> = (0..3)
+        .map(|i| StripeInfo {
+            index: i,
+            version: 9,
+            len: 10,
+            written_len: 10,
+            missing: 0,
+            ..Default::default()
+        })
+        .collect();
     ns.commit(f.ino, 3 * 8192, &stripes, None).unwrap();
     ns.unlink(ROOT_INO, b"f").unwrap();
     assert_eq!(ns.pending_gc().unwrap(), 9);
@@ -200,7 +208,7 @@ async fn reconcile_deletes_only_unreferenced_old_shards() {
     let new = NewEntry { parent: ROOT_INO, name: b"f", mode: S_IFREG | 0o644, uid: 0, gid: 0 };
     let (inode, _) = ns.create(&new, 0, false).unwrap();
     let version = (3u64 << 32) | 1;
-    let info = StripeInfo { index: 0, version, len: 100, written_len: 100, missing: 0 };
+    let info = StripeInfo { index: 0, version, len: 100, written_len: 100, missing: 0, ..Default::default() };
     ns.commit(inode.ino, 100, &[info], None).unwrap();
     let layout = inode.layout();
     let here = (0..3).find(|&i| inode.placement[layout.position(0, i)] == a).unwrap();

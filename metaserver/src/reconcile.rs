@@ -227,7 +227,8 @@ mod tests {
         let (inode, _) = ns.create(&new, 0, false).unwrap();
         let (ino, placement) = (inode.ino, inode.placement.clone());
         let version = (7u64 << 32) | 1;
-        let stripe = StripeInfo { index: 0, version, len: 10, written_len: 10, missing: 0 };
+        let stripe =
+            StripeInfo { index: 0, version, len: 10, written_len: 10, missing: 0, ..Default::default() };
         ns.commit(ino, 10, &[stripe], Some(&Timespec { sec: 1, nsec: 0 })).unwrap();
         std::thread::sleep(Duration::from_millis(5));
         let repair = Repair::new(ns.ns.clone(), ns.cluster.clone(), Duration::from_secs(60), 1 << 20)

@@ -390,7 +390,7 @@ impl Repair {
                 }
                 sources.extend(peers.iter().cloned());
                 let id = ShardId { ino: inode.ino, stripe: info.index, index: i, version: info.version };
-                match self.rebuild_on(&addr, id, layout, info.written_len, &sources).await {
+                match self.rebuild_on(&addr, id, layout, info, &sources).await {
                     Ok(bytes) => {
                         rebuilt |= 1 << i;
                         state.shards_rebuilt += 1;
@@ -476,15 +476,16 @@ impl Repair {
         addr: &str,
         id: ShardId,
         layout: Layout,
-        written_len: u64,
+        info: &StripeInfo,
         sources: &[RebuildSource],
     ) -> Result<u64> {
         let mut client = self.chunk_client(addr)?;
         let req = RebuildShardRequest {
             id: Some(id.into()),
             layout: Some(layout.into()),
-            written_len,
+            written_len: info.written_len,
             sources: sources.to_vec(),
+            hashes: info.hashes.to_vec(),
         };
         Ok(client.rebuild_shard(req).await.map_err(CairnError::from)?.into_inner().bytes)
     }

@@ -260,6 +260,10 @@ pub struct Stripe {
     pub written_len: u64,
     #[prost(uint32, tag = "4")]
     pub missing: u32,
+    /// BLAKE3 of each data shard's stored bytes, `k` × 32 bytes (empty: written before content
+    /// hashes existed). docs/ARCHITECTURE.md, "Content hashes".
+    #[prost(bytes = "vec", tag = "5")]
+    pub hashes: Vec<u8>,
 }
 
 /// A registered chunkserver.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use cairn_common::checksum::BLOCK_SIZE;
+use cairn_common::content::HASH_LEN;
 use cairn_common::{CairnError, Result, ShardId};
 
 use super::ShardStore;
@@ -41,12 +42,14 @@ impl ShardFile {
     }
 
     /// Read the whole file and check that its header names `id`, its length is `expect_len`
-    /// bytes (when given) and every block matches its checksum; `Corrupt` when not.
+    /// bytes (when given), every block matches its checksum and, when `content` is given (the
+    /// content hash its stripe record holds), the data hashes to it; `Corrupt` when not.
     pub(crate) async fn verify(
         &self,
         engine: &dyn IoEngine,
         id: &ShardId,
         expect_len: Option<u64>,
+        content: Option<[u8; HASH_LEN]>,
     ) -> Result<ShardHeader> {
         let io = |e: io::Error| CairnError::from_io(&format!("verify shard {id}"), &e);
         let mut head = self.read_at(engine, 0, HEADER_ALIGN).await.map_err(io)?;
@@ -64,6 +67,7 @@ impl ShardFile {
         }
         let per_step = (VERIFY_STEP / BLOCK_SIZE) as u32;
         let mut block = 0u32;
+        let mut hasher = content.map(|_| blake3::Hasher::new());
         while block < header.nblocks {
             let blocks = block..(block + per_step).min(header.nblocks);
             let hashes_at = header.hashes_range(&blocks);
@@ -77,8 +81,22 @@ impl ShardFile {
                 .await
                 .map_err(io)?;
             let range = blocks.clone();
-            off_thread(data.len(), move || header.verify(&range, &hashes, &data)).await??;
+            hasher = off_thread(data.len(), move || {
+                header.verify(&range, &hashes, &data)?;
+                if let Some(h) = hasher.as_mut() {
+                    h.update(&data);
+                }
+                Ok::<_, CairnError>(hasher)
+            })
+            .await??;
             block = blocks.end;
+        }
+        if let (Some(h), Some(expected)) = (hasher, content) {
+            if h.finalize().as_bytes() != &expected {
+                return Err(CairnError::corrupt(format!(
+                    "shard {id}: its data does not match the content hash its writer recorded"
+                )));
+            }
         }
         Ok(header)
     }

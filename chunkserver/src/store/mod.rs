@@ -37,6 +37,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use cairn_common::checksum::BLOCK_SIZE;
 use cairn_common::config::ChunkConfig;
+use cairn_common::content::HASH_LEN;
 use cairn_common::{CairnError, Result, ShardId};
 use parking_lot::Mutex;
 
@@ -334,8 +335,9 @@ impl ShardStore {
     }
 
     /// Check shard `id`: `NotFound` if this node does not hold it; with `verify`, its header,
-    /// length and every block checksum are read and checked (`Corrupt` on a mismatch).
-    pub async fn check(&self, id: ShardId, verify: bool) -> Result<()> {
+    /// length and every block checksum are read and checked, and its data against `content`
+    /// (its stripe record's content hash) when given (`Corrupt` on a mismatch).
+    pub async fn check(&self, id: ShardId, verify: bool, content: Option<[u8; HASH_LEN]>) -> Result<()> {
         id.validate()?;
         let Some(loc) = self.location(&id) else {
             return Err(CairnError::not_found(format!("shard {id} is not on this chunkserver")));
@@ -349,7 +351,7 @@ impl ShardStore {
             Err(e) => return Err(CairnError::from_io(&format!("open {}", path.display()), &e)),
         };
         if verify {
-            file.verify(self.engine.as_ref(), &id, Some(loc.file_len)).await?;
+            file.verify(self.engine.as_ref(), &id, Some(loc.file_len), content).await?;
         } else {
             let on_disk = file.file.metadata().map_err(|e| CairnError::from_io("shard metadata", &e))?.len();
             if on_disk != loc.file_len {

@@ -126,7 +126,7 @@ impl ShardStore {
             .open_shard(loc.dir, &path)
             .await
             .map_err(|e| CairnError::from_io(&format!("open {}", path.display()), &e))?;
-        let result = file.verify(self.engine.as_ref(), id, None).await;
+        let result = file.verify(self.engine.as_ref(), id, None, None).await;
         if let Err(e) = &result {
             tracing::warn!(path = %path.display(), "shard copy fails verification: {e}");
         }

@@ -290,20 +290,31 @@ async fn listing_pages_in_id_order_and_check_finds_damage(engine: MakeEngine) {
     assert_eq!(rest.iter().map(|e| e.0).collect::<Vec<_>>(), vec![id(3), id(4), id(5)]);
 
     for n in 1..=5 {
-        store.check(id(n), true).await.unwrap();
+        store.check(id(n), true, None).await.unwrap();
+        let content = *blake3::hash(&data(3 * BLOCK_SIZE, n as u8)).as_bytes();
+        store.check(id(n), true, Some(content)).await.unwrap();
     }
+    // A shard rewritten with other bytes (valid block checksums: the store wrote them) passes
+    // its checksums but not the content hash its writer recorded.
+    let other = data(3 * BLOCK_SIZE, 99);
+    store.write(id(5), other.clone()).await.unwrap();
+    store.check(id(5), true, None).await.unwrap();
+    let recorded = *blake3::hash(&data(3 * BLOCK_SIZE, 5)).as_bytes();
+    let e = store.check(id(5), true, Some(recorded)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    assert!(e.message().contains("content hash"), "{e}");
     // A flipped data byte is found only by a verifying check; a truncation by either.
     let header_len = crate::shard::header_len_for(3 * BLOCK_SIZE as u64);
     flip_byte(&store.shard_path(&id(4)).unwrap(), header_len + 7);
-    store.check(id(4), false).await.unwrap();
-    assert_eq!(store.check(id(4), true).await.unwrap_err().kind(), ErrorKind::Corrupt);
+    store.check(id(4), false, None).await.unwrap();
+    assert_eq!(store.check(id(4), true, None).await.unwrap_err().kind(), ErrorKind::Corrupt);
     let path = store.shard_path(&id(2)).unwrap();
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.set_len(100).unwrap();
-    assert_eq!(store.check(id(2), false).await.unwrap_err().kind(), ErrorKind::Corrupt);
+    assert_eq!(store.check(id(2), false, None).await.unwrap_err().kind(), ErrorKind::Corrupt);
     std::fs::remove_file(store.shard_path(&id(3)).unwrap()).unwrap();
-    assert_eq!(store.check(id(3), true).await.unwrap_err().kind(), ErrorKind::NotFound);
-    assert_eq!(store.check(id(9), false).await.unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(store.check(id(3), true, None).await.unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(store.check(id(9), false, None).await.unwrap_err().kind(), ErrorKind::NotFound);
 }
 
 /// Pages of `path` in the page cache (mmap + mincore).
@@ -349,7 +360,7 @@ async fn direct_io_tier_reads_bypass_the_page_cache(engine: MakeEngine) {
             assert!(got == expect.slice(offset..end), "read of {n} at {offset} (direct {direct})");
             assert_eq!(data_len, len as u64);
         }
-        store.check(id(1), true).await.unwrap();
+        store.check(id(1), true, None).await.unwrap();
         let cached = cached_pages(&path);
         if direct {
             assert_eq!(cached, 0, "O_DIRECT reads filled the page cache");

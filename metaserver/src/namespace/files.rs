@@ -1,10 +1,12 @@
 //! File data metadata: stripe records, open, commit and truncate.
 //!
 //! A stripe record says which version of a stripe's shards is current, how many bytes of file
-//! data it holds (`len`) and how many were encoded (`written_len`, which fixes shard lengths).
+//! data it holds (`len`), how many were encoded (`written_len`, which fixes shard lengths) and
+//! what its data shards hold (`hashes`, computed by the writer; checked for length here).
 //! Replacing or deleting a record queues the shards of the old version for garbage collection
 //! in the same batch; a version that stays the same is never collected.
 
+use cairn_common::content::ContentHashes;
 use cairn_common::{CairnError, ErrorKind, Result};
 use cairn_proto::{FileInfo, StripeInfo, Timespec};
 
@@ -29,7 +31,14 @@ pub fn file_info(inode: &Inode) -> FileInfo {
 }
 
 fn stripe_info(index: u64, s: &Stripe) -> StripeInfo {
-    StripeInfo { index, version: s.version, len: s.len, written_len: s.written_len, missing: s.missing }
+    StripeInfo {
+        index,
+        version: s.version,
+        len: s.len,
+        written_len: s.written_len,
+        missing: s.missing,
+        hashes: s.hashes.clone().into(),
+    }
 }
 
 impl Namespace {
@@ -144,6 +153,8 @@ impl Namespace {
                             s.index, s.missing, layout.k, layout.m
                         )));
                     }
+                    ContentHashes::from_bytes(&s.hashes, layout.k)
+                        .map_err(|e| CairnError::invalid(format!("stripe {}: {}", s.index, e.message())))?;
                 }
                 if stripes.iter().any(|s| s.missing != 0) {
                     self.note_degraded();
@@ -161,6 +172,7 @@ impl Namespace {
                         len: s.len,
                         written_len: s.written_len,
                         missing: s.missing,
+                        hashes: s.hashes.to_vec(),
                     };
                     tx.batch.put(Cf::Stripes, key, schema::encode(&record));
                 }

@@ -513,7 +513,14 @@ fn restart_on_rocksdb_keeps_everything_and_never_reuses_inodes() {
         let f = file(&ns, d.ino, "f");
         ns.set_xattr(f.ino, b"user.k", b"v", 0).unwrap();
         let l = ns.symlink(&new(d.ino, "l", 0), b"f").unwrap();
-        let stripe = cairn_proto::StripeInfo { index: 0, version: 1, len: 10, written_len: 10, missing: 0 };
+        let stripe = cairn_proto::StripeInfo {
+            index: 0,
+            version: 1,
+            len: 10,
+            written_len: 10,
+            missing: 0,
+            ..Default::default()
+        };
         ns.commit(f.ino, 10, &[stripe], None).unwrap();
         let max = l.ino;
         (d, f, l, max)

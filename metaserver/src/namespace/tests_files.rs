@@ -9,7 +9,7 @@ use super::*;
 const STRIPE: u64 = 2 * 4096;
 
 fn stripe(index: u64, version: u64, len: u64) -> StripeInfo {
-    StripeInfo { index, version, len, written_len: len, missing: 0 }
+    StripeInfo { index, version, len, written_len: len, missing: 0, ..Default::default() }
 }
 
 /// Every queued shard, in key order.
@@ -57,7 +57,14 @@ fn commit_queues_replaced_versions_on_their_nodes() {
     ns.commit(
         f.ino,
         100,
-        &[StripeInfo { index: 1, version: 3, len: 100, written_len: 100, missing: 0b010 }],
+        &[StripeInfo {
+            index: 1,
+            version: 3,
+            len: 100,
+            written_len: 100,
+            missing: 0b010,
+            ..Default::default()
+        }],
         None,
     )
     .unwrap();
@@ -84,14 +91,18 @@ fn commit_validates_stripes() {
     let f = file(&ns, ROOT_INO, "f");
     let bad = [
         stripe(0, 0, 10),
-        StripeInfo { index: 0, version: 1, len: 11, written_len: 10, missing: 0 },
+        StripeInfo { index: 0, version: 1, len: 11, written_len: 10, missing: 0, ..Default::default() },
         stripe(0, 1, STRIPE + 1),
-        StripeInfo { index: 0, version: 1, len: 1, written_len: 1, missing: 0b1000 },
-        StripeInfo { index: 0, version: 1, len: 1, written_len: 1, missing: 0b011 },
+        StripeInfo { index: 0, version: 1, len: 1, written_len: 1, missing: 0b1000, ..Default::default() },
+        StripeInfo { index: 0, version: 1, len: 1, written_len: 1, missing: 0b011, ..Default::default() },
         stripe(1 << 48, 1, 1),
     ];
     for s in bad {
-        assert_eq!(kind(ns.commit(f.ino, 0, &[s], None)), ErrorKind::InvalidArgument, "{s:?}");
+        assert_eq!(
+            kind(ns.commit(f.ino, 0, std::slice::from_ref(&s), None)),
+            ErrorKind::InvalidArgument,
+            "{s:?}"
+        );
     }
     assert_eq!(
         kind(ns.commit(f.ino, 0, &[stripe(0, 1, 1), stripe(0, 2, 1)], None)),
@@ -141,7 +152,14 @@ fn truncate_down_drops_and_clamps_stripes() {
         left,
         vec![
             stripe(0, 2, STRIPE),
-            StripeInfo { index: 1, version: 2, len: 5, written_len: STRIPE, missing: 0 }
+            StripeInfo {
+                index: 1,
+                version: 2,
+                len: 5,
+                written_len: STRIPE,
+                missing: 0,
+                ..Default::default()
+            }
         ]
     );
     let q = queued(&ns);
@@ -166,7 +184,7 @@ fn unlink_queues_every_stored_shard() {
     let f = file(&ns, ROOT_INO, "f");
     let stripes = vec![
         stripe(0, 7, STRIPE),
-        StripeInfo { index: 1, version: 7, len: 10, written_len: 10, missing: 0b100 },
+        StripeInfo { index: 1, version: 7, len: 10, written_len: 10, missing: 0b100, ..Default::default() },
     ];
     ns.commit(f.ino, STRIPE + 10, &stripes, None).unwrap();
     ns.unlink(ROOT_INO, b"f").unwrap();
@@ -235,4 +253,28 @@ fn damage_reports_never_take_a_stripe_past_m_missing_shards() {
         (0, vec![id(0)])
     );
     assert_eq!(ns.stripe_record(f.ino, 0).unwrap().unwrap().missing, 0b001);
+}
+
+/// A stripe record keeps the content hashes its writer sent, through a truncation (which
+/// leaves the shards as they are); a new version brings its own; hashes of any length but
+/// none or `k` × 32 bytes are refused and change nothing.
+#[test]
+fn stripe_records_keep_their_writers_content_hashes() {
+    use cairn_common::content::HASH_LEN;
+    let ns = setup();
+    let f = file(&ns, ROOT_INO, "f");
+    let hashes = |seed: u8| vec![seed; 2 * HASH_LEN];
+    let with = |version, len, seed| StripeInfo { hashes: hashes(seed).into(), ..stripe(0, version, len) };
+    ns.commit(f.ino, STRIPE, &[with(1, STRIPE, 7)], None).unwrap();
+    assert_eq!(ns.open_file(f.ino).unwrap().1[0].hashes.to_vec(), hashes(7));
+    truncate(&ns, f.ino, 100);
+    let (_, stripes, _) = ns.open_file(f.ino).unwrap();
+    assert_eq!((stripes[0].len, stripes[0].hashes.to_vec()), (100, hashes(7)));
+    ns.commit(f.ino, STRIPE, &[with(2, STRIPE, 9)], None).unwrap();
+    assert_eq!(ns.open_file(f.ino).unwrap().1[0].hashes.to_vec(), hashes(9));
+    for len in [1, HASH_LEN, 3 * HASH_LEN] {
+        let bad = StripeInfo { hashes: vec![0; len].into(), ..stripe(0, 3, STRIPE) };
+        assert_eq!(kind(ns.commit(f.ino, STRIPE, &[bad], None)), ErrorKind::InvalidArgument, "{len}");
+    }
+    assert_eq!(ns.open_file(f.ino).unwrap().1[0].version, 2, "a refused commit changes nothing");
 }

@@ -2,6 +2,7 @@
 //! with their drain and rebuild progress, chunkservers of another cluster refused, files placed
 //! on a node, and damage clients report confirmed with the chunkservers.
 
+use cairn_common::content::HASH_LEN;
 use cairn_common::{CairnError, Result};
 use cairn_proto::{CheckShardsRequest, ClusterStatusReply, NodeInfo, ShardState};
 
@@ -42,13 +43,16 @@ pub(super) fn check_cluster(serving: &Serving, theirs: &str, addr: &str) -> Resu
 
 impl MetaService {
     /// The shards of `ids` that the chunkserver holding each says are missing or corrupt
-    /// (verified against their checksums). A shard whose chunkserver does not answer is left
+    /// (verified against their checksums and, for data shards, their content hashes). A shard whose chunkserver does not answer is left
     /// to the repair, which rebuilds what down nodes held.
     pub(super) async fn confirmed_damage(
         &self,
         ids: Vec<cairn_common::ShardId>,
     ) -> Result<Vec<cairn_common::ShardId>> {
         let mut by_node: std::collections::BTreeMap<u32, Vec<cairn_common::ShardId>> = Default::default();
+        // Each data shard's content hash from its stripe record, so the chunkserver checks the
+        // bytes against what was written, not only against its own checksums.
+        let mut contents: std::collections::HashMap<cairn_common::ShardId, Vec<u8>> = Default::default();
         {
             let ns = self.ns()?;
             for id in ids {
@@ -62,6 +66,13 @@ impl MetaService {
                     continue;
                 }
                 by_node.entry(inode.placement[layout.position(id.stripe, id.index)]).or_default().push(id);
+                if let Some(record) = ns.stripe_record(id.ino, id.stripe)?.filter(|r| r.version == id.version)
+                {
+                    let at = id.index as usize * HASH_LEN;
+                    if let Some(hash) = record.hashes.get(at..at + HASH_LEN) {
+                        contents.insert(id, hash.to_vec());
+                    }
+                }
             }
         }
         let mut confirmed = Vec::new();
@@ -69,7 +80,11 @@ impl MetaService {
             let Some(addr) = self.cluster()?.registry().node(node).filter(|n| n.up).map(|n| n.addr) else {
                 continue;
             };
-            let request = CheckShardsRequest { ids: ids.iter().map(|&id| id.into()).collect(), verify: true };
+            let request = CheckShardsRequest {
+                ids: ids.iter().map(|&id| id.into()).collect(),
+                verify: true,
+                hashes: ids.iter().map(|id| contents.get(id).cloned().unwrap_or_default()).collect(),
+            };
             let checked = match self.channels.chunk(&addr) {
                 Ok(mut c) => c.check_shards(request).await.map_err(CairnError::from),
                 Err(e) => Err(e),

@@ -160,12 +160,13 @@ async fn serves_the_namespace_over_grpc() {
     assert_eq!(file.layout.unwrap(), Layout { k: 2, m: 1, unit: 4096 });
     let ino = file.attr.unwrap().ino;
 
-    let stripe = StripeInfo { index: 0, version: 1, len: 100, written_len: 100, missing: 0 };
+    let stripe =
+        StripeInfo { index: 0, version: 1, len: 100, written_len: 100, missing: 0, ..Default::default() };
     let attr = c
         .commit(CommitRequest {
             ino,
             size: 100,
-            stripes: vec![stripe],
+            stripes: vec![stripe.clone()],
             mtime: None,
             once: None,
             buffered: false,
@@ -203,6 +204,7 @@ async fn serves_the_namespace_over_grpc() {
         len: u64::MAX,
         written_len: u64::MAX,
         missing: u32::MAX,
+        ..Default::default()
     };
     let err = c
         .commit(CommitRequest {
