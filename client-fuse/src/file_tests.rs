@@ -460,6 +460,13 @@ async fn a_forged_data_shard_is_caught_by_its_content_hash() {
     let reported = s.cluster.reported.lock().clone();
     assert!(reported.contains(&shard(0, 1)) && reported.contains(&shard(2, 0)), "{reported:?}");
 
+    // Stripe 0 again, now with a forged parity shard besides its forged data shard: decoding
+    // with it gives data that does not match, so the reader decodes with the other parity
+    // shard and reports the forged one.
+    s.cluster.forge(shard(0, 4));
+    assert!(s.read_all(&s.reopen(size), size).await == data, "forged parity decoded into the read");
+    assert!(s.cluster.reported.lock().contains(&shard(0, 4)), "the forged parity shard is reported");
+
     // Stripe 1 with three forged data shards: only three good shards are left of the four
     // needed.
     for index in 0..3 {

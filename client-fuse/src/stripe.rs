@@ -460,7 +460,11 @@ async fn read_data_shards(
 /// are not enough), and decoding starts as soon as `k` have arrived.
 pub async fn reconstruct(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Result<Vec<u8>> {
     metrics::counter!(crate::metrics::DEGRADED_READS).increment(1);
-    let mut shards = StripeShards::new(geo.layout, info.written_len).verified_by(content_hashes(geo, info));
+    let hashes = content_hashes(geo, info);
+    let mut shards = StripeShards::new(geo.layout, info.written_len).verified_by(hashes.clone());
+    // The shards added, kept for a second decode should the first give data that does not
+    // match the content hashes.
+    let mut pool: Vec<(u32, Bytes)> = Vec::new();
     let stored: Vec<u32> =
         (0..geo.layout.width()).filter(|&i| shards.needs_fetch(i) && info.missing & (1 << i) == 0).collect();
     let need = (geo.layout.k as usize).saturating_sub(shards.present());
@@ -485,7 +489,13 @@ pub async fn reconstruct(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Re
             let Some((index, result)) = reads.next().await else { break };
             let id = geo.shard(info.index, index, info.version);
             // A shard that arrived but is not what was written (wrong length or content).
-            let added = result.map(|data| shards.add(index, &data));
+            let added = result.map(|data| {
+                let added = shards.add(index, &data);
+                if added.is_ok() {
+                    pool.push((index, data));
+                }
+                added
+            });
             if let Ok(Err(e)) = &added {
                 tracing::warn!(ino = geo.ino, stripe = info.index, index, "shard refused: {e}");
                 nodes.content_mismatch(id);
@@ -511,7 +521,14 @@ pub async fn reconstruct(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Re
     // Short only because nodes did not answer: the stored shards are intact as far as we know.
     let stored_intact = geo.layout.width() as usize - info.missing.count_ones() as usize - damaged;
     let waiting_helps = unanswered > 0 && stored_intact >= geo.layout.k as usize;
-    shards.data().map_err(|e| {
+    let decoded = match shards.data() {
+        Err(e) if e.kind() == ErrorKind::Corrupt && !hashes.is_empty() => {
+            tracing::warn!(ino = geo.ino, stripe = info.index, "degraded read: {e}");
+            decode_around_wrong_parity(nodes, geo, info, &hashes, pool).await
+        }
+        decoded => decoded,
+    };
+    decoded.map_err(|e| {
         // Decoded bytes that do not match the content hashes: some shard used is wrong.
         let kind = if waiting_helps && e.kind() != ErrorKind::Corrupt {
             ErrorKind::TooFewNodes
@@ -523,6 +540,78 @@ pub async fn reconstruct(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Re
             format!("inode {} stripe {} cannot be reconstructed: {}", geo.ino, info.index, e.message()),
         )
     })
+}
+
+/// Decoding gave data shards that do not match their content hashes although every data shard
+/// used matched its own: a parity shard used is wrong. Every stored shard not yet in `pool` is
+/// read, and the stripe decoded with each choice of parity shards in turn; a parity shard that
+/// was in a failed choice and not in the one that worked is reported.
+async fn decode_around_wrong_parity(
+    nodes: &Nodes,
+    geo: &Geometry,
+    info: &StripeInfo,
+    hashes: &ContentHashes,
+    mut pool: Vec<(u32, Bytes)>,
+) -> Result<Vec<u8>> {
+    let (layout, k) = (geo.layout, geo.layout.k);
+    let fresh = || StripeShards::new(layout, info.written_len).verified_by(hashes.clone());
+    let probe = fresh();
+    let rest: Vec<u32> = (0..layout.width())
+        .filter(|&i| {
+            probe.needs_fetch(i) && info.missing & (1 << i) == 0 && pool.iter().all(|(j, _)| *j != i)
+        })
+        .collect();
+    let reads = rest.iter().map(|&i| async move {
+        (i, nodes.read_shard(geo.node(info.index, i), geo.shard(info.index, i, info.version), 0, 0).await)
+    });
+    for (i, read) in join_all(reads).await {
+        let Ok(data) = read else { continue };
+        // A data shard is checked on its own (length and content); a parity shard only
+        // through what it decodes to.
+        if i < k && fresh().add(i, &data).is_err() {
+            nodes.content_mismatch(geo.shard(info.index, i, info.version));
+            continue;
+        }
+        pool.push((i, data));
+    }
+    let (data_shards, parity): (Vec<_>, Vec<_>) = pool.into_iter().partition(|(i, _)| *i < k);
+    // Known-empty data shards count as present.
+    let need = (k as usize).saturating_sub(probe.present() + data_shards.len());
+    let mut failed = 0u32;
+    for choice in 0u32..(1 << parity.len()) {
+        if choice.count_ones() as usize != need {
+            continue;
+        }
+        let mut shards = fresh();
+        let chosen = parity.iter().enumerate().filter(|(n, _)| choice & (1 << n) != 0);
+        let mut used = 0u32;
+        for (i, d) in &data_shards {
+            shards.add(*i, d)?;
+        }
+        for (_, (i, p)) in chosen {
+            if shards.add(*i, p).is_ok() {
+                used |= 1 << i;
+            }
+        }
+        match shards.data() {
+            Ok(data) => {
+                for i in (k..layout.width()).filter(|i| failed & !used & (1 << i) != 0) {
+                    tracing::warn!(
+                        ino = geo.ino,
+                        stripe = info.index,
+                        index = i,
+                        "parity shard decodes to wrong data"
+                    );
+                    nodes.content_mismatch(geo.shard(info.index, i, info.version));
+                }
+                return Ok(data);
+            }
+            Err(_) => failed |= used,
+        }
+    }
+    Err(CairnError::corrupt(
+        "no choice of parity shards decodes to data matching the writer's content hashes",
+    ))
 }
 
 /// The stripe record's content hashes; a malformed field (a metaserver checks it at commit)
