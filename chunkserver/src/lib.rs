@@ -39,7 +39,7 @@ pub use engine::{IoEngine, PreadEngine, UringEngine};
 pub use mover::{MoveOutcome, Mover, MoverOptions, PassReport, PromoteOptions, PromoteSummary};
 pub use policy::{Clock, ManualClock, SystemClock, TierPolicy};
 pub use service::ChunkService;
-pub use store::{ShardStore, StoreOptions, Tier};
+pub use store::{ReadCheck, ShardStore, StoreOptions, Tier};
 
 /// Serve the chunkserver on `listener` until `shutdown` completes: open the store with the
 /// configured engine, start the tier mover, register and heartbeat with the metaserver, answer

@@ -22,7 +22,7 @@ use tonic::{Request, Response, Status};
 use crate::fence::Fence;
 use crate::mover::{Mover, PromoteOptions};
 use crate::shard::MAX_SHARD_BYTES;
-use crate::store::ShardStore;
+use crate::store::{ReadCheck, ShardStore};
 
 /// Most ids one DeleteShards request may carry.
 pub const MAX_DELETE_IDS: usize = 100_000;
@@ -123,7 +123,8 @@ impl Chunk for ChunkService {
         let (peer, cap) = (request.extensions().get::<Peer>(), request.get_ref().cap.as_ref());
         self.authorize(peer, cap, "shard read", id.ino, capability::READ).await?;
         let req = request.into_inner();
-        let (data, shard_len) = self.store.read(id, req.offset, req.len).await?;
+        let check = if req.reader_checks { ReadCheck::Reader } else { ReadCheck::Blocks };
+        let (data, shard_len) = self.store.read(id, req.offset, req.len, check).await?;
         Ok(Response::new(ReadShardReply { data, shard_len }))
     }
 

@@ -423,8 +423,17 @@ impl Nodes {
         Ok(reply.map_err(|e| node_error(node, e))?.deleted)
     }
 
-    /// Read `len` bytes (0 = to the end) at `offset` of a shard.
-    pub async fn read_shard(&self, node: u32, id: ShardId, offset: u64, len: u64) -> Result<Bytes> {
+    /// Read `len` bytes (0 = to the end) at `offset` of a shard. With `reader_checks` the
+    /// caller checks the bytes against their content hash (a whole data shard), and the
+    /// chunkserver sends them without verifying its block checksums.
+    pub async fn read_shard(
+        &self,
+        node: u32,
+        id: ShardId,
+        offset: u64,
+        len: u64,
+        reader_checks: bool,
+    ) -> Result<Bytes> {
         let c = self.client(node).await?;
         let cap = self.capability(id.ino).await?;
         let result = self
@@ -434,6 +443,7 @@ impl Nodes {
                     offset,
                     len,
                     cap: Some(cap),
+                    reader_checks,
                 })
             })
             .await
@@ -450,7 +460,7 @@ impl Nodes {
     /// the answer holds whole are kept.
     pub async fn read_shard_cached(&self, node: u32, id: ShardId, offset: u64, len: u64) -> Result<Bytes> {
         if !self.blocks.enabled() || len == 0 {
-            return self.read_shard(node, id, offset, len).await;
+            return self.read_shard(node, id, offset, len, false).await;
         }
         if let Some(hit) = self.blocks.get(id, offset, len) {
             ::metrics::counter!(crate::metrics::BLOCK_CACHE_HITS).increment(1);
@@ -463,7 +473,7 @@ impl Nodes {
             let (first, span) = aligned(offset, len);
             (first * BLOCK, span)
         };
-        let data = self.read_shard(node, id, start, span).await?;
+        let data = self.read_shard(node, id, start, span, false).await?;
         self.blocks.insert(id, start, &data, (data.len() as u64) < span);
         ::metrics::gauge!(crate::metrics::BLOCK_CACHE_BYTES).set(self.blocks.bytes() as f64);
         let from = ((offset - start) as usize).min(data.len());

@@ -369,16 +369,22 @@ async fn read_data_shards(
     if !healthy {
         return None;
     }
+    let hashes = content_hashes(geo, info);
+    // A whole data shard is checked against its writer's content hash below.
+    let whole = |s: &cairn_common::layout::Segment| {
+        s.shard_offset == 0 && s.len == layout.shard_len(s.shard, info.written_len)
+    };
     let mut reads: FuturesUnordered<_> = segments
         .iter()
         .enumerate()
         .map(|(at, s)| {
             let id = geo.shard(info.index, s.shard, info.version);
             let node = geo.node(info.index, s.shard);
+            let reader_checks = whole(s) && hashes.covers(s.shard);
             async move {
                 let read = match reader {
                     Reader::Random => nodes.read_shard_cached(node, id, s.shard_offset, s.len).await,
-                    Reader::Whole => nodes.read_shard(node, id, s.shard_offset, s.len).await,
+                    Reader::Whole => nodes.read_shard(node, id, s.shard_offset, s.len, reader_checks).await,
                 };
                 (at, read)
             }
@@ -413,10 +419,8 @@ async fn read_data_shards(
             .zip(results)
             .map(|(s, r)| r.expect("complete").expect("checked above").slice(..s.len as usize))
             .collect();
-        // A piece that is a whole data shard is checked against its writer's content hash.
-        let hashes = content_hashes(geo, info);
         for (s, piece) in segments.iter().zip(&pieces) {
-            if s.shard_offset != 0 || s.len != layout.shard_len(s.shard, info.written_len) {
+            if !whole(s) {
                 continue;
             }
             if let Err(e) = hashes.check(s.shard, piece) {
@@ -482,7 +486,11 @@ pub async fn reconstruct(nodes: &Nodes, geo: &Geometry, info: &StripeInfo) -> Re
             .iter()
             .map(|&index| {
                 let id = geo.shard(info.index, index, info.version);
-                async move { (index, nodes.read_shard(geo.node(info.index, index), id, 0, 0).await) }
+                // Data shards are checked against their content hashes as they are added.
+                let reader_checks = hashes.covers(index);
+                async move {
+                    (index, nodes.read_shard(geo.node(info.index, index), id, 0, 0, reader_checks).await)
+                }
             })
             .collect();
         while !shards.decodable() {
@@ -562,7 +570,8 @@ async fn decode_around_wrong_parity(
         })
         .collect();
     let reads = rest.iter().map(|&i| async move {
-        (i, nodes.read_shard(geo.node(info.index, i), geo.shard(info.index, i, info.version), 0, 0).await)
+        let id = geo.shard(info.index, i, info.version);
+        (i, nodes.read_shard(geo.node(info.index, i), id, 0, 0, hashes.covers(i)).await)
     });
     for (i, read) in join_all(reads).await {
         let Ok(data) = read else { continue };

@@ -101,6 +101,16 @@ impl StoreOptions {
     }
 }
 
+/// Who checks the bytes of a shard read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadCheck {
+    /// The store verifies every block it reads against its checksum.
+    Blocks,
+    /// The reader checks the bytes against the content hash its writer recorded (a whole data
+    /// shard), so the store sends them as read.
+    Reader,
+}
+
 /// Shard files on SSD and HDD directories, read and written through an [`IoEngine`].
 pub struct ShardStore {
     engine: Arc<dyn IoEngine>,
@@ -472,14 +482,15 @@ impl ShardStore {
     }
 
     /// Read `len` bytes (0: to the end) at `offset` of shard `id`, clipped at its end, every
-    /// byte verified. Returns the bytes and the shard's data length.
-    pub async fn read(&self, id: ShardId, offset: u64, len: u64) -> Result<(Bytes, u64)> {
+    /// byte verified against its block checksum unless `check` leaves that to the reader.
+    /// Returns the bytes and the shard's data length.
+    pub async fn read(&self, id: ShardId, offset: u64, len: u64, check: ReadCheck) -> Result<(Bytes, u64)> {
         id.validate()?;
         // A read from the caches completes without waiting; count it against the task's
         // budget like any tokio I/O, so a stream of them yields to other tasks now and then.
         tokio::task::consume_budget().await;
         let (loc, path, file) = self.open_for_read(&id).await?;
-        let (data, data_len) = self.read_open(&id, &path, file, loc, offset, len).await?;
+        let (data, data_len) = self.read_open(&id, &path, file, loc, (offset, len), check).await?;
         self.note_read(&id, loc.dir, data.len() as u64);
         Ok((data, data_len))
     }
@@ -533,8 +544,8 @@ impl ShardStore {
         path: &Path,
         file: ShardFile,
         loc: Location,
-        offset: u64,
-        len: u64,
+        (offset, len): (u64, u64),
+        check: ReadCheck,
     ) -> Result<(Bytes, u64)> {
         let file_len = loc.file_len;
         // A whole O_DIRECT read from HDD may be promoted next: keep its bytes for the mover.
@@ -583,12 +594,17 @@ impl ShardStore {
             let n = (data_at.end - data_at.start) as usize;
             Bytes::from(file.read_at(engine, data_at.start, n).await.map_err(|e| io_err("read", e))?)
         };
-        let (verified, data) = {
+        let data = if check == ReadCheck::Blocks {
             let blocks = blocks.clone();
-            off_thread(data.len(), move || (header.verify(&blocks, &hashes, &data), data)).await?
+            let (checked, data) =
+                off_thread(data.len(), move || (header.verify(&blocks, &hashes, &data), data)).await?;
+            checked.map_err(|e| corrupt(path, e))?;
+            data
+        } else {
+            data
         };
-        verified.map_err(|e| corrupt(path, e))?;
-        // The whole file is in `prefix` and every block of it was just verified.
+        // The whole file is in `prefix` (verified here, or checked by the reader; the mover
+        // verifies its copy all the same).
         if keep && blocks == (0..header.nblocks) && prefix.len() as u64 == header.header_len + data_len {
             self.read_back.lock().put(id, prefix.clone());
         }
