@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use cairn_chunk::{engine, ReadCheck, ShardStore, StoreOptions, TierPolicy};
+use cairn_chunk::{engine, ShardStore, StoreOptions, TierPolicy};
 use cairn_common::config::IoEngineKind;
 use cairn_common::ShardId;
 
@@ -78,7 +78,7 @@ async fn run(
     let start = Instant::now();
     let reads = (0..SHARDS).map(|n| {
         let store = store.clone();
-        async move { store.read(id(n), 0, 0, ReadCheck::Blocks).await.map(|(b, _)| b.len()) }
+        async move { store.read(id(n), 0, 0).await.map(|(b, _)| b.len()) }
     });
     let mut bytes = 0;
     for r in futures_join(reads, CONCURRENCY).await {
@@ -106,7 +106,7 @@ async fn small_reads(store: &Arc<ShardStore>) -> cairn_common::Result<f64> {
         let store = store.clone();
         let n = i.wrapping_mul(2_654_435_761) % SHARDS;
         let offset = (i.wrapping_mul(40_503) % (SHARD as u64 / 4096)) * 4096;
-        async move { store.read(id(n), offset, 4096, ReadCheck::Blocks).await.map(|(b, _)| b.len()) }
+        async move { store.read(id(n), offset, 4096).await.map(|(b, _)| b.len()) }
     });
     for r in futures_join(small, CONCURRENCY).await {
         r?;

@@ -15,7 +15,7 @@ use super::{MoveOutcome, Mover, MoverOptions, PromoteOptions, PromoteSummary};
 use crate::engine::{IoEngine, IoFuture, PreadEngine, UringEngine};
 use crate::policy::{ManualClock, TierPolicy};
 use crate::store::tests::{files_under, flip_byte};
-use crate::store::{ReadCheck, ShardStore, StoreOptions, Tier};
+use crate::store::{ShardStore, StoreOptions, Tier};
 
 type MakeEngine = fn() -> Arc<dyn IoEngine>;
 
@@ -89,7 +89,7 @@ fn data(n: u64) -> Bytes {
 }
 
 async fn assert_reads_exact(store: &ShardStore, n: u64) {
-    let (got, len) = store.read(id(n), 0, 0, ReadCheck::Blocks).await.unwrap();
+    let (got, len) = store.read(id(n), 0, 0).await.unwrap();
     assert_eq!(len, SHARD as u64);
     assert!(got == data(n), "shard {n} reads back different bytes");
 }
@@ -196,7 +196,7 @@ async fn promotion_stays_under_the_high_watermark(engine: MakeEngine) {
     }
     for _ in 0..2 {
         for n in 0..16 {
-            store.read(id(n), 0, 1, ReadCheck::Blocks).await.unwrap();
+            store.read(id(n), 0, 1).await.unwrap();
         }
     }
     let report = mover.pass().await;

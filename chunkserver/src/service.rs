@@ -124,7 +124,7 @@ impl Chunk for ChunkService {
         self.authorize(peer, cap, "shard read", id.ino, capability::READ).await?;
         let req = request.into_inner();
         let check = if req.reader_checks { ReadCheck::Reader } else { ReadCheck::Blocks };
-        let (data, shard_len) = self.store.read(id, req.offset, req.len, check).await?;
+        let (data, shard_len) = self.store.read_as(id, req.offset, req.len, check).await?;
         Ok(Response::new(ReadShardReply { data, shard_len }))
     }
 

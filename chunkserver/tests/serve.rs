@@ -231,49 +231,25 @@ async fn shards_over_grpc(engine: IoEngineKind) {
         .unwrap();
     assert_eq!(reply.into_inner().tier, "ssd");
     let read = client
-        .read_shard(ReadShardRequest {
-            id: Some(sid(5, 1)),
-            offset: 0,
-            len: 0,
-            cap: None,
-            reader_checks: false,
-        })
+        .read_shard(ReadShardRequest { id: Some(sid(5, 1)), offset: 0, len: 0, ..Default::default() })
         .await
         .unwrap();
     let read = read.into_inner();
     assert_eq!(read.shard_len, data.len() as u64);
     assert!(read.data == data);
     let read = client
-        .read_shard(ReadShardRequest {
-            id: Some(sid(5, 1)),
-            offset: 65530,
-            len: 20,
-            cap: None,
-            reader_checks: false,
-        })
+        .read_shard(ReadShardRequest { id: Some(sid(5, 1)), offset: 65530, len: 20, ..Default::default() })
         .await
         .unwrap();
     assert!(read.into_inner().data == data.slice(65530..65550));
 
     // Errors keep their kind across the wire.
     let missing = client
-        .read_shard(ReadShardRequest {
-            id: Some(sid(6, 0)),
-            offset: 0,
-            len: 0,
-            cap: None,
-            reader_checks: false,
-        })
+        .read_shard(ReadShardRequest { id: Some(sid(6, 0)), offset: 0, len: 0, ..Default::default() })
         .await;
     assert_eq!(kind(missing), ErrorKind::NotFound);
     let past_end = client
-        .read_shard(ReadShardRequest {
-            id: Some(sid(5, 1)),
-            offset: 1 << 21,
-            len: 1,
-            cap: None,
-            reader_checks: false,
-        })
+        .read_shard(ReadShardRequest { id: Some(sid(5, 1)), offset: 1 << 21, len: 1, ..Default::default() })
         .await;
     assert_eq!(kind(past_end), ErrorKind::InvalidArgument);
     let hostile = cairn_proto::ShardId { ino: 0, stripe: 1, index: 200, version: 1 };
@@ -320,13 +296,7 @@ async fn shards_over_grpc(engine: IoEngineKind) {
         .unwrap();
     assert_eq!(deleted.into_inner().deleted, 1);
     let gone = client
-        .read_shard(ReadShardRequest {
-            id: Some(sid(5, 1)),
-            offset: 0,
-            len: 0,
-            cap: None,
-            reader_checks: false,
-        })
+        .read_shard(ReadShardRequest { id: Some(sid(5, 1)), offset: 0, len: 0, ..Default::default() })
         .await;
     assert_eq!(kind(gone), ErrorKind::NotFound);
     chunk.stop().await;
@@ -370,13 +340,7 @@ async fn deletes_from_a_deposed_metaserver_are_refused() {
         .await;
     assert_eq!(kind(stale), ErrorKind::NotLeader);
     let read = client
-        .read_shard(ReadShardRequest {
-            id: Some(sid(5, 0)),
-            offset: 0,
-            len: 0,
-            cap: None,
-            reader_checks: false,
-        })
+        .read_shard(ReadShardRequest { id: Some(sid(5, 0)), offset: 0, len: 0, ..Default::default() })
         .await
         .unwrap();
     assert_eq!(&read.into_inner().data[..], b"kept", "a refused delete deleted nothing");
@@ -589,13 +553,7 @@ async fn tiers_over_grpc(engine: IoEngineKind) {
     assert_eq!(stat.tiers[0].demotions, stat.tiers[1].demotions);
     for n in 0..10 {
         let read = client
-            .read_shard(ReadShardRequest {
-                id: Some(sid(20, n)),
-                offset: 0,
-                len: 0,
-                cap: None,
-                reader_checks: false,
-            })
+            .read_shard(ReadShardRequest { id: Some(sid(20, n)), offset: 0, len: 0, ..Default::default() })
             .await;
         assert!(read.unwrap().into_inner().data == shard(n), "shard {n}");
     }

@@ -482,9 +482,20 @@ impl ShardStore {
     }
 
     /// Read `len` bytes (0: to the end) at `offset` of shard `id`, clipped at its end, every
-    /// byte verified against its block checksum unless `check` leaves that to the reader.
-    /// Returns the bytes and the shard's data length.
-    pub async fn read(&self, id: ShardId, offset: u64, len: u64, check: ReadCheck) -> Result<(Bytes, u64)> {
+    /// byte verified. Returns the bytes and the shard's data length.
+    pub async fn read(&self, id: ShardId, offset: u64, len: u64) -> Result<(Bytes, u64)> {
+        self.read_as(id, offset, len, ReadCheck::Blocks).await
+    }
+
+    /// [`ShardStore::read`], with the bytes verified against their block checksums unless
+    /// `check` leaves that to the reader.
+    pub async fn read_as(
+        &self,
+        id: ShardId,
+        offset: u64,
+        len: u64,
+        check: ReadCheck,
+    ) -> Result<(Bytes, u64)> {
         id.validate()?;
         // A read from the caches completes without waiting; count it against the task's
         // budget like any tokio I/O, so a stream of them yields to other tasks now and then.

@@ -79,7 +79,7 @@ async fn round_trip_sizes(engine: MakeEngine) {
     for (n, len) in [0, 1, 65535, 65536, 65537, (1 << 20) + 3].into_iter().enumerate() {
         let d = data(len, n as u8);
         assert_eq!(store.write(id(n as u64), d.clone()).await.unwrap(), Tier::Ssd);
-        let (got, shard_len) = store.read(id(n as u64), 0, 0, ReadCheck::Blocks).await.unwrap();
+        let (got, shard_len) = store.read(id(n as u64), 0, 0).await.unwrap();
         assert_eq!(shard_len, len as u64);
         assert!(got == d, "size {len}");
     }
@@ -95,14 +95,14 @@ async fn range_reads_across_block_edges(engine: MakeEngine) {
     for (offset, want) in
         [(0, 1), (bs - 1, 2), (bs, bs), (bs - 10, bs + 20), (3 * bs, 0), (3 * bs + 99, 1000), (7, 0)]
     {
-        let (got, shard_len) = store.read(id(1), offset, want, ReadCheck::Blocks).await.unwrap();
+        let (got, shard_len) = store.read(id(1), offset, want).await.unwrap();
         assert_eq!(shard_len, len);
         let end = if want == 0 { len } else { (offset + want).min(len) };
         assert!(got == d.slice(offset as usize..end as usize), "offset {offset} len {want}");
     }
-    let (at_end, _) = store.read(id(1), len, 10, ReadCheck::Blocks).await.unwrap();
+    let (at_end, _) = store.read(id(1), len, 10).await.unwrap();
     assert!(at_end.is_empty());
-    let err = store.read(id(1), len + 1, 1, ReadCheck::Blocks).await.unwrap_err();
+    let err = store.read(id(1), len + 1, 1).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
 }
 
@@ -114,18 +114,18 @@ async fn corrupt_data_is_never_returned(engine: MakeEngine) {
     let path = store.shard_path(&id(1)).unwrap();
     let header_len = crate::shard::header_len_for(3 * bs);
     flip_byte(&path, header_len + bs + 10);
-    let err = store.read(id(1), 0, 0, ReadCheck::Blocks).await.unwrap_err();
+    let err = store.read(id(1), 0, 0).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
     assert!(err.message().contains("block 1"), "{err}");
-    let err = store.read(id(1), bs + 5, 10, ReadCheck::Blocks).await.unwrap_err();
+    let err = store.read(id(1), bs + 5, 10).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
     // Blocks that are intact still read.
-    let (got, _) = store.read(id(1), 0, bs, ReadCheck::Blocks).await.unwrap();
+    let (got, _) = store.read(id(1), 0, bs).await.unwrap();
     assert!(got == data(3 * BLOCK_SIZE, 1).slice(..BLOCK_SIZE));
-    store.read(id(1), 2 * bs, 0, ReadCheck::Blocks).await.unwrap();
+    store.read(id(1), 2 * bs, 0).await.unwrap();
     // A read whose reader checks the bytes itself (against its content hash) gets them as
     // stored: the flipped byte shows, for the reader to catch.
-    let (got, len) = store.read(id(1), 0, 0, ReadCheck::Reader).await.unwrap();
+    let (got, len) = store.read_as(id(1), 0, 0, ReadCheck::Reader).await.unwrap();
     assert_eq!((got.len() as u64, len), (3 * bs, 3 * bs));
     assert!(got != data(3 * BLOCK_SIZE, 1), "the store did not send the bytes as stored");
 }
@@ -136,25 +136,25 @@ async fn corrupt_header_is_detected(engine: MakeEngine) {
     store.write(id(1), data(1000, 1)).await.unwrap();
     store.write(id(2), data(1000, 2)).await.unwrap();
     flip_byte(&store.shard_path(&id(1)).unwrap(), 20);
-    let err = store.read(id(1), 0, 0, ReadCheck::Blocks).await.unwrap_err();
+    let err = store.read(id(1), 0, 0).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
     // A truncated file is corrupt too, not a short answer.
     let path = store.shard_path(&id(2)).unwrap();
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.set_len(std::fs::metadata(&path).unwrap().len() - 1).unwrap();
-    let err = store.read(id(2), 0, 0, ReadCheck::Blocks).await.unwrap_err();
+    let err = store.read(id(2), 0, 0).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
 }
 
 async fn missing_shards(engine: MakeEngine) {
     let ssd = tempfile::tempdir().unwrap();
     let store = open(engine, &[ssd.path()], &[]).await;
-    let err = store.read(id(9), 0, 0, ReadCheck::Blocks).await.unwrap_err();
+    let err = store.read(id(9), 0, 0).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
     assert!(err.message().contains(&id(9).to_string()), "{err}");
     store.write(id(1), data(10, 1)).await.unwrap();
     assert_eq!(store.delete(&[id(9), id(1), id(1)]).await.unwrap(), 1);
-    assert_eq!(store.read(id(1), 0, 0, ReadCheck::Blocks).await.unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(store.read(id(1), 0, 0).await.unwrap_err().kind(), ErrorKind::NotFound);
     assert!(files_under(ssd.path()).is_empty());
 }
 
@@ -168,10 +168,7 @@ async fn hostile_ids_are_rejected(engine: MakeEngine) {
     ] {
         let err = store.write(bad, data(10, 1)).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
-        assert_eq!(
-            store.read(bad, 0, 0, ReadCheck::Blocks).await.unwrap_err().kind(),
-            ErrorKind::InvalidArgument
-        );
+        assert_eq!(store.read(bad, 0, 0).await.unwrap_err().kind(), ErrorKind::InvalidArgument);
         assert_eq!(store.delete(&[id(1), bad]).await.unwrap_err().kind(), ErrorKind::InvalidArgument);
     }
     assert!(files_under(ssd.path()).is_empty());
@@ -205,9 +202,9 @@ async fn reopen_rebuilds_index_and_usage(engine: MakeEngine) {
     assert_eq!(after[0].name, "ssd");
     assert_eq!(after[1].name, "hdd");
     assert!(after[0].capacity > 0 && after[0].free <= after[0].capacity);
-    assert!(store.read(id(1), 0, 0, ReadCheck::Blocks).await.unwrap().0 == data(10, 1));
-    assert!(store.read(id(2), 0, 0, ReadCheck::Blocks).await.unwrap().0 == data(70_002, 2));
-    assert_eq!(store.read(id(3), 0, 0, ReadCheck::Blocks).await.unwrap_err().kind(), ErrorKind::NotFound);
+    assert!(store.read(id(1), 0, 0).await.unwrap().0 == data(10, 1));
+    assert!(store.read(id(2), 0, 0).await.unwrap().0 == data(70_002, 2));
+    assert_eq!(store.read(id(3), 0, 0).await.unwrap_err().kind(), ErrorKind::NotFound);
 }
 
 async fn a_full_disk_is_no_space(engine: MakeEngine) {
@@ -238,7 +235,7 @@ async fn partial_writes_are_removed_at_open(engine: MakeEngine) {
     assert!(!tmp.exists());
     assert!(stray.exists());
     assert_eq!(store.usage()[0].shards, 0);
-    assert_eq!(store.read(id(1), 0, 0, ReadCheck::Blocks).await.unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(store.read(id(1), 0, 0).await.unwrap_err().kind(), ErrorKind::NotFound);
 }
 
 async fn ssd_is_preferred_and_hdd_serves_alone(engine: MakeEngine) {
@@ -266,7 +263,7 @@ async fn concurrent_writes_and_reads(engine: MakeEngine) {
             let store = store.clone();
             tokio::spawn(async move {
                 store.write(id(n), data(BLOCK_SIZE + n as usize, n as u8)).await.unwrap();
-                let (got, _) = store.read(id(n), 0, 0, ReadCheck::Blocks).await.unwrap();
+                let (got, _) = store.read(id(n), 0, 0).await.unwrap();
                 assert!(got == data(BLOCK_SIZE + n as usize, n as u8));
             })
         })
@@ -363,8 +360,7 @@ async fn direct_io_tier_reads_bypass_the_page_cache(engine: MakeEngine) {
         }
         for (offset, n) in [(0, 0), (1, 10), (BLOCK_SIZE - 3, 7), (2 * BLOCK_SIZE + 100, 9999), (len - 5, 5)]
         {
-            let (got, data_len) =
-                store.read(id(1), offset as u64, n as u64, ReadCheck::Blocks).await.unwrap();
+            let (got, data_len) = store.read(id(1), offset as u64, n as u64).await.unwrap();
             let end = if n == 0 { len } else { (offset + n).min(len) };
             assert!(got == expect.slice(offset..end), "read of {n} at {offset} (direct {direct})");
             assert_eq!(data_len, len as u64);
@@ -378,7 +374,7 @@ async fn direct_io_tier_reads_bypass_the_page_cache(engine: MakeEngine) {
         }
         let header_len = crate::shard::header_len_for(len as u64);
         flip_byte(&path, header_len + BLOCK_SIZE as u64 + 1);
-        let err = store.read(id(1), BLOCK_SIZE as u64, 10, ReadCheck::Blocks).await.unwrap_err();
+        let err = store.read(id(1), BLOCK_SIZE as u64, 10).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
     }
 }
@@ -433,26 +429,22 @@ async fn cached_reads_skip_the_engine_and_cold_reads_use_it(engine: MakeEngine) 
     };
     for (offset, n) in [(0usize, 0usize), (5, 100), (BLOCK_SIZE + 3, BLOCK_SIZE)] {
         let end = if n == 0 { len } else { offset + n };
-        store.read(id(1), offset as u64, n as u64, ReadCheck::Blocks).await.unwrap();
+        store.read(id(1), offset as u64, n as u64).await.unwrap();
         let before = counting.reads.load(SeqCst);
-        let (warm, _) = store.read(id(1), offset as u64, n as u64, ReadCheck::Blocks).await.unwrap();
+        let (warm, _) = store.read(id(1), offset as u64, n as u64).await.unwrap();
         assert_eq!(counting.reads.load(SeqCst), before, "a cached read of {n} at {offset} used the engine");
         assert!(warm == expect.slice(offset..end));
         drop_pages();
         assert_eq!(cached_pages(&path), 0, "the shard's pages were not dropped");
-        let (cold, _) = store.read(id(1), offset as u64, n as u64, ReadCheck::Blocks).await.unwrap();
+        let (cold, _) = store.read(id(1), offset as u64, n as u64).await.unwrap();
         assert!(counting.reads.load(SeqCst) > before, "a cold read of {n} at {offset} skipped the engine");
         assert!(cold == expect.slice(offset..end));
     }
     flip_byte(&path, crate::shard::header_len_for(len as u64) + 10);
     drop_pages();
-    assert_eq!(store.read(id(1), 0, 100, ReadCheck::Blocks).await.unwrap_err().kind(), ErrorKind::Corrupt);
-    store.read(id(1), 0, 0, ReadCheck::Blocks).await.unwrap_err();
-    assert_eq!(
-        store.read(id(1), 0, 100, ReadCheck::Blocks).await.unwrap_err().kind(),
-        ErrorKind::Corrupt,
-        "from the cache"
-    );
+    assert_eq!(store.read(id(1), 0, 100).await.unwrap_err().kind(), ErrorKind::Corrupt);
+    store.read(id(1), 0, 0).await.unwrap_err();
+    assert_eq!(store.read(id(1), 0, 100).await.unwrap_err().kind(), ErrorKind::Corrupt, "from the cache");
 }
 
 async fn buffered_writes_are_readable_at_once_and_on_disk_after_sync(engine: MakeEngine) {
@@ -473,11 +465,7 @@ async fn buffered_writes_are_readable_at_once_and_on_disk_after_sync(engine: Mak
     let d = ShardId { ino: 2000, ..id(4) };
     store.write_buffered(d, data(64, 4)).await.unwrap();
     assert_eq!(store.unflushed(), 1);
-    assert_eq!(
-        store.read(d, 0, 0, ReadCheck::Blocks).await.unwrap().0,
-        data(64, 4),
-        "readable before it is on disk"
-    );
+    assert_eq!(store.read(d, 0, 0).await.unwrap().0, data(64, 4), "readable before it is on disk");
     // A sync of another inode waits for nothing; one of this inode flushes it.
     store.sync_ino(a.ino).await.unwrap();
     assert_eq!(store.unflushed(), 1);
@@ -489,13 +477,9 @@ async fn buffered_writes_are_readable_at_once_and_on_disk_after_sync(engine: Mak
     // minute): what the list names is gone, everything flushed is there.
     let _dead = store;
     let store = ShardStore::open(opts, engine()).await.unwrap();
-    assert_eq!(
-        store.read(e, 0, 0, ReadCheck::Blocks).await.unwrap_err().kind(),
-        ErrorKind::NotFound,
-        "lost as in a power loss"
-    );
+    assert_eq!(store.read(e, 0, 0).await.unwrap_err().kind(), ErrorKind::NotFound, "lost as in a power loss");
     for (shard, want) in [(a, data(5000, 1)), (b, data(10, 2)), (c, data(700, 3)), (d, data(64, 4))] {
-        assert_eq!(store.read(shard, 0, 0, ReadCheck::Blocks).await.unwrap().0, want, "{shard}");
+        assert_eq!(store.read(shard, 0, 0).await.unwrap().0, want, "{shard}");
     }
 }
 
