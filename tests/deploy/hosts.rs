@@ -25,6 +25,93 @@ fn systemd_units_run_cairn_with_flags_it_has() {
     }
 }
 
+/// `Key=value` lines of a unit file, every value of each key in order (comments dropped).
+fn unit_keys(text: &str) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.starts_with('#') && !l.starts_with('[')) {
+        if let Some((k, v)) = line.split_once('=') {
+            out.entry(k.to_string()).or_default().push(v.to_string());
+        }
+    }
+    out
+}
+
+/// The servers run as a user of their own in a sandbox (the rest of the file system read-only,
+/// no capabilities), and every directory their sample config writes is writable in it; the
+/// mount keeps only the capability to mount and no mount namespace of its own (its mount would
+/// be invisible outside); systemd knows every directive (`systemd-analyze verify`, where it is
+/// installed).
+#[test]
+fn systemd_units_sandbox_the_servers_and_leave_their_directories_writable() {
+    let meta: MetaConfig = toml::from_str(&read("deploy/config/meta.toml")).unwrap();
+    let chunk: ChunkConfig = toml::from_str(&read("deploy/config/chunk.toml")).unwrap();
+    let mut chunk_dirs = vec![chunk.state_dir.clone()];
+    chunk_dirs.extend(chunk.ssd_dirs.iter().chain(&chunk.hdd_dirs).cloned());
+    for (unit, dirs) in
+        [("cairn-meta.service", vec![meta.data_dir.clone()]), ("cairn-chunk.service", chunk_dirs)]
+    {
+        let keys = unit_keys(&read(&format!("deploy/systemd/{unit}")));
+        let one = |k: &str| keys.get(k).and_then(|v| v.last()).map(String::as_str).unwrap_or("");
+        assert!(!matches!(one("User"), "" | "root" | "0"), "{unit} runs as root");
+        for (k, v) in [("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"), ("CapabilityBoundingSet", "")]
+        {
+            assert_eq!(keys.get(k).and_then(|v| v.last()).map(String::as_str), Some(v), "{unit}: {k}");
+        }
+        let mut writable: Vec<PathBuf> =
+            one("StateDirectory").split_whitespace().map(|d| Path::new("/var/lib").join(d)).collect();
+        writable.extend(one("ReadWritePaths").split_whitespace().map(PathBuf::from));
+        for dir in dirs {
+            assert!(
+                writable.iter().any(|w| dir.starts_with(w)),
+                "{unit}: {} (from its sample config) is not writable under ProtectSystem=strict: {writable:?}",
+                dir.display()
+            );
+        }
+    }
+    let mount = unit_keys(&read("deploy/systemd/cairn-mount@.service"));
+    assert_eq!(mount["CapabilityBoundingSet"], ["CAP_SYS_ADMIN"]);
+    for namespacing in [
+        "ProtectSystem",
+        "ProtectHome",
+        "PrivateTmp",
+        "PrivateDevices",
+        "ProtectKernelTunables",
+        "ProtectKernelModules",
+        "ProtectControlGroups",
+        "ReadOnlyPaths",
+        "TemporaryFileSystem",
+        "PrivateMounts",
+    ] {
+        assert!(
+            !mount.contains_key(namespacing),
+            "cairn-mount@.service: {namespacing}= would hide the mount"
+        );
+    }
+
+    // systemd's own parser, on copies whose ExecStart is a binary that exists here.
+    let dir = tempfile::tempdir().unwrap();
+    for unit in files_under("deploy/systemd", "service") {
+        let name = unit.file_name().unwrap().to_string_lossy().replace("@.", "@test.");
+        let copy = dir.path().join(&name);
+        std::fs::write(
+            &copy,
+            std::fs::read_to_string(&unit)
+                .unwrap()
+                .replace("ExecStart=/usr/local/bin/cairn ", "ExecStart=/bin/true "),
+        )
+        .unwrap();
+        match Command::new("systemd-analyze").arg("verify").arg(&copy).output() {
+            Ok(out) => {
+                let text =
+                    String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+                let complaints: Vec<&str> = text.lines().filter(|l| l.contains(&name)).collect();
+                assert!(out.status.success() && complaints.is_empty(), "{name}: {text}");
+            }
+            Err(_) => eprintln!("systemd-analyze is not installed: {name} not verified by systemd"),
+        }
+    }
+}
+
 // ------------------------------------------------------------------------------------- docker
 
 /// The Dockerfile's instructions, continuation lines joined, comments dropped.
