@@ -7,7 +7,9 @@
 //! start scripts and health checks are run, with a stand-in for `cairn`, to see what they do;
 //! every `cairn` command line uses flags the binary has; the Grafana dashboard and the alert
 //! rules only query metrics the code exports, and read the leader's gauges only from the leader;
-//! the Dockerfile builds the `cairn` package and ships the binary. Nothing here needs Docker, a
+//! the Dockerfile builds the `cairn` package and ships the binary; the servers run unprivileged
+//! (systemd sandboxes, the image's user, Kubernetes security contexts and NetworkPolicies) with
+//! every directory they write writable, and systemd accepts the units. Nothing here needs Docker, a
 //! cluster or the network (`scripts/validate-deploy.sh` adds schema validation with tools from
 //! PyPI).
 

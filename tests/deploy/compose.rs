@@ -292,3 +292,30 @@ fn every_published_metrics_port_is_in_the_readme_scrape_config() {
         "deploy/README.md's scrape config is not every process's published metrics"
     );
 }
+
+/// The servers (and `certs`) run as the image's user, not root, and every named volume they
+/// write is mounted on a directory the image gives that user (a new volume takes the owner of
+/// the directory it is first mounted on); the client runs as root, for mount(2) of FUSE.
+#[test]
+fn compose_servers_run_as_the_images_user_on_volumes_it_owns() {
+    let compose = Compose::load();
+    let user = super::hosts::image_user();
+    for (name, svc) in &compose.services {
+        let runs_as = match &svc.raw["user"] {
+            Value::Null => None,
+            v => Some(v.as_str().map(str::to_string).unwrap_or_else(|| format!("{}", v.as_u64().unwrap()))),
+        };
+        if name == "client" {
+            assert_eq!(runs_as.as_deref(), Some("0"), "the client mounts FUSE: it runs as root");
+            continue;
+        }
+        assert_eq!(runs_as, None, "{name} does not run as the image's user {}", user.name);
+        for target in svc.volumes.keys() {
+            assert!(
+                user.owns.contains(target),
+                "{name}: the volume on {target} would be root's: {:?}",
+                user.owns
+            );
+        }
+    }
+}

@@ -140,6 +140,55 @@ fn dockerfile() -> Vec<String> {
     out
 }
 
+/// The runtime image's user: its name, its uid (`useradd --uid`), and the directories the image
+/// hands to it (`chown NAME:NAME DIR...`).
+pub(super) struct ImageUser {
+    pub name: String,
+    pub uid: u64,
+    pub owns: BTreeSet<String>,
+}
+
+pub(super) fn image_user() -> ImageUser {
+    let lines = dockerfile();
+    let runtime_at = lines.iter().rposition(|l| l.starts_with("FROM ")).unwrap();
+    let runtime = &lines[runtime_at..];
+    let commands: Vec<Vec<&str>> = runtime
+        .iter()
+        .filter_map(|l| l.strip_prefix("RUN "))
+        .flat_map(|l| l.split("&&"))
+        .map(|c| c.split_whitespace().collect())
+        .collect();
+    let useradd = commands.iter().find(|c| c.first() == Some(&"useradd")).expect("the image makes its user");
+    let name = useradd.last().unwrap().to_string();
+    let uid: u64 =
+        useradd[useradd.iter().position(|w| *w == "--uid").expect("useradd --uid") + 1].parse().unwrap();
+    // The image runs as it: USER by name or number.
+    let user =
+        runtime.iter().rev().find_map(|l| l.strip_prefix("USER ")).expect("the runtime stage sets a USER");
+    let runs_as = user.split(':').next().unwrap();
+    assert!(
+        runs_as == name || runs_as == uid.to_string(),
+        "USER {user} is not the image's user {name} ({uid})"
+    );
+    let owner_tags = [format!("{name}:{name}"), format!("{uid}:{uid}")];
+    let owns = commands
+        .iter()
+        .filter(|c| {
+            c.first() == Some(&"chown") && c.get(1).is_some_and(|o| owner_tags.iter().any(|t| t == o))
+        })
+        .flat_map(|c| c[2..].iter().map(|d| d.to_string()))
+        .collect();
+    ImageUser { name, uid, owns }
+}
+
+#[test]
+fn dockerfile_runs_as_a_user_that_is_not_root() {
+    let user = image_user();
+    assert!(!matches!(user.name.as_str(), "root" | "0"), "the image runs as root");
+    assert_ne!(user.uid, 0);
+    assert!(user.owns.contains("/tls"), "`cairn cert cluster` could not write /tls: {:?}", user.owns);
+}
+
 #[test]
 fn dockerfile_builds_the_cairn_package_and_ships_the_binary() {
     let lines = dockerfile();

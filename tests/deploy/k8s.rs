@@ -446,3 +446,147 @@ fn k8s_client_daemonset_mounts_with_bidirectional_propagation() {
     let pre_stop = strings(&c["lifecycle"]["preStop"]["exec"]["command"], "preStop").join(" ");
     assert!(pre_stop.contains(&format!("umount {}", mountpoint.display())), "preStop: {pre_stop}");
 }
+
+/// Where a container writes `path`: the mount that holds it (deepest mount path), if any.
+fn mount_holding<'a>(c: &'a Value, path: &Path) -> Option<&'a Value> {
+    c["volumeMounts"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter(|m| path.starts_with(s(&m["mountPath"], "mountPath")))
+        .max_by_key(|m| s(&m["mountPath"], "mountPath").len())
+}
+
+/// The servers' pods run as a user that is not root, without privilege escalation or
+/// capabilities, on a read-only root file system: so every directory their config writes is
+/// on a writable volume, and the Secret holding their key is readable by their group.
+#[test]
+fn k8s_servers_run_unprivileged_and_write_only_to_their_volumes() {
+    let k8s = K8s::load();
+    let meta: MetaConfig = toml::from_str(&k8s.config("cairn-meta-config", "meta.toml")).unwrap();
+    let template = k8s.config("cairn-chunk-config", "chunk.toml");
+    let chunk = parse_chunk(
+        "chunk.toml",
+        &template.replace("__POD_NAME__", "cairn-chunk-0").replace("__POD_NAMESPACE__", "cairn"),
+    );
+    let mut chunk_dirs = vec![chunk.state_dir.clone()];
+    chunk_dirs.extend(chunk.ssd_dirs.iter().chain(&chunk.hdd_dirs).cloned());
+    for (name, server, dirs) in
+        [("cairn-meta", "meta", vec![meta.data_dir.clone()]), ("cairn-chunk", "chunk", chunk_dirs)]
+    {
+        let pod = &k8s.get("StatefulSet", name)["spec"]["template"]["spec"];
+        let psc = &pod["securityContext"];
+        assert_eq!(psc["runAsNonRoot"], true, "{name}: runAsNonRoot");
+        assert_eq!(
+            psc["runAsUser"].as_u64(),
+            Some(super::hosts::image_user().uid),
+            "{name}: runAsUser, the image's user"
+        );
+        assert!(psc["fsGroup"].as_u64().is_some(), "{name}: no fsGroup, its volumes stay root's");
+        assert_eq!(psc["seccompProfile"]["type"], "RuntimeDefault", "{name}");
+        for c in containers(pod) {
+            let cwhat = format!("{name} container {}", s(&c["name"], name));
+            let sc = &c["securityContext"];
+            assert_eq!(sc["allowPrivilegeEscalation"], false, "{cwhat}");
+            assert_eq!(sc["readOnlyRootFilesystem"], true, "{cwhat}");
+            assert_eq!(strings(&sc["capabilities"]["drop"], &cwhat), ["ALL"], "{cwhat}");
+        }
+        let c = container(pod, server);
+        for dir in &dirs {
+            let m = mount_holding(c, dir)
+                .unwrap_or_else(|| panic!("{name}: {} is on the read-only root file system", dir.display()));
+            assert_ne!(m["readOnly"], true, "{name}: {} is on a read-only mount", dir.display());
+        }
+        // The key: its Secret volume readable by the group (fsGroup) the server runs in.
+        let tls = mount_holding(c, &Path::new(&meta.tls_dir).join("key")).expect("a TLS mount");
+        let volume =
+            seq(&pod["volumes"], name).iter().find(|v| v["name"] == tls["name"]).expect("tls volume");
+        // Kubernetes reads a leading 0 as octal (YAML 1.1); serde_yaml may hand it back as
+        // text or as the digits.
+        let raw = &volume["secret"]["defaultMode"];
+        let text = raw.as_u64().map(|n| n.to_string()).or_else(|| raw.as_str().map(str::to_string));
+        let text = text.expect("a Secret with defaultMode");
+        let mode = match text.strip_prefix("0o").or_else(|| text.strip_prefix('0')) {
+            Some(octal) => u64::from_str_radix(octal, 8).expect("an octal mode"),
+            None => text.parse().expect("a mode"),
+        };
+        assert!(mode & 0o040 != 0, "{name}: Secret mode {mode:o} is not readable by the pod's group");
+    }
+}
+
+/// NetworkPolicies let each server port be reached by the pods that talk to it and metrics
+/// ports only from the monitoring namespace, and leave no Cairn pod unselected.
+#[test]
+fn k8s_network_policies_let_in_only_who_talks_to_whom() {
+    let k8s = K8s::load();
+    let pods: Vec<(&str, &Value, &Value)> = k8s
+        .objects
+        .iter()
+        .filter(|o| matches!(o["kind"].as_str(), Some("StatefulSet" | "DaemonSet")))
+        .map(|o| {
+            (
+                s(&o["metadata"]["name"], "name"),
+                &o["spec"]["template"]["metadata"]["labels"],
+                &o["spec"]["template"]["spec"],
+            )
+        })
+        .collect();
+    let labels_of = |name: &str| pods.iter().find(|p| p.0 == name).unwrap().1;
+    // Who opens connections to whose gRPC port.
+    let talks_to: [(&str, &[&str]); 2] = [
+        ("cairn-meta", &["cairn-meta", "cairn-chunk", "cairn-client"]),
+        ("cairn-chunk", &["cairn-meta", "cairn-chunk", "cairn-client"]),
+    ];
+    for (name, labels, pod) in &pods {
+        let policies: Vec<&Value> =
+            k8s.of_kind("NetworkPolicy").filter(|p| selects(&p["spec"]["podSelector"], labels)).collect();
+        assert!(!policies.is_empty(), "{name}: no NetworkPolicy selects its pods: every port is open");
+        let rules: Vec<&Value> =
+            policies.iter().flat_map(|p| seq(&p["spec"]["ingress"], name).iter()).collect();
+        let allowed = |port: u64| -> Vec<&Value> {
+            rules
+                .iter()
+                .filter(|r| seq(&r["ports"], name).iter().any(|p| p["port"].as_u64() == Some(port)))
+                .flat_map(|r| seq(&r["from"], name).iter())
+                .collect()
+        };
+        for c in containers(pod) {
+            if let Some(port) = container_port(c, "grpc") {
+                let sources = allowed(port);
+                let clients = talks_to.iter().find(|t| t.0 == *name).map_or(&[][..], |t| t.1);
+                for client in clients {
+                    assert!(
+                        sources
+                            .iter()
+                            .any(|f| f.get("podSelector").is_some_and(|sel| selects(sel, labels_of(client)))),
+                        "{name}: {client} cannot reach its port {port}"
+                    );
+                }
+                assert!(
+                    !clients.is_empty() || sources.is_empty(),
+                    "{name}: port {port} is open to {sources:?}"
+                );
+            }
+            if let Some(port) = container_port(c, "metrics") {
+                let sources = allowed(port);
+                assert!(!sources.is_empty(), "{name}: Prometheus cannot reach metrics port {port}");
+                for f in sources {
+                    assert!(
+                        f.get("podSelector").is_none() && f["namespaceSelector"]["matchLabels"].is_mapping(),
+                        "{name}: metrics port {port} open to {f:?}, not only to the monitoring namespace"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The client runs as root (the image's user is not), privileged: mount(2) of FUSE.
+#[test]
+fn k8s_client_runs_as_root_to_mount() {
+    let k8s = K8s::load();
+    let pod = &k8s.get("DaemonSet", "cairn-client")["spec"]["template"]["spec"];
+    let c = container(pod, "mount");
+    assert_eq!(c["securityContext"]["runAsUser"].as_u64(), Some(0));
+    assert_eq!(c["securityContext"]["privileged"], true);
+}
