@@ -1,9 +1,10 @@
-//! The on-disk shard format, version 1. A shard file is a header followed by the data:
+//! The on-disk shard format, versions 1 and 2 (written: 2). A shard file is a header followed
+//! by the data:
 //!
 //! ```text
 //! offset  size  field (little-endian)
 //!      0     8  magic b"CAIRNSHD"
-//!      8     2  format version (1)
+//!      8     2  format version (1 or 2)
 //!     10     2  flags (none defined; must be 0)
 //!     12     4  header_len: bytes before the data, a multiple of 4096
 //!     16     8  ino
@@ -15,10 +16,17 @@
 //!     56     4  block_size (64 KiB)
 //!     60     4  nblocks = ceil(data_len / block_size)
 //!     64    32  BLAKE3 of bytes 0..64
-//!     96  32*n  BLAKE3 of each data block (the last block may be short)
-//!      …        zero padding up to header_len
+//!     96  32*n  one value per data block (the last block may be short):
+//!               format 1: the block's BLAKE3 hash;
+//!               format 2: the block's node of the shard's BLAKE3 tree (its chaining value at
+//!               its offset; for a shard of one block, the shard's hash), so the values merge
+//!               to the BLAKE3 hash of the whole data (`checksum::tree_root`), the content hash
+//!               a stripe record holds: a reader can check any block it reads end to end
 //! header_len    data_len bytes of data
 //! ```
+//!
+//! A block costs the same to check in either format. Format 1 shards (written before) are
+//! read as they are; every new shard, rebuild and tier move of a new file is format 2.
 //!
 //! Invariants: the fixed part is covered by its own hash and every data block by its block
 //! hash, so any flipped bit is caught either when the header is parsed or when the block is
@@ -28,12 +36,14 @@
 
 use std::ops::Range;
 
-use cairn_common::checksum::{hash_block, hash_blocks, BlockHash, BLOCK_SIZE, HASH_LEN};
+use cairn_common::checksum::{hash_block, hash_blocks, tree_block, tree_blocks, BlockHash, BLOCK_SIZE, HASH_LEN};
 use cairn_common::{CairnError, Result, ShardId};
 
 pub const MAGIC: &[u8; 8] = b"CAIRNSHD";
-/// The format this code writes; the only one it reads so far.
-pub const FORMAT_VERSION: u16 = 1;
+/// The format this code writes; it reads this one and [`FORMAT_BLOCK_HASHES`].
+pub const FORMAT_VERSION: u16 = 2;
+/// The first format: a plain BLAKE3 hash per block.
+pub const FORMAT_BLOCK_HASHES: u16 = 1;
 /// Bytes of the fixed part, including its hash; block hashes follow.
 pub const FIXED_LEN: usize = 96;
 /// Header lengths are rounded up to this.
@@ -48,6 +58,8 @@ pub struct ShardHeader {
     pub header_len: u64,
     pub data_len: u64,
     pub nblocks: u32,
+    /// 1: block hashes; 2: the blocks' nodes of the shard's BLAKE3 tree.
+    pub format: u16,
 }
 
 /// Bytes of the header of a shard holding `data_len` bytes.
@@ -56,13 +68,18 @@ pub fn header_len_for(data_len: u64) -> u64 {
     (FIXED_LEN as u64 + nblocks * HASH_LEN as u64).div_ceil(HEADER_ALIGN as u64) * HEADER_ALIGN as u64
 }
 
-/// The complete header (fixed part, block hashes, padding) for `data` stored as shard `id`.
+/// The complete header (fixed part, block values, padding) for `data` stored as shard `id`.
 pub fn encode_header(id: &ShardId, data: &[u8]) -> Vec<u8> {
-    let hashes = hash_blocks(data);
+    encode_header_as(id, data, FORMAT_VERSION)
+}
+
+/// [`encode_header`] in format `format` (1 only to test that older shards still read).
+pub fn encode_header_as(id: &ShardId, data: &[u8], format: u16) -> Vec<u8> {
+    let hashes = if format == FORMAT_BLOCK_HASHES { hash_blocks(data) } else { tree_blocks(data) };
     let header_len = header_len_for(data.len() as u64) as usize;
     let mut out = Vec::with_capacity(header_len);
     out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&format.to_le_bytes());
     out.extend_from_slice(&0u16.to_le_bytes());
     out.extend_from_slice(&(header_len as u32).to_le_bytes());
     out.extend_from_slice(&id.ino.to_le_bytes());
@@ -108,10 +125,10 @@ pub fn parse_header(buf: &[u8], expected: &ShardId) -> Result<ShardHeader> {
     if &buf[..8] != MAGIC {
         return Err(bad("bad magic (not a Cairn shard file)".into()));
     }
-    let version = u16_at(buf, 8);
-    if version != FORMAT_VERSION {
+    let format = u16_at(buf, 8);
+    if format != FORMAT_VERSION && format != FORMAT_BLOCK_HASHES {
         return Err(bad(format!(
-            "unsupported shard format version {version} (this build reads {FORMAT_VERSION})"
+            "unsupported shard format version {format} (this build reads {FORMAT_BLOCK_HASHES} and {FORMAT_VERSION})"
         )));
     }
     if hash_block(&buf[..64]) != buf[64..FIXED_LEN] {
@@ -149,7 +166,7 @@ pub fn parse_header(buf: &[u8], expected: &ShardId) -> Result<ShardHeader> {
     if header_len != header_len_for(data_len) {
         return Err(bad(format!("header length {header_len}, expected {}", header_len_for(data_len))));
     }
-    Ok(ShardHeader { id, header_len, data_len, nblocks })
+    Ok(ShardHeader { id, header_len, data_len, nblocks, format })
 }
 
 impl ShardHeader {
@@ -194,7 +211,10 @@ impl ShardHeader {
         for ((block, chunk), stored) in
             blocks.clone().zip(data.chunks(BLOCK_SIZE)).zip(hashes.chunks(HASH_LEN))
         {
-            let actual: BlockHash = hash_block(chunk);
+            let actual: BlockHash = match self.format {
+                FORMAT_BLOCK_HASHES => hash_block(chunk),
+                _ => tree_block(chunk, block, self.data_len),
+            };
             if actual != stored {
                 return Err(CairnError::corrupt(format!(
                     "shard {}: block {block} (data bytes {}..{}) fails its checksum",
@@ -254,6 +274,33 @@ mod tests {
         assert_eq!(header_len_for(MAX_SHARD_BYTES as u64), 36 * 1024);
     }
 
+    /// Format 1 shards (block hashes) still read and verify; format 2's block values merge to
+    /// the data's BLAKE3 hash, the content hash a stripe record holds for it.
+    #[test]
+    fn both_formats_verify_and_format_2_merges_to_the_content_hash() {
+        use cairn_common::checksum::tree_root;
+        for len in [1, BLOCK_SIZE, BLOCK_SIZE + 1, 5 * BLOCK_SIZE + 17] {
+            let d = data(len);
+            for format in [FORMAT_BLOCK_HASHES, FORMAT_VERSION] {
+                let mut f = encode_header_as(&id(), &d, format);
+                f.extend_from_slice(&d);
+                let h = verify_all(&f).unwrap();
+                assert_eq!(h.format, format);
+                let mut bad = f.clone();
+                bad[h.header_len as usize + len - 1] ^= 1;
+                assert_eq!(verify_all(&bad).unwrap_err().kind(), ErrorKind::Corrupt, "format {format}");
+            }
+            let f = file(len);
+            let h = parse_header(&f, &id()).unwrap();
+            let values: Vec<BlockHash> = f[h.hashes_range(&(0..h.nblocks)).start as usize..]
+                .chunks(HASH_LEN)
+                .take(h.nblocks as usize)
+                .map(|c| c.try_into().unwrap())
+                .collect();
+            assert_eq!(tree_root(&values, len as u64), Some(*blake3::hash(&d).as_bytes()), "len {len}");
+        }
+    }
+
     #[test]
     fn every_header_byte_is_protected() {
         let f = file(3 * BLOCK_SIZE + 5);
@@ -294,12 +341,12 @@ mod tests {
     #[test]
     fn unknown_version_and_wrong_id_are_rejected() {
         let mut f = file(10);
-        f[8..10].copy_from_slice(&2u16.to_le_bytes());
+        f[8..10].copy_from_slice(&3u16.to_le_bytes());
         let h = hash_block(&f[..64]);
         f[64..96].copy_from_slice(&h);
         let err = parse_header(&f, &id()).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Corrupt);
-        assert!(err.message().contains("version 2"), "{err}");
+        assert!(err.message().contains("version 3"), "{err}");
 
         let other = ShardId { version: 10, ..id() };
         let err = parse_header(&file(10), &other).unwrap_err();
