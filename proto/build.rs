@@ -3,6 +3,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .bytes(".cairn.v1.WriteShardRequest.data")
         .bytes(".cairn.v1.ReadShardReply.data")
+        .bytes(".cairn.v1.ReadShardReply.tree")
         // Stripe infos are cloned on every read and write of a file: a shared buffer.
         .bytes(".cairn.v1.StripeInfo.hashes")
         .compile_protos(&["proto/cairn.proto"], &["proto"])?;

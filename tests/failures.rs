@@ -347,6 +347,17 @@ fn a_forged_shard_with_valid_checksums_is_caught_by_its_content_hash() {
     assert_eq!(code, 4, "{found}");
     assert_eq!((found["shards_corrupt"].as_u64(), found["degraded"].as_u64()), (Some(1), Some(1)), "{found}");
     let other = Mount::new(&cluster, "other");
+    // A small read inside the forged shard first (checked through the shard's BLAKE3 tree),
+    // then the whole file (whole shards checked against their hashes).
+    let at = (1 << 20) + 2 * (256 << 10) + 70_000;
+    let mut some = vec![0u8; 4096];
+    std::os::unix::fs::FileExt::read_exact_at(
+        &fs::File::open(other.dir.join("f")).unwrap(),
+        &mut some,
+        at as u64,
+    )
+    .unwrap();
+    assert!(some == data[at..at + 4096], "forged bytes were read");
     assert_eq!(sha256(&fs::read(other.dir.join("f")).unwrap()), sha256(&data), "forged bytes were read");
 
     let (code, scrubbed) = cli_json(&cluster, &["scrub", "--all"]);

@@ -70,13 +70,7 @@ fn peers() -> &'static Channels {
 async fn fetch(addr: &str, id: ShardId) -> Result<Vec<u8>> {
     let mut client = peers().chunk(addr)?;
     let reply = client
-        .read_shard(ReadShardRequest {
-            id: Some(id.into()),
-            offset: 0,
-            len: 0,
-            cap: None,
-            reader_checks: false,
-        })
+        .read_shard(ReadShardRequest { id: Some(id.into()), offset: 0, len: 0, ..Default::default() })
         .await
         .map_err(CairnError::from)?
         .into_inner();

@@ -123,9 +123,19 @@ impl Chunk for ChunkService {
         let (peer, cap) = (request.extensions().get::<Peer>(), request.get_ref().cap.as_ref());
         self.authorize(peer, cap, "shard read", id.ino, capability::READ).await?;
         let req = request.into_inner();
-        let check = if req.reader_checks { ReadCheck::Reader } else { ReadCheck::Blocks };
-        let (data, shard_len) = self.store.read_as(id, req.offset, req.len, check).await?;
-        Ok(Response::new(ReadShardReply { data, shard_len }))
+        let check = if req.want_tree {
+            ReadCheck::Tree
+        } else if req.reader_checks {
+            ReadCheck::Reader
+        } else {
+            ReadCheck::Blocks
+        };
+        let read = self.store.read_as(id, req.offset, req.len, check).await?;
+        Ok(Response::new(ReadShardReply {
+            data: read.data,
+            shard_len: read.data_len,
+            tree: read.tree.unwrap_or_default(),
+        }))
     }
 
     async fn delete_shards(

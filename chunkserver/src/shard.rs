@@ -36,7 +36,9 @@
 
 use std::ops::Range;
 
-use cairn_common::checksum::{hash_block, hash_blocks, tree_block, tree_blocks, BlockHash, BLOCK_SIZE, HASH_LEN};
+use cairn_common::checksum::{
+    hash_block, hash_blocks, tree_block, tree_blocks, BlockHash, BLOCK_SIZE, HASH_LEN,
+};
 use cairn_common::{CairnError, Result, ShardId};
 
 pub const MAGIC: &[u8; 8] = b"CAIRNSHD";

@@ -74,7 +74,13 @@ impl ShardApi for FakeChunk {
                 self.shards.lock().get(&id).cloned().ok_or_else(|| CairnError::not_found(format!("{id}")))?;
             let from = (req.offset as usize).min(data.len());
             let to = if req.len == 0 { data.len() } else { (from + req.len as usize).min(data.len()) };
-            Ok(p::ReadShardReply { data: data.slice(from..to), shard_len: data.len() as u64 })
+            // As a chunkserver's format 2 shard: the tree of the bytes it holds, forged or not.
+            let tree = if req.want_tree {
+                Bytes::from(cairn_common::checksum::tree_blocks(&data).concat())
+            } else {
+                Bytes::new()
+            };
+            Ok(p::ReadShardReply { data: data.slice(from..to), shard_len: data.len() as u64, tree })
         })
     }
 
@@ -102,10 +108,15 @@ impl Cluster {
     /// Replace shard `id`'s bytes, wherever it is stored, by other bytes of the same length
     /// (as a chunkserver serving a forged shard with valid checksums would).
     fn forge(&self, id: ShardId) {
+        self.forge_at(id, 0);
+    }
+
+    /// [`Cluster::forge`], the byte at `at` changed.
+    fn forge_at(&self, id: ShardId, at: usize) {
         for chunk in &self.chunks {
             if let Some(data) = chunk.shards.lock().get_mut(&id) {
                 let mut forged = data.to_vec();
-                forged[0] ^= 0x5a;
+                forged[at] ^= 0x5a;
                 *data = Bytes::from(forged);
                 return;
             }
@@ -477,4 +488,34 @@ async fn a_forged_data_shard_is_caught_by_its_content_hash() {
     assert_eq!(e.kind(), ErrorKind::Io, "{e}");
     // Stripe 0 still reads right beside it.
     assert!(reader.read(&s.nodes, 0, 5000).await.unwrap() == data[..5000]);
+}
+
+/// A random read inside a data shard is checked end to end through the shard's BLAKE3 tree:
+/// a chunkserver serving a forged block (and the tree of the bytes it holds) is caught even
+/// though the read touches one block of the shard, the read is served by reconstruction, and
+/// the shard is reported.
+#[tokio::test]
+async fn a_forged_block_inside_a_shard_is_caught_through_its_tree() {
+    let s = Setup::new().await;
+    let unit = 256 << 10;
+    let geo = Geometry { ino: INO, layout: Layout::new(4, 2, unit).unwrap(), placement: (1..=6).collect() };
+    let file = OpenFile::new(geo.clone(), 0, Vec::new(), &s.readahead);
+    let data = pattern(4 * unit as usize, 33);
+    s.write(&file, 0, &data).await.unwrap();
+    let size = s.flush(&file).await.unwrap().expect("committed").size;
+    let version = s.meta.records()[0].version;
+    let shard = ShardId { ino: INO, stripe: 0, index: 1, version };
+    let block = 64 << 10;
+    s.cluster.forge_at(shard, 2 * block + 10);
+
+    let reader = OpenFile::new(geo, size, s.meta.records(), &s.readahead);
+    // 100 bytes of data shard 1's third block, the forged byte among them.
+    let at = unit as usize + 2 * block;
+    let got = reader.read(&s.nodes, at as u64, 100).await.unwrap();
+    assert!(got == data[at..at + 100], "forged bytes were read");
+    assert!(s.cluster.reported.lock().contains(&shard), "the forged shard is reported");
+    // Any other read of that shard is refused too (the tree it comes with no longer merges to
+    // the content hash) and served around it.
+    let at = unit as usize + 500;
+    assert!(reader.read(&s.nodes, at as u64, 100).await.unwrap() == data[at..at + 100]);
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_common::capability::{self, Held};
+use cairn_common::checksum::{tree_block, tree_root, BlockHash, HASH_LEN};
 use cairn_common::connect::grpc_channel;
 use cairn_common::tls::Role;
 use cairn_common::wire::{self, WireClient};
@@ -434,6 +435,17 @@ impl Nodes {
         len: u64,
         reader_checks: bool,
     ) -> Result<Bytes> {
+        self.read_reply(node, id, (offset, len), reader_checks, false).await.map(|r| r.data)
+    }
+
+    async fn read_reply(
+        &self,
+        node: u32,
+        id: ShardId,
+        (offset, len): (u64, u64),
+        reader_checks: bool,
+        want_tree: bool,
+    ) -> Result<p::ReadShardReply> {
         let c = self.client(node).await?;
         let cap = self.capability(id.ino).await?;
         let result = self
@@ -444,10 +456,10 @@ impl Nodes {
                     len,
                     cap: Some(cap),
                     reader_checks,
+                    want_tree,
                 })
             })
             .await
-            .map(|r| r.data)
             .map_err(|e| node_error(node, e));
         self.note(node, &result);
         result
@@ -457,29 +469,85 @@ impl Nodes {
     /// range touches is there. Otherwise a range shorter than a block is widened to the whole
     /// block(s) around it (the chunkserver reads and verifies whole blocks anyway, so only the
     /// transfer grows), a longer one is read as asked (no more than asked for), and the blocks
-    /// the answer holds whole are kept.
-    pub async fn read_shard_cached(&self, node: u32, id: ShardId, offset: u64, len: u64) -> Result<Bytes> {
-        if !self.blocks.enabled() || len == 0 {
+    /// the answer holds whole are kept. With `content` (a data shard's content hash), the range
+    /// is widened to whole blocks in any case and each block is checked end to end: the
+    /// chunkserver sends the values of the shard's BLAKE3 tree, which must merge to `content`,
+    /// and each block read must have its value (a format 1 shard, sent without them, is
+    /// verified by the chunkserver as before). A block that fails is `Corrupt`, kept nowhere.
+    pub async fn read_shard_cached(
+        &self,
+        node: u32,
+        id: ShardId,
+        offset: u64,
+        len: u64,
+        content: Option<&BlockHash>,
+    ) -> Result<Bytes> {
+        let cache = self.blocks.enabled();
+        if len == 0 || (!cache && content.is_none()) {
             return self.read_shard(node, id, offset, len, false).await;
         }
-        if let Some(hit) = self.blocks.get(id, offset, len) {
-            ::metrics::counter!(crate::metrics::BLOCK_CACHE_HITS).increment(1);
-            return Ok(hit);
+        if cache {
+            if let Some(hit) = self.blocks.get(id, offset, len) {
+                ::metrics::counter!(crate::metrics::BLOCK_CACHE_HITS).increment(1);
+                return Ok(hit);
+            }
+            ::metrics::counter!(crate::metrics::BLOCK_CACHE_MISSES).increment(1);
         }
-        ::metrics::counter!(crate::metrics::BLOCK_CACHE_MISSES).increment(1);
-        let (start, span) = if len >= BLOCK {
+        let (start, span) = if len >= BLOCK && content.is_none() {
             (offset, len)
         } else {
             let (first, span) = aligned(offset, len);
             (first * BLOCK, span)
         };
-        let data = self.read_shard(node, id, start, span, false).await?;
-        self.blocks.insert(id, start, &data, (data.len() as u64) < span);
-        ::metrics::gauge!(crate::metrics::BLOCK_CACHE_BYTES).set(self.blocks.bytes() as f64);
+        let reply = self.read_reply(node, id, (start, span), false, content.is_some()).await?;
+        let data = reply.data;
+        if let Some(content) = content.filter(|_| !reply.tree.is_empty()) {
+            if let Err(e) = check_tree(id, start, &data, reply.shard_len, &reply.tree, content) {
+                ::metrics::counter!(crate::metrics::CONTENT_MISMATCHES).increment(1);
+                self.blocks.forget(id);
+                return Err(e);
+            }
+        }
+        if cache {
+            self.blocks.insert(id, start, &data, (data.len() as u64) < span);
+            ::metrics::gauge!(crate::metrics::BLOCK_CACHE_BYTES).set(self.blocks.bytes() as f64);
+        }
         let from = ((offset - start) as usize).min(data.len());
         let to = (from + len as usize).min(data.len());
         Ok(data.slice(from..to))
     }
+}
+
+/// Check `data`, the whole blocks of shard `id` from byte `start` (a block boundary), against
+/// the shard's content hash through its BLAKE3 tree: the chunkserver's `tree` values must merge
+/// to `content`, and each block must have its value.
+fn check_tree(
+    id: ShardId,
+    start: u64,
+    data: &[u8],
+    shard_len: u64,
+    tree: &[u8],
+    content: &BlockHash,
+) -> Result<()> {
+    let bad = |what: String| CairnError::corrupt(format!("shard {id}: {what}"));
+    if !tree.len().is_multiple_of(HASH_LEN) {
+        return Err(bad(format!("a tree of {} bytes", tree.len())));
+    }
+    let values: Vec<BlockHash> =
+        tree.chunks_exact(HASH_LEN).map(|c| c.try_into().expect("HASH_LEN")).collect();
+    if tree_root(&values, shard_len).as_ref() != Some(content) {
+        return Err(bad("its blocks' tree does not match the content hash its writer recorded".into()));
+    }
+    let first = (start / BLOCK) as usize;
+    for (i, block) in data.chunks(BLOCK as usize).enumerate() {
+        let index = first + i;
+        // Only the shard's last block may be short.
+        let whole = block.len() as u64 == BLOCK || start + i as u64 * BLOCK + block.len() as u64 == shard_len;
+        if !whole || values.get(index) != Some(&tree_block(block, index as u32, shard_len)) {
+            return Err(bad(format!("block {index} does not match the content hash its writer recorded")));
+        }
+    }
+    Ok(())
 }
 
 /// Waiting for chunkservers when too few answer: a chunkserver restart or a network blip

@@ -381,9 +381,10 @@ async fn read_data_shards(
             let id = geo.shard(info.index, s.shard, info.version);
             let node = geo.node(info.index, s.shard);
             let reader_checks = whole(s) && hashes.covers(s.shard);
+            let content = hashes.get(s.shard);
             async move {
                 let read = match reader {
-                    Reader::Random => nodes.read_shard_cached(node, id, s.shard_offset, s.len).await,
+                    Reader::Random => nodes.read_shard_cached(node, id, s.shard_offset, s.len, content).await,
                     Reader::Whole => nodes.read_shard(node, id, s.shard_offset, s.len, reader_checks).await,
                 };
                 (at, read)

@@ -61,14 +61,15 @@ pub fn tree_root(blocks: &[BlockHash], shard_len: u64) -> Option<BlockHash> {
             return blocks[(at / BLOCK_SIZE as u64) as usize];
         }
         let left = left_subtree_len(len);
-        merge_subtrees_non_root(&subtree(blocks, at, left), &subtree(blocks, at + left, len - left), Mode::Hash)
+        merge_subtrees_non_root(
+            &subtree(blocks, at, left),
+            &subtree(blocks, at + left, len - left),
+            Mode::Hash,
+        )
     }
     let left = left_subtree_len(shard_len);
-    let root = merge_subtrees_root(
-        &subtree(blocks, 0, left),
-        &subtree(blocks, left, shard_len - left),
-        Mode::Hash,
-    );
+    let root =
+        merge_subtrees_root(&subtree(blocks, 0, left), &subtree(blocks, left, shard_len - left), Mode::Hash);
     Some(*root.as_bytes())
 }
 
@@ -82,7 +83,9 @@ mod tests {
     #[test]
     fn tree_blocks_merge_to_the_shards_hash() {
         let bs = BLOCK_SIZE;
-        for len in [0, 1, 1024, bs - 1, bs, bs + 1, 2 * bs, 3 * bs + 5, 4 * bs, 5 * bs + 777, 16 * bs, 17 * bs - 3] {
+        for len in
+            [0, 1, 1024, bs - 1, bs, bs + 1, 2 * bs, 3 * bs + 5, 4 * bs, 5 * bs + 777, 16 * bs, 17 * bs - 3]
+        {
             let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 1000) as u8).collect();
             let blocks = tree_blocks(&data);
             assert_eq!(blocks.len(), blocks_for(len as u64), "{len}");

@@ -50,6 +50,11 @@ impl ContentHashes {
         (index as usize) < self.0.len()
     }
 
+    /// The content hash of data shard `index`, if there is one.
+    pub fn get(&self, index: u32) -> Option<&[u8; HASH_LEN]> {
+        self.0.get(index as usize)
+    }
+
     /// Check shard `index`'s stored bytes. A mismatch is `Corrupt` (damage, as a failed block
     /// checksum is); a shard without a hash (parity, or no hashes) passes.
     pub fn check(&self, index: u32, data: &[u8]) -> Result<()> {

@@ -293,7 +293,7 @@ fn shard_access_needs_the_metaservers_capability_for_that_file() {
             offset: 0,
             len: 0,
             cap,
-            reader_checks: false,
+            ..Default::default()
         };
         let refused = |r: cairn_common::Result<p::ReadShardReply>, why: &str| {
             let e = r.expect_err(why);

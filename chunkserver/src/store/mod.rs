@@ -109,6 +109,20 @@ pub enum ReadCheck {
     /// The reader checks the bytes against the content hash its writer recorded (a whole data
     /// shard), so the store sends them as read.
     Reader,
+    /// The reader checks the blocks it gets against the content hash through the shard's
+    /// BLAKE3 tree: the store sends the tree's block values with the bytes (format 2 shards;
+    /// a format 1 shard is verified here and sent without them).
+    Tree,
+}
+
+/// What a shard read returns.
+pub struct ShardRead {
+    pub data: Bytes,
+    /// The shard's data length.
+    pub data_len: u64,
+    /// Every block's value of the shard's BLAKE3 tree, for [`ReadCheck::Tree`] on a format 2
+    /// shard.
+    pub tree: Option<Bytes>,
 }
 
 /// Shard files on SSD and HDD directories, read and written through an [`IoEngine`].
@@ -484,26 +498,21 @@ impl ShardStore {
     /// Read `len` bytes (0: to the end) at `offset` of shard `id`, clipped at its end, every
     /// byte verified. Returns the bytes and the shard's data length.
     pub async fn read(&self, id: ShardId, offset: u64, len: u64) -> Result<(Bytes, u64)> {
-        self.read_as(id, offset, len, ReadCheck::Blocks).await
+        let read = self.read_as(id, offset, len, ReadCheck::Blocks).await?;
+        Ok((read.data, read.data_len))
     }
 
     /// [`ShardStore::read`], with the bytes verified against their block checksums unless
     /// `check` leaves that to the reader.
-    pub async fn read_as(
-        &self,
-        id: ShardId,
-        offset: u64,
-        len: u64,
-        check: ReadCheck,
-    ) -> Result<(Bytes, u64)> {
+    pub async fn read_as(&self, id: ShardId, offset: u64, len: u64, check: ReadCheck) -> Result<ShardRead> {
         id.validate()?;
         // A read from the caches completes without waiting; count it against the task's
         // budget like any tokio I/O, so a stream of them yields to other tasks now and then.
         tokio::task::consume_budget().await;
         let (loc, path, file) = self.open_for_read(&id).await?;
-        let (data, data_len) = self.read_open(&id, &path, file, loc, (offset, len), check).await?;
-        self.note_read(&id, loc.dir, data.len() as u64);
-        Ok((data, data_len))
+        let read = self.read_open(&id, &path, file, loc, (offset, len), check).await?;
+        self.note_read(&id, loc.dir, read.data.len() as u64);
+        Ok(read)
     }
 
     /// Resolve and open the file of shard `id`. A file that vanished after the lookup was moved
@@ -557,7 +566,7 @@ impl ShardStore {
         loc: Location,
         (offset, len): (u64, u64),
         check: ReadCheck,
-    ) -> Result<(Bytes, u64)> {
+    ) -> Result<ShardRead> {
         let file_len = loc.file_len;
         // A whole O_DIRECT read from HDD may be promoted next: keep its bytes for the mover.
         let keep = file.direct && self.dirs[loc.dir].tier == Tier::Hdd && self.policy.promote_after_reads > 0;
@@ -588,15 +597,26 @@ impl ShardStore {
         }
         let end = if len == 0 { data_len } else { offset.saturating_add(len).min(data_len) };
         if offset == end {
-            return Ok((Bytes::new(), data_len));
+            return Ok(ShardRead { data: Bytes::new(), data_len, tree: None });
         }
         let blocks = header.blocks_for(offset, end);
-        let hashes_at = header.hashes_range(&blocks);
-        let hashes = if hashes_at.end <= prefix.len() as u64 {
-            prefix[hashes_at.start as usize..hashes_at.end as usize].to_vec()
+        // The block values of `blocks`, from the header page already read or from the file.
+        let values_at = |blocks: &std::ops::Range<u32>| header.hashes_range(blocks);
+        let tree = if check == ReadCheck::Tree && header.format == shard::FORMAT_VERSION {
+            let at = values_at(&(0..header.nblocks));
+            Some(read_span(&prefix, &file, engine, at).await.map_err(|e| io_err("read", e))?)
         } else {
-            let n = (hashes_at.end - hashes_at.start) as usize;
-            file.read_at(engine, hashes_at.start, n).await.map_err(|e| io_err("read", e))?
+            None
+        };
+        let verify = match check {
+            ReadCheck::Blocks => true,
+            ReadCheck::Reader => false,
+            ReadCheck::Tree => tree.is_none(),
+        };
+        let hashes = if verify {
+            read_span(&prefix, &file, engine, values_at(&blocks)).await.map_err(|e| io_err("read", e))?
+        } else {
+            Bytes::new()
         };
         let data_at = header.data_range(&blocks);
         let data = if data_at.end <= prefix.len() as u64 {
@@ -605,7 +625,7 @@ impl ShardStore {
             let n = (data_at.end - data_at.start) as usize;
             Bytes::from(file.read_at(engine, data_at.start, n).await.map_err(|e| io_err("read", e))?)
         };
-        let data = if check == ReadCheck::Blocks {
+        let data = if verify {
             let blocks = blocks.clone();
             let (checked, data) =
                 off_thread(data.len(), move || (header.verify(&blocks, &hashes, &data), data)).await?;
@@ -620,7 +640,7 @@ impl ShardStore {
             self.read_back.lock().put(id, prefix.clone());
         }
         let first = blocks.start as u64 * BLOCK_SIZE as u64;
-        Ok((data.slice((offset - first) as usize..(end - first) as usize), data_len))
+        Ok(ShardRead { data: data.slice((offset - first) as usize..(end - first) as usize), data_len, tree })
     }
 
     /// Delete shards; returns how many existed. Missing ids are not errors.
@@ -698,6 +718,20 @@ impl ShardStore {
 fn corrupt(path: &Path, e: CairnError) -> CairnError {
     tracing::error!(path = %path.display(), "corrupt shard: {}", e.message());
     e
+}
+
+/// Bytes `at` of a shard file: from `prefix` (its first bytes, already read) when they are in
+/// it, else read.
+async fn read_span(
+    prefix: &Bytes,
+    file: &ShardFile,
+    engine: &dyn IoEngine,
+    at: std::ops::Range<u64>,
+) -> io::Result<Bytes> {
+    if at.end <= prefix.len() as u64 {
+        return Ok(prefix.slice(at.start as usize..at.end as usize));
+    }
+    file.read_at(engine, at.start, (at.end - at.start) as usize).await.map(Bytes::from)
 }
 
 #[cfg(test)]

@@ -125,9 +125,19 @@ async fn corrupt_data_is_never_returned(engine: MakeEngine) {
     store.read(id(1), 2 * bs, 0).await.unwrap();
     // A read whose reader checks the bytes itself (against its content hash) gets them as
     // stored: the flipped byte shows, for the reader to catch.
-    let (got, len) = store.read_as(id(1), 0, 0, ReadCheck::Reader).await.unwrap();
-    assert_eq!((got.len() as u64, len), (3 * bs, 3 * bs));
+    let read = store.read_as(id(1), 0, 0, ReadCheck::Reader).await.unwrap();
+    let got = read.data;
+    assert_eq!((got.len() as u64, read.data_len, read.tree.is_none()), (3 * bs, 3 * bs, true));
     assert!(got != data(3 * BLOCK_SIZE, 1), "the store did not send the bytes as stored");
+    // A reader that checks through the tree gets the block as stored and every block's value,
+    // with which the flipped block does not agree.
+    let read = store.read_as(id(1), bs, bs, ReadCheck::Tree).await.unwrap();
+    let tree = read.tree.expect("a format 2 shard sends its tree");
+    assert_eq!((tree.len(), read.data.len()), (3 * 32, BLOCK_SIZE));
+    let value = cairn_common::checksum::tree_block(&read.data, 1, 3 * bs);
+    assert_ne!(&tree[32..64], &value[..], "the flipped block agrees with its value");
+    let intact = store.read_as(id(1), 0, bs, ReadCheck::Tree).await.unwrap();
+    assert_eq!(&tree[..32], &cairn_common::checksum::tree_block(&intact.data, 0, 3 * bs)[..]);
 }
 
 async fn corrupt_header_is_detected(engine: MakeEngine) {

@@ -26,6 +26,7 @@ impl Handler for Fake {
                         Ok(tonic::Response::new(p::ReadShardReply {
                             data: Bytes::from(vec![b'x'; r.len as usize]),
                             shard_len: r.offset,
+                            ..Default::default()
                         }))
                     })
                     .await
