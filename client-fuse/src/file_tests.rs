@@ -31,6 +31,8 @@ struct FakeChunk {
     down: AtomicBool,
     /// Writes of this stripe's shards fail (a full disk), while others go through.
     refused_stripe: Mutex<Option<u64>>,
+    /// Answers without the tree even when asked (a format 1 shard, or a chunkserver hiding it).
+    no_tree: AtomicBool,
     reads: AtomicU64,
 }
 
@@ -75,7 +77,7 @@ impl ShardApi for FakeChunk {
             let from = (req.offset as usize).min(data.len());
             let to = if req.len == 0 { data.len() } else { (from + req.len as usize).min(data.len()) };
             // As a chunkserver's format 2 shard: the tree of the bytes it holds, forged or not.
-            let tree = if req.want_tree {
+            let tree = if req.want_tree && !self.no_tree.load(Ordering::SeqCst) {
                 Bytes::from(cairn_common::checksum::tree_blocks(&data).concat())
             } else {
                 Bytes::new()
@@ -518,4 +520,23 @@ async fn a_forged_block_inside_a_shard_is_caught_through_its_tree() {
     // the content hash) and served around it.
     let at = unit as usize + 500;
     assert!(reader.read(&s.nodes, at as u64, 100).await.unwrap() == data[at..at + 100]);
+
+    // A chunkserver that withholds the tree gains nothing: the shard is read whole and checked
+    // against its hash.
+    let other = ShardId { index: 2, ..shard };
+    s.cluster.forge_at(other, block + 3);
+    for chunk in &s.cluster.chunks {
+        chunk.no_tree.store(true, Ordering::SeqCst);
+    }
+    let reader = OpenFile::new(reader_geometry(unit), size, s.meta.records(), &s.readahead);
+    let at = 2 * unit as usize + block;
+    assert!(
+        reader.read(&s.nodes, at as u64, 100).await.unwrap() == data[at..at + 100],
+        "forged bytes were read"
+    );
+    assert!(s.cluster.reported.lock().contains(&other), "the shard sent without its tree is reported");
+}
+
+fn reader_geometry(unit: u32) -> Geometry {
+    Geometry { ino: INO, layout: Layout::new(4, 2, unit).unwrap(), placement: (1..=6).collect() }
 }

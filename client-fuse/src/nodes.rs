@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_common::capability::{self, Held};
-use cairn_common::checksum::{tree_block, tree_root, BlockHash, HASH_LEN};
+use cairn_common::checksum::{hash_block, tree_block, tree_root, BlockHash, HASH_LEN};
 use cairn_common::connect::grpc_channel;
 use cairn_common::tls::Role;
 use cairn_common::wire::{self, WireClient};
@@ -472,8 +472,9 @@ impl Nodes {
     /// the answer holds whole are kept. With `content` (a data shard's content hash), the range
     /// is widened to whole blocks in any case and each block is checked end to end: the
     /// chunkserver sends the values of the shard's BLAKE3 tree, which must merge to `content`,
-    /// and each block read must have its value (a format 1 shard, sent without them, is
-    /// verified by the chunkserver as before). A block that fails is `Corrupt`, kept nowhere.
+    /// and each block read must have its value (a shard sent without them — format 1, or a
+    /// chunkserver withholding them — is read whole instead and checked against `content`).
+    /// A block that fails is `Corrupt`, kept nowhere.
     pub async fn read_shard_cached(
         &self,
         node: u32,
@@ -500,9 +501,24 @@ impl Nodes {
             (first * BLOCK, span)
         };
         let reply = self.read_reply(node, id, (start, span), false, content.is_some()).await?;
-        let data = reply.data;
-        if let Some(content) = content.filter(|_| !reply.tree.is_empty()) {
-            if let Err(e) = check_tree(id, start, &data, reply.shard_len, &reply.tree, content) {
+        let (mut data, mut start, mut span) = (reply.data, start, span);
+        if let Some(content) = content {
+            let checked = if reply.tree.is_empty() {
+                // No tree (a format 1 shard, or a chunkserver withholding it): the whole shard,
+                // checked against its hash, and kept whole in the cache.
+                let whole = self.read_shard(node, id, 0, 0, true).await?;
+                let checked = match hash_block(&whole) == *content {
+                    true => Ok(()),
+                    false => Err(CairnError::corrupt(format!(
+                        "shard {id}: its bytes do not match the content hash its writer recorded"
+                    ))),
+                };
+                (data, start, span) = (whole, 0, u64::MAX);
+                checked
+            } else {
+                check_tree(id, start, &data, reply.shard_len, &reply.tree, content)
+            };
+            if let Err(e) = checked {
                 ::metrics::counter!(crate::metrics::CONTENT_MISMATCHES).increment(1);
                 self.blocks.forget(id);
                 return Err(e);
