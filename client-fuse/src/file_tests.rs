@@ -540,3 +540,25 @@ async fn a_forged_block_inside_a_shard_is_caught_through_its_tree() {
 fn reader_geometry(unit: u32) -> Geometry {
     Geometry { ino: INO, layout: Layout::new(4, 2, unit).unwrap(), placement: (1..=6).collect() }
 }
+
+/// A whole-stripe reader that reads part of a data shard (the stripe was truncated inside it)
+/// checks those bytes through the shard's tree too: a forged block is caught.
+#[tokio::test]
+async fn a_truncated_stripe_read_whole_checks_its_partial_shard() {
+    let s = Setup::new().await;
+    let unit = 256 << 10;
+    let file = OpenFile::new(reader_geometry(unit), 0, Vec::new(), &s.readahead);
+    let data = pattern(4 * unit as usize, 44);
+    s.write(&file, 0, &data).await.unwrap();
+    s.flush(&file).await.unwrap().expect("committed");
+    // Truncated to a unit and 1000 bytes: data shard 1 holds 1000 valid bytes of its unit.
+    let size = unit as u64 + 1000;
+    let mut records = s.meta.records();
+    records[0].len = size;
+    let shard = ShardId { ino: INO, stripe: 0, index: 1, version: records[0].version };
+    s.cluster.forge_at(shard, 10);
+    let reader = OpenFile::new(reader_geometry(unit), size, records, &s.readahead);
+    let got = reader.read(&s.nodes, 0, size as u32).await.unwrap();
+    assert!(got == data[..size as usize], "forged bytes were read");
+    assert!(s.cluster.reported.lock().contains(&shard), "the forged shard is reported");
+}

@@ -483,7 +483,30 @@ impl Nodes {
         len: u64,
         content: Option<&BlockHash>,
     ) -> Result<Bytes> {
-        let cache = self.blocks.enabled();
+        self.read_blocks(node, id, (offset, len), content, self.blocks.enabled()).await
+    }
+
+    /// Part of a data shard whose content hash is `content`, checked as
+    /// [`Nodes::read_shard_cached`] checks it, without the block cache (whole-stripe readers).
+    pub async fn read_shard_checked(
+        &self,
+        node: u32,
+        id: ShardId,
+        offset: u64,
+        len: u64,
+        content: &BlockHash,
+    ) -> Result<Bytes> {
+        self.read_blocks(node, id, (offset, len), Some(content), false).await
+    }
+
+    async fn read_blocks(
+        &self,
+        node: u32,
+        id: ShardId,
+        (offset, len): (u64, u64),
+        content: Option<&BlockHash>,
+        cache: bool,
+    ) -> Result<Bytes> {
         if len == 0 || (!cache && content.is_none()) {
             return self.read_shard(node, id, offset, len, false).await;
         }

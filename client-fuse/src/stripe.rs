@@ -385,6 +385,11 @@ async fn read_data_shards(
             async move {
                 let read = match reader {
                     Reader::Random => nodes.read_shard_cached(node, id, s.shard_offset, s.len, content).await,
+                    // Part of a data shard (a stripe truncated inside it): through its tree.
+                    Reader::Whole if !whole(s) && content.is_some() => {
+                        let content = content.expect("checked");
+                        nodes.read_shard_checked(node, id, s.shard_offset, s.len, content).await
+                    }
                     Reader::Whole => nodes.read_shard(node, id, s.shard_offset, s.len, reader_checks).await,
                 };
                 (at, read)
