@@ -70,7 +70,6 @@ const OVER_IO_URING: u64 = 1 << 41;
 const CMD_REGISTER: u32 = 1;
 const CMD_COMMIT_AND_FETCH: u32 = 2;
 const RING_HEADER: usize = 288;
-const RING_OP_IN: usize = 128;
 const RING_ENT_COMMIT_ID: usize = 264;
 const RING_ENT_PAYLOAD_SZ: usize = 272;
 /// The payload buffer of an entry must hold the largest request (`max_write`, and the kernel's
@@ -188,9 +187,9 @@ impl NullFs {
         Ok(ino)
     }
 
-    /// One request: `op` is the operation's own header, `rest` what follows it (names),
-    /// the answer goes to `out` (after the out header).
-    fn handle(&self, h: &InHeader, op: &[u8], rest: &[u8], out: &mut [u8]) -> Reply {
+    /// One request: `rest` is what follows the operation's own header (names; no operation
+    /// here reads its header), the answer goes to `out` (after the out header).
+    fn handle(&self, h: &InHeader, rest: &[u8], out: &mut [u8]) -> Reply {
         match h.opcode {
             LOOKUP => {
                 let found =
@@ -231,10 +230,7 @@ impl NullFs {
                 put_u32(out, 44, 255);
                 Reply::Data(80)
             }
-            GETXATTR => {
-                let _size = u32_at(op, 0);
-                Reply::Errno(libc::ENODATA)
-            }
+            GETXATTR => Reply::Errno(libc::ENODATA),
             FLUSH | RELEASE | RELEASEDIR | FSYNC | READDIR | DESTROY => Reply::Data(0),
             FORGET | BATCH_FORGET | INTERRUPT => Reply::Nothing,
             _ => Reply::Errno(libc::ENOSYS),
@@ -313,7 +309,7 @@ fn serve_dev(fs: &NullFs, fd: RawFd, ring: bool, inited: Option<mpsc::Sender<boo
             continue;
         } else {
             let split = op_header_size(h.opcode).min(body.len());
-            fs.handle(&h, &body[..split], &body[split..], &mut out[OUT_HEADER..])
+            fs.handle(&h, &body[split..], &mut out[OUT_HEADER..])
         };
         if matches!(reply, Reply::Nothing) {
             continue;
@@ -412,8 +408,8 @@ fn serve_ring(fs: &NullFs, fd: RawFd, qid: u16, depth: usize, registered: &Atomi
             let h = InHeader::parse(&e.header[..IN_HEADER]);
             let commit_id = u64_at(&e.header, RING_ENT_COMMIT_ID);
             let size = (u32_at(&e.header, RING_ENT_PAYLOAD_SZ) as usize).min(RING_PAYLOAD);
-            let op = &e.header[RING_OP_IN..RING_OP_IN + 128];
-            let reply = fs.handle(&h, op, &e.payload[..size], &mut out);
+            // The operation's own header is in `e.header[128..256]`; names are in the payload.
+            let reply = fs.handle(&h, &e.payload[..size], &mut out);
             fs.via_ring.fetch_add(1, Ordering::Relaxed);
             let n = match reply {
                 Reply::Data(n) => n,

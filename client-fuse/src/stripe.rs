@@ -386,11 +386,12 @@ async fn read_data_shards(
                 let read = match reader {
                     Reader::Random => nodes.read_shard_cached(node, id, s.shard_offset, s.len, content).await,
                     // Part of a data shard (a stripe truncated inside it): through its tree.
-                    Reader::Whole if !whole(s) && content.is_some() => {
-                        let content = content.expect("checked");
-                        nodes.read_shard_checked(node, id, s.shard_offset, s.len, content).await
-                    }
-                    Reader::Whole => nodes.read_shard(node, id, s.shard_offset, s.len, reader_checks).await,
+                    Reader::Whole => match content.filter(|_| !whole(s)) {
+                        Some(content) => {
+                            nodes.read_shard_checked(node, id, s.shard_offset, s.len, content).await
+                        }
+                        None => nodes.read_shard(node, id, s.shard_offset, s.len, reader_checks).await,
+                    },
                 };
                 (at, read)
             }
@@ -426,7 +427,9 @@ async fn read_data_shards(
             .map(|(s, r)| r.expect("complete").expect("checked above").slice(..s.len as usize))
             .collect();
         for (s, piece) in segments.iter().zip(&pieces) {
-            if !whole(s) {
+            // A random reader's pieces were checked as they were read (through the tree, or
+            // whole): only whole-stripe readers' whole shards are checked here.
+            if !whole(s) || reader == Reader::Random {
                 continue;
             }
             if let Err(e) = hashes.check(s.shard, piece) {

@@ -600,10 +600,9 @@ impl ShardStore {
             return Ok(ShardRead { data: Bytes::new(), data_len, tree: None });
         }
         let blocks = header.blocks_for(offset, end);
-        // The block values of `blocks`, from the header page already read or from the file.
-        let values_at = |blocks: &std::ops::Range<u32>| header.hashes_range(blocks);
+        // Block values come from the header page already read, or from the file.
         let tree = if check == ReadCheck::Tree && header.format == shard::FORMAT_VERSION {
-            let at = values_at(&(0..header.nblocks));
+            let at = header.hashes_range(&(0..header.nblocks));
             Some(read_span(&prefix, &file, engine, at).await.map_err(|e| io_err("read", e))?)
         } else {
             None
@@ -614,7 +613,9 @@ impl ShardStore {
             ReadCheck::Tree => tree.is_none(),
         };
         let hashes = if verify {
-            read_span(&prefix, &file, engine, values_at(&blocks)).await.map_err(|e| io_err("read", e))?
+            read_span(&prefix, &file, engine, header.hashes_range(&blocks))
+                .await
+                .map_err(|e| io_err("read", e))?
         } else {
             Bytes::new()
         };
