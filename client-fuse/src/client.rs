@@ -15,12 +15,14 @@ use parking_lot::Mutex;
 use crate::background::Background;
 use crate::dir::DirHandle;
 use crate::file::{Changes, OpenFile, Versions};
-use crate::meta::MetaConn;
-use crate::nodes::Nodes;
+use crate::meta::{MetaApi, MetaConn};
+use crate::nodes::{MetaDirectory, Nodes};
 use crate::readahead::Readahead;
 use crate::stripe::Geometry;
 
 mod session;
+#[cfg(test)]
+mod tests;
 mod write_back;
 
 use session::{session_heartbeat, Releases};
@@ -125,7 +127,7 @@ struct Opened {
 }
 
 pub struct Client {
-    pub meta: MetaConn,
+    pub meta: Arc<dyn MetaApi>,
     /// The metaserver's access rules let this client change nothing.
     pub read_only: bool,
     nodes: Arc<Nodes>,
@@ -194,14 +196,21 @@ impl Client {
     /// and start the session heartbeat, the release batches and the write-back, all stopped
     /// once the client is dropped.
     pub async fn new(meta: MetaConn, options: ClientOptions) -> Result<Arc<Client>> {
+        let meta: Arc<dyn MetaApi> = Arc::new(meta);
+        let directory = Arc::new(MetaDirectory::new(meta.clone())?);
+        Client::start(meta, Nodes::with_directory(directory, options.block_cache_bytes), options).await
+    }
+
+    /// [`Client::new`] over any metaserver and chunkservers (the unit tests' fakes).
+    pub(crate) async fn start(
+        meta: Arc<dyn MetaApi>,
+        nodes: Nodes,
+        options: ClientOptions,
+    ) -> Result<Arc<Client>> {
         let registered = meta.register_client(p::Empty {}).await?;
         let (client_id, read_only) = (registered.client_id, registered.read_only);
         meta.set_client(client_id.into());
-        let nodes = Arc::new(
-            Nodes::new(meta.clone(), options.block_cache_bytes)?
-                .with_wait(options.write_wait)
-                .with_durability(options.durability),
-        );
+        let nodes = Arc::new(nodes.with_wait(options.write_wait).with_durability(options.durability));
         nodes.refresh().await?;
         let files: Arc<Mutex<HashMap<u64, Opened>>> = Arc::new(Mutex::new(HashMap::new()));
         let background = Background::default();
@@ -318,7 +327,7 @@ impl Client {
         let file = self.open_file(ino);
         if let (Some(file), Some(_)) = (&file, req.size) {
             // Truncation acts on committed stripes: publish buffered writes first.
-            file.flush(&self.nodes, &self.meta, &self.versions, self.changes(ino), false).await?;
+            file.flush(&self.nodes, &*self.meta, &self.versions, self.changes(ino), false).await?;
         }
         let size = req.size;
         let before = self.commits.load(Ordering::Acquire);
@@ -596,7 +605,7 @@ impl Client {
     /// Write out buffered data and commit it (close, fsync).
     pub async fn flush(&self, fh: u64) -> Result<()> {
         let (ino, file) = self.handle(fh)?;
-        file.flush(&self.nodes, &self.meta, &self.versions, self.changes(ino), false).await.map(|_| ())
+        file.flush(&self.nodes, &*self.meta, &self.versions, self.changes(ino), false).await.map(|_| ())
     }
 
     /// fsync(2): write out what is buffered, have the file's chunkservers put its shards on
@@ -605,7 +614,7 @@ impl Client {
     /// durable (the file's create, a chmod, a rename into place).
     pub async fn fsync(&self, fh: u64) -> Result<()> {
         let (ino, file) = self.handle(fh)?;
-        match file.flush(&self.nodes, &self.meta, &self.versions, self.changes(ino), true).await? {
+        match file.flush(&self.nodes, &*self.meta, &self.versions, self.changes(ino), true).await? {
             Some(_) => Ok(()),
             None => self.sync_namespace().await,
         }
@@ -641,7 +650,7 @@ impl Client {
         if let Some((file, generation)) = last {
             if let Err(e) = &result {
                 tracing::warn!(ino, "last close failed ({e}); discarding what could not be committed");
-                file.abandon(&self.meta, &self.nodes).await;
+                file.abandon(&*self.meta, &self.nodes).await;
             }
             // The metaserver drops our locks on the file, and frees it if it was unlinked.
             let locked = self.lock_owners.lock().remove(&ino).is_some();

@@ -7,7 +7,7 @@ use cairn_common::Result;
 use cairn_proto as p;
 use tokio::sync::Mutex;
 
-use crate::meta::MetaConn;
+use crate::meta::MetaApi;
 
 pub const PAGE: u32 = 1024;
 
@@ -35,7 +35,7 @@ impl DirHandle {
     /// needed; nothing is copied (a kernel reply holds far fewer entries than a page).
     pub async fn fill(
         &self,
-        meta: &MetaConn,
+        meta: &dyn MetaApi,
         mut pos: u64,
         mut add: impl FnMut(u64, &p::DirEntry) -> bool,
     ) -> Result<()> {
@@ -62,7 +62,7 @@ impl DirHandle {
         }
     }
 
-    async fn fetch(&self, meta: &MetaConn, after: Vec<u8>, base: u64) -> Result<Page> {
+    async fn fetch(&self, meta: &dyn MetaApi, after: Vec<u8>, base: u64) -> Result<Page> {
         let reply =
             meta.read_dir(p::ReadDirRequest { ino: self.ino, after, limit: PAGE, plus: false }).await?;
         Ok(Page { base, entries: reply.entries, more: reply.more, loaded: true })

@@ -33,7 +33,6 @@ use futures::future::{join_all, BoxFuture};
 use parking_lot::Mutex as SyncMutex;
 use tokio::sync::Mutex;
 
-use crate::meta::MetaConn;
 use crate::metrics;
 use crate::nodes::Nodes;
 use crate::readahead::{Readahead, Window};
@@ -44,26 +43,14 @@ use crate::stripe::{
 use crate::stripe_cache::{StripeCache, REORDERED};
 
 /// What an open file asks of the metaserver: commits, and the stripe records a file giving up
-/// its uncommitted stripes checks. [`MetaConn`] is the real one; tests give a fake.
+/// its uncommitted stripes checks: a part of [`MetaApi`](crate::meta::MetaApi), so the open-file tests
+/// (`file_tests.rs`) give a fake of just this.
 pub trait FileMeta: Send + Sync {
     fn commit(&self, req: cairn_proto::CommitRequest) -> BoxFuture<'_, Result<cairn_proto::AttrReply>>;
     fn list_stripes(
         &self,
         req: cairn_proto::ListStripesRequest,
     ) -> BoxFuture<'_, Result<cairn_proto::ListStripesReply>>;
-}
-
-impl FileMeta for MetaConn {
-    fn commit(&self, req: cairn_proto::CommitRequest) -> BoxFuture<'_, Result<cairn_proto::AttrReply>> {
-        Box::pin(MetaConn::commit(self, req))
-    }
-
-    fn list_stripes(
-        &self,
-        req: cairn_proto::ListStripesRequest,
-    ) -> BoxFuture<'_, Result<cairn_proto::ListStripesReply>> {
-        Box::pin(MetaConn::list_stripes(self, req))
-    }
 }
 
 /// The change counters a commit or truncation advances: the client's sequence of changes

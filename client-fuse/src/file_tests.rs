@@ -5,7 +5,7 @@
 //! commit are checked against what the fakes hold.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,6 +16,7 @@ use futures::future::BoxFuture;
 use parking_lot::Mutex;
 
 use super::{Changes, FileMeta, OpenFile, Versions};
+use crate::fakes::FakeChunk;
 use crate::nodes::{NodeDirectory, Nodes, ShardApi};
 use crate::readahead::Readahead;
 use crate::stripe::Geometry;
@@ -23,77 +24,6 @@ use crate::stripe::Geometry;
 /// 4+2 with 4 KiB units: 16 KiB stripes.
 const STRIPE: usize = 4 * 4096;
 const INO: u64 = 77;
-
-/// One chunkserver: its shards in memory; while `down`, every request fails as unreachable.
-#[derive(Default)]
-struct FakeChunk {
-    shards: Mutex<HashMap<ShardId, Bytes>>,
-    down: AtomicBool,
-    /// Writes of this stripe's shards fail (a full disk), while others go through.
-    refused_stripe: Mutex<Option<u64>>,
-    /// Answers without the tree even when asked (a format 1 shard, or a chunkserver hiding it).
-    no_tree: AtomicBool,
-    reads: AtomicU64,
-}
-
-fn unreachable() -> CairnError {
-    CairnError::unavailable("connection refused (fake chunkserver down)")
-}
-
-impl ShardApi for FakeChunk {
-    fn write_shard(&self, req: p::WriteShardRequest) -> BoxFuture<'_, Result<p::WriteShardReply>> {
-        Box::pin(async move {
-            if self.down.load(Ordering::SeqCst) {
-                return Err(unreachable());
-            }
-            let id = ShardId::from(req.id.as_ref().expect("shard id"));
-            if *self.refused_stripe.lock() == Some(id.stripe) {
-                return Err(CairnError::new(ErrorKind::NoSpace, "no room (fake chunkserver)"));
-            }
-            self.shards.lock().insert(id, req.data);
-            Ok(p::WriteShardReply { tier: "ssd".into() })
-        })
-    }
-
-    fn sync_shards(&self, _req: p::SyncShardsRequest) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
-            if self.down.load(Ordering::SeqCst) {
-                Err(unreachable())
-            } else {
-                Ok(())
-            }
-        })
-    }
-
-    fn read_shard(&self, req: p::ReadShardRequest) -> BoxFuture<'_, Result<p::ReadShardReply>> {
-        Box::pin(async move {
-            if self.down.load(Ordering::SeqCst) {
-                return Err(unreachable());
-            }
-            self.reads.fetch_add(1, Ordering::SeqCst);
-            let id = ShardId::from(req.id.as_ref().expect("shard id"));
-            let data =
-                self.shards.lock().get(&id).cloned().ok_or_else(|| CairnError::not_found(format!("{id}")))?;
-            let from = (req.offset as usize).min(data.len());
-            let to = if req.len == 0 { data.len() } else { (from + req.len as usize).min(data.len()) };
-            // As a chunkserver's format 2 shard: the tree of the bytes it holds, forged or not.
-            let tree = if req.want_tree && !self.no_tree.load(Ordering::SeqCst) {
-                Bytes::from(cairn_common::checksum::tree_blocks(&data).concat())
-            } else {
-                Bytes::new()
-            };
-            Ok(p::ReadShardReply { data: data.slice(from..to), shard_len: data.len() as u64, tree })
-        })
-    }
-
-    fn delete_shards(&self, req: p::DeleteShardsRequest) -> BoxFuture<'_, Result<p::DeleteShardsReply>> {
-        Box::pin(async move {
-            let mut shards = self.shards.lock();
-            let deleted = req.ids.iter().filter(|id| shards.remove(&ShardId::from(*id)).is_some()).count();
-            Ok(p::DeleteShardsReply { deleted: deleted as u32 })
-        })
-    }
-}
 
 /// Six fake chunkservers, node ids 1..=6.
 struct Cluster {

@@ -612,7 +612,7 @@ impl Filesystem for CairnFs {
                     }
                     pos = 2;
                 }
-                dir.fill(&c.meta, pos - 2, |j, e| {
+                dir.fill(&*c.meta, pos - 2, |j, e| {
                     reply.add(INodeNo(e.ino), j + 3, kind_of(e.mode), OsStr::from_bytes(&e.name))
                 })
                 .await

@@ -7,6 +7,8 @@ mod background;
 mod blocks;
 mod client;
 mod dir;
+#[cfg(test)]
+mod fakes;
 mod file;
 pub mod fuse;
 mod meta;

@@ -12,7 +12,10 @@ use cairn_common::tls::Role;
 use cairn_common::wire::{self, WireClient};
 use cairn_common::{CairnError, Result, MAX_MESSAGE_BYTES};
 use cairn_proto::meta_client::MetaClient;
+use futures::future::BoxFuture;
 use tonic::transport::Channel;
+
+use crate::file::FileMeta;
 
 /// How the client talks to the servers, from `CAIRN_TRANSPORT` (`wire`, the default, or `grpc`;
 /// the gRPC path is kept as a fallback and for comparison: `CAIRN_TRANSPORT=grpc bench/rpcs.sh`).
@@ -238,3 +241,76 @@ impl MetaConn {
     rpc!(grant_capability, p::InoRequest, p::Capability);
     rpc!(set_layout, p::SetLayoutRequest, p::LayoutReply);
 }
+
+impl FileMeta for MetaConn {
+    fn commit(&self, req: p::CommitRequest) -> BoxFuture<'_, Result<p::AttrReply>> {
+        Box::pin(MetaConn::commit(self, req))
+    }
+
+    fn list_stripes(&self, req: p::ListStripesRequest) -> BoxFuture<'_, Result<p::ListStripesReply>> {
+        Box::pin(MetaConn::list_stripes(self, req))
+    }
+}
+
+/// Declare [`MetaApi`], one method per RPC the client sends, and implement it for [`MetaConn`].
+macro_rules! meta_api {
+    ($($name:ident($req:ty) -> $reply:ty;)*) => {
+        /// What the client asks of the metaserver (besides an open file's commits and stripe
+        /// listings, [`FileMeta`]). [`MetaConn`] is the real one, over the network and following
+        /// the leader; the client's unit tests give the metaserver's own service over a store in
+        /// memory (`client_tests.rs`), so the client is tested without servers.
+        pub trait MetaApi: FileMeta {
+            $(fn $name(&self, req: $req) -> BoxFuture<'_, Result<$reply>>;)*
+            /// Mark changes sent from now on as this client's, to be done once.
+            fn set_client(&self, client: u64);
+        }
+
+        impl MetaApi for MetaConn {
+            $(fn $name(&self, req: $req) -> BoxFuture<'_, Result<$reply>> {
+                Box::pin(MetaConn::$name(self, req))
+            })*
+
+            fn set_client(&self, client: u64) {
+                MetaConn::set_client(self, client)
+            }
+        }
+    };
+}
+
+/// Hand the list of the RPCs the client sends (`name(request) -> reply;`) to macro `$m`.
+macro_rules! with_meta_rpcs {
+    ($m:ident) => {
+        $m! {
+            lookup(p::LookupRequest) -> p::AttrReply;
+            get_attr(p::InoRequest) -> p::AttrReply;
+            set_attr(p::SetAttrRequest) -> p::AttrReply;
+            create(p::CreateRequest) -> p::CreateReply;
+            mkdir(p::MkdirRequest) -> p::AttrReply;
+            unlink(p::RemoveRequest) -> p::RemoveReply;
+            rmdir(p::RemoveRequest) -> p::RemoveReply;
+            rename(p::RenameRequest) -> p::RenameReply;
+            link(p::LinkRequest) -> p::AttrReply;
+            symlink(p::SymlinkRequest) -> p::AttrReply;
+            readlink(p::InoRequest) -> p::ReadlinkReply;
+            read_dir(p::ReadDirRequest) -> p::ReadDirReply;
+            stat_fs(p::Empty) -> p::StatFsReply;
+            get_xattr(p::XattrRequest) -> p::XattrReply;
+            set_xattr(p::SetXattrRequest) -> p::Empty;
+            list_xattr(p::InoRequest) -> p::ListXattrReply;
+            remove_xattr(p::XattrRequest) -> p::Empty;
+            open(p::OpenRequest) -> p::OpenReply;
+            release(p::ReleaseRequest) -> p::Empty;
+            client_heartbeat(p::ClientHeartbeatRequest) -> p::ClientHeartbeatReply;
+            lock(p::LockRequest) -> p::LockReply;
+            sync(p::Empty) -> p::Empty;
+            register_client(p::Empty) -> p::RegisterClientReply;
+            list_nodes(p::Empty) -> p::ListNodesReply;
+            report_damaged(p::ReportDamagedRequest) -> p::ReportDamagedReply;
+            grant_capability(p::InoRequest) -> p::Capability;
+        }
+    };
+}
+#[cfg(test)]
+pub(crate) use with_meta_rpcs;
+
+with_meta_rpcs!(meta_api);

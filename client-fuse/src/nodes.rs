@@ -26,7 +26,7 @@ use parking_lot::RwLock;
 use tonic::transport::Channel;
 
 use crate::blocks::{aligned, BlockCache, BLOCK};
-use crate::meta::{MetaConn, Transport};
+use crate::meta::{MetaApi, Transport};
 
 /// How long a node stays suspect after a timeout or a connection failure.
 pub const SUSPECT_FOR: Duration = Duration::from_secs(5);
@@ -108,12 +108,12 @@ pub trait NodeDirectory: Send + Sync {
 
 /// The metaserver's node map and the configured transport.
 pub struct MetaDirectory {
-    meta: MetaConn,
+    meta: Arc<dyn MetaApi>,
     transport: Transport,
 }
 
 impl MetaDirectory {
-    pub fn new(meta: MetaConn) -> Result<MetaDirectory> {
+    pub fn new(meta: Arc<dyn MetaApi>) -> Result<MetaDirectory> {
         Ok(MetaDirectory { meta, transport: Transport::from_env()? })
     }
 }
@@ -183,11 +183,6 @@ pub struct Nodes {
 }
 
 impl Nodes {
-    /// Connections through `meta`'s node map, with a block cache of `cache_bytes` (0: none).
-    pub fn new(meta: MetaConn, cache_bytes: usize) -> Result<Nodes> {
-        Ok(Nodes::with_directory(Arc::new(MetaDirectory::new(meta)?), cache_bytes))
-    }
-
     /// Connections through `directory`, with a block cache of `cache_bytes` (0: none).
     pub fn with_directory(directory: Arc<dyn NodeDirectory>, cache_bytes: usize) -> Nodes {
         Nodes {

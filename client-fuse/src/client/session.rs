@@ -10,7 +10,7 @@ use cairn_proto as p;
 use parking_lot::Mutex;
 
 use super::{Opened, EPOCH_BUCKETS};
-use crate::meta::MetaConn;
+use crate::meta::MetaApi;
 
 /// Releases of closed files, sent late and in batches: closing a file (the last handle on it)
 /// costs no round trip of its own. Every open this client registers with the metaserver gets a
@@ -18,7 +18,7 @@ use crate::meta::MetaConn;
 /// arrives after a newer open of the same file changes nothing there. A file this client holds
 /// locks on is released at once: other clients may be waiting for them.
 pub(super) struct Releases {
-    meta: MetaConn,
+    meta: Arc<dyn MetaApi>,
     client_id: u32,
     next_generation: AtomicU64,
     pub(super) pending: Mutex<Vec<p::Released>>,
@@ -34,7 +34,7 @@ const RELEASE_DELAY: Duration = Duration::from_millis(10);
 const RELEASE_BATCH: usize = 1000;
 
 impl Releases {
-    pub(super) fn new(meta: MetaConn, client_id: u32) -> Releases {
+    pub(super) fn new(meta: Arc<dyn MetaApi>, client_id: u32) -> Releases {
         Releases {
             meta,
             client_id,
@@ -96,7 +96,7 @@ impl Releases {
 /// Renew this client's session every quarter lease, announcing every inode it has open (so a
 /// restarted metaserver learns them again, and unlinked files stay readable).
 pub(super) async fn session_heartbeat(
-    meta: MetaConn,
+    meta: Arc<dyn MetaApi>,
     client_id: u32,
     files: Arc<Mutex<HashMap<u64, Opened>>>,
 ) {

@@ -31,7 +31,8 @@ impl Client {
             .collect();
         futures::stream::iter(files)
             .for_each_concurrent(FILES_AT_ONCE, |(ino, file)| async move {
-                match file.write_back(&self.nodes, &self.meta, &self.versions, self.changes(ino), due).await {
+                match file.write_back(&self.nodes, &*self.meta, &self.versions, self.changes(ino), due).await
+                {
                     Ok(Some(done)) => {
                         if done.attr.is_some() {
                             tracing::debug!(
