@@ -6,25 +6,28 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use cairn_common::{CairnError, ErrorKind, Layout, Result};
+use cairn_common::{CairnError, ErrorKind, Result};
 use cairn_proto as p;
 use parking_lot::Mutex;
 
 use crate::background::Background;
 use crate::dir::DirHandle;
-use crate::file::{Changes, OpenFile, Versions};
+use crate::file::{Changes, Versions};
 use crate::meta::{MetaApi, MetaConn};
 use crate::nodes::{MetaDirectory, Nodes};
 use crate::readahead::Readahead;
-use crate::stripe::Geometry;
 
+mod attr_cache;
+mod handles;
 mod session;
 #[cfg(test)]
 mod tests;
 mod write_back;
 
+use attr_cache::AttrCache;
+use handles::Opened;
 use session::{session_heartbeat, Releases};
 
 /// Client settings.
@@ -119,13 +122,6 @@ pub struct OpenOutcome {
     pub changed: bool,
 }
 
-struct Opened {
-    file: Arc<OpenFile>,
-    handles: usize,
-    /// The newest generation among the opens counted in `handles` (see [`Releases`]).
-    generation: u64,
-}
-
 pub struct Client {
     pub meta: Arc<dyn MetaApi>,
     /// The metaserver's access rules let this client change nothing.
@@ -144,17 +140,8 @@ pub struct Client {
     dirs: Mutex<HashMap<u64, Arc<DirHandle>>>,
     /// (mtime, size) of each inode when this client last opened it, for FOPEN_KEEP_CACHE.
     seen: Mutex<HashMap<u64, (i64, u32, u64)>>,
-    /// Extended attributes found absent, until when: the kernel asks for
-    /// `security.capability` before every write, and the answer is nearly always "none". Kept
-    /// as long as attributes are (`attr_ttl`); a change through this client drops the inode's
-    /// entries at once.
-    absent_xattrs: Mutex<HashMap<(u64, Vec<u8>), Instant>>,
-    /// Directories as this client's own change in them left them (from the metaserver's
-    /// reply), until when (`attr_ttl`). The kernel forgets a directory's attributes after every
-    /// create or unlink in it and asks again before the next one, for its permission check: a
-    /// round trip per file without this. A change this client cannot follow exactly (setattr,
-    /// xattrs, rename, rmdir) drops entries instead.
-    dir_attrs: Mutex<HashMap<u64, (p::Attr, Instant)>>,
+    /// Absent xattrs and directories as this client's changes left them, for `attr_ttl`.
+    cache: AttrCache,
     /// Commits and truncations by this client, numbered in `commits`; per inode (hashed into
     /// [`EPOCH_BUCKETS`]) the number of its latest one, advanced while the file's lock is held.
     /// A request reads the counter before asking the metaserver; if the inode changed before
@@ -185,11 +172,6 @@ impl Drop for Client {
 const EPOCH_BUCKETS: usize = 1024;
 /// Opens retried because a commit of this client raced with them, before giving up.
 const OPEN_ATTEMPTS: usize = 16;
-
-/// Most absent-xattr answers remembered; past it the cache starts over.
-const ABSENT_XATTRS_MAX: usize = 65536;
-/// Most directories whose attributes are noted at once.
-const DIR_ATTRS_MAX: usize = 4096;
 
 impl Client {
     /// Register with the metaserver (which hands out the id that makes stripe versions unique)
@@ -222,6 +204,7 @@ impl Client {
             read_only,
             nodes,
             readahead: Readahead::new(options.readahead_bytes),
+            cache: AttrCache::new(options.attr_ttl),
             options,
             versions: Versions::new(client_id),
             next_fh: AtomicU64::new(1),
@@ -231,8 +214,6 @@ impl Client {
             handles: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             seen: Mutex::new(HashMap::new()),
-            absent_xattrs: Mutex::new(HashMap::new()),
-            dir_attrs: Mutex::new(HashMap::new()),
             epochs: (0..EPOCH_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             commits: AtomicU64::new(0),
             releases,
@@ -250,26 +231,6 @@ impl Client {
 
     fn changes(&self, ino: u64) -> Changes<'_> {
         Changes { inode: self.epoch(ino), any: &self.commits }
-    }
-
-    fn open_file(&self, ino: u64) -> Option<Arc<OpenFile>> {
-        self.files.lock().get(&ino).map(|o| o.file.clone())
-    }
-
-    fn handle_file(&self, fh: u64) -> Result<Arc<OpenFile>> {
-        self.handle(fh).map(|(_, file)| file)
-    }
-
-    /// The inode and open file behind handle `fh`.
-    fn handle(&self, fh: u64) -> Result<(u64, Arc<OpenFile>)> {
-        let ino = *self
-            .handles
-            .lock()
-            .get(&fh)
-            .ok_or_else(|| CairnError::invalid(format!("bad file handle {fh}")))?;
-        let file =
-            self.open_file(ino).ok_or_else(|| CairnError::invalid(format!("file handle {fh} is closed")))?;
-        Ok((ino, file))
     }
 
     /// Overlay what this client knows and the metaserver does not yet: the size of a file with
@@ -304,10 +265,8 @@ impl Client {
     }
 
     pub async fn getattr(&self, ino: u64) -> Result<p::Attr> {
-        if let Some((attr, until)) = self.dir_attrs.lock().get(&ino) {
-            if Instant::now() < *until {
-                return Ok(*attr);
-            }
+        if let Some(attr) = self.cache.dir(ino) {
+            return Ok(attr);
         }
         for attempt in 1.. {
             let epoch = self.epoch(ino).load(Ordering::Acquire);
@@ -323,7 +282,7 @@ impl Client {
 
     pub async fn setattr(&self, req: p::SetAttrRequest) -> Result<p::Attr> {
         let ino = req.ino;
-        self.dir_changed(ino, None);
+        self.cache.dir_changed(ino, None);
         let file = self.open_file(ino);
         if let (Some(file), Some(_)) = (&file, req.size) {
             // Truncation acts on committed stripes: publish buffered writes first.
@@ -376,8 +335,9 @@ impl Client {
         let info = reply.file.ok_or_else(|| CairnError::internal("create: no file info"))?;
         let attr = need(info.attr)?;
         if reply.created {
-            self.dir_changed(parent, reply.parent);
-            self.no_xattrs_yet(attr.ino);
+            self.cache.dir_changed(parent, reply.parent);
+            // No xattrs yet (the kernel asks for `security.capability` before the first write).
+            self.cache.note_absent(attr.ino, b"");
         }
         if !open {
             return Ok((attr, 0));
@@ -400,48 +360,16 @@ impl Client {
         Ok((attr, fh))
     }
 
-    /// Note directory `ino`'s attributes after this client changed it (`None`: not known, forget
-    /// them).
-    fn dir_changed(&self, ino: u64, attr: Option<p::Attr>) {
-        let mut dirs = self.dir_attrs.lock();
-        match attr {
-            Some(attr) if attr.ino == ino && !self.options.attr_ttl.is_zero() => {
-                if dirs.len() >= DIR_ATTRS_MAX {
-                    let now = Instant::now();
-                    dirs.retain(|_, (_, until)| now < *until);
-                    if dirs.len() >= DIR_ATTRS_MAX {
-                        dirs.clear();
-                    }
-                }
-                // Replies to concurrent changes may come back in any order: keep the newest.
-                let changed = |a: &p::Attr| a.ctime.map(|t| (t.sec, t.nsec));
-                if dirs.get(&ino).is_some_and(|(old, _)| changed(old) > changed(&attr)) {
-                    return;
-                }
-                dirs.insert(ino, (attr, Instant::now() + self.options.attr_ttl));
-            }
-            _ => {
-                dirs.remove(&ino);
-            }
-        }
-    }
-
-    /// Forget every directory's noted attributes but `keep`'s: a change moved or removed a
-    /// directory this client cannot name by inode (its ctime, nlink or `..` changed).
-    fn dirs_changed_but(&self, keep: &[u64]) {
-        self.dir_attrs.lock().retain(|ino, _| keep.contains(ino));
-    }
-
     pub async fn mkdir(&self, req: p::MkdirRequest) -> Result<p::Attr> {
         let parent = req.parent;
         let reply = self.meta.mkdir(req).await;
-        self.dir_changed(parent, reply.as_ref().ok().and_then(|r| r.parent));
+        self.cache.dir_changed(parent, reply.as_ref().ok().and_then(|r| r.parent));
         need(reply?.attr)
     }
 
     pub async fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
         let reply = self.meta.unlink(p::RemoveRequest { parent, name: name.to_vec(), once: None }).await;
-        self.dir_changed(parent, reply.as_ref().ok().and_then(|r| r.parent));
+        self.cache.dir_changed(parent, reply.as_ref().ok().and_then(|r| r.parent));
         reply.map(|_| ())
     }
 
@@ -449,8 +377,8 @@ impl Client {
         let reply = self.meta.rmdir(p::RemoveRequest { parent, name: name.to_vec(), once: None }).await;
         // The removed directory's noted attributes (if any) must go too; its inode is not known
         // here.
-        self.dirs_changed_but(&[]);
-        self.dir_changed(parent, reply.as_ref().ok().and_then(|r| r.parent));
+        self.cache.dirs_changed_but(&[]);
+        self.cache.dir_changed(parent, reply.as_ref().ok().and_then(|r| r.parent));
         reply.map(|_| ())
     }
 
@@ -458,10 +386,10 @@ impl Client {
         let (parent, new_parent) = (req.parent, req.new_parent);
         let reply = self.meta.rename(req).await;
         // A directory renamed (or replaced) changed too, and its inode is not known here.
-        self.dirs_changed_but(&[]);
+        self.cache.dirs_changed_but(&[]);
         if let Ok(r) = &reply {
-            self.dir_changed(parent, r.parent);
-            self.dir_changed(new_parent, r.new_parent);
+            self.cache.dir_changed(parent, r.parent);
+            self.cache.dir_changed(new_parent, r.new_parent);
         }
         reply.map(|_| ())
     }
@@ -469,14 +397,14 @@ impl Client {
     pub async fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<p::Attr> {
         let reply =
             self.meta.link(p::LinkRequest { ino, new_parent, new_name: new_name.to_vec(), once: None }).await;
-        self.dir_changed(new_parent, reply.as_ref().ok().and_then(|r| r.parent));
+        self.cache.dir_changed(new_parent, reply.as_ref().ok().and_then(|r| r.parent));
         Ok(self.local_view(need(reply?.attr)?).await)
     }
 
     pub async fn symlink(&self, req: p::SymlinkRequest) -> Result<p::Attr> {
         let parent = req.parent;
         let reply = self.meta.symlink(req).await;
-        self.dir_changed(parent, reply.as_ref().ok().and_then(|r| r.parent));
+        self.cache.dir_changed(parent, reply.as_ref().ok().and_then(|r| r.parent));
         need(reply?.attr)
     }
 
@@ -520,78 +448,6 @@ impl Client {
             return Ok(OpenOutcome { fh, keep_cache, changed: previous.is_some_and(|p| p != stamp) });
         }
         unreachable!("the loop returns")
-    }
-
-    /// Count a handle on the file, creating its [`OpenFile`] from `info` and `stripes` or, with
-    /// `refresh`, updating the existing one. With `epoch_then` (the inode's change counter
-    /// before the open was sent), an answer that predates a commit of this client is refused:
-    /// `None`, nothing registered.
-    async fn register_open(
-        &self,
-        info: p::FileInfo,
-        stripes: Vec<p::StripeInfo>,
-        refresh: bool,
-        epoch_then: Option<u64>,
-        generation: u64,
-    ) -> Result<Option<u64>> {
-        let attr = need(info.attr)?;
-        let layout = Layout::try_from(&info.layout.ok_or_else(|| CairnError::internal("no layout"))?)?;
-        if info.placement.len() != layout.width() as usize {
-            return Err(CairnError::corrupt(format!(
-                "inode {}: placement has {} nodes for {layout}",
-                attr.ino,
-                info.placement.len()
-            )));
-        }
-        let epoch = self.epoch(attr.ino);
-        let stale = |now: u64| epoch_then.is_some_and(|then| then != now);
-        let existing = {
-            let mut files = self.files.lock();
-            match files.get_mut(&attr.ino) {
-                Some(o) => {
-                    o.handles += 1;
-                    o.generation = o.generation.max(generation);
-                    Some(o.file.clone())
-                }
-                // A commit advances the counter before its file leaves `files`, so checking
-                // under this lock catches every commit the answer may have missed.
-                None if stale(epoch.load(Ordering::Acquire)) => return Ok(None),
-                // A release covering this open was queued since (another open of the file
-                // registered and closed first): the metaserver may not count this open any more.
-                // Asked again, the open gets a newer generation than any release so far.
-                None if refresh && self.releases.released(attr.ino).load(Ordering::Acquire) >= generation => {
-                    return Ok(None)
-                }
-                None => {
-                    let geo = Geometry { ino: attr.ino, layout, placement: info.placement };
-                    let file = Arc::new(OpenFile::new(geo, attr.size, stripes.clone(), &self.readahead));
-                    files.insert(attr.ino, Opened { file, handles: 1, generation });
-                    None
-                }
-            }
-        };
-        if let (Some(file), true) = (existing, refresh) {
-            let then = epoch_then.unwrap_or_else(|| epoch.load(Ordering::Acquire));
-            if !file.refresh(attr.size, stripes, epoch, then).await {
-                self.drop_handle(attr.ino);
-                return Ok(None);
-            }
-        }
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles.lock().insert(fh, attr.ino);
-        Ok(Some(fh))
-    }
-
-    /// Undo the handle count of a registration that was refused.
-    fn drop_handle(&self, ino: u64) {
-        let mut files = self.files.lock();
-        if let Some(o) = files.get_mut(&ino) {
-            if o.handles > 1 {
-                o.handles -= 1;
-            } else {
-                files.remove(&ino);
-            }
-        }
     }
 
     pub async fn read(&self, fh: u64, offset: u64, len: u32) -> Result<bytes::Bytes> {
@@ -745,54 +601,25 @@ impl Client {
     }
 
     pub async fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
-        let key = (ino, name.to_vec());
-        let absent = |k: &(u64, Vec<u8>)| {
-            self.absent_xattrs.lock().get(k).is_some_and(|until| Instant::now() < *until)
-        };
-        if absent(&key) || absent(&(ino, Vec::new())) {
+        if self.cache.xattr_absent(ino, name) {
             return Err(CairnError::new(ErrorKind::NoData, "no such xattr"));
         }
         match self.meta.get_xattr(p::XattrRequest { ino, name: name.to_vec(), once: None }).await {
             Ok(reply) => Ok(reply.value),
             Err(e) => {
-                if e.kind() == ErrorKind::NoData && !self.options.attr_ttl.is_zero() {
-                    let mut absent = self.absent_xattrs.lock();
-                    if absent.len() >= ABSENT_XATTRS_MAX {
-                        absent.clear();
-                    }
-                    absent.insert(key, Instant::now() + self.options.attr_ttl);
+                if e.kind() == ErrorKind::NoData {
+                    self.cache.note_absent(ino, name);
                 }
                 Err(e)
             }
         }
     }
 
-    /// Forget what is cached about `ino`'s xattrs (this client changes them), and its noted
-    /// attributes if it is a directory (its ctime changes).
-    fn xattrs_changed(&self, ino: u64) {
-        self.absent_xattrs.lock().retain(|(i, _), _| *i != ino);
-        self.dir_changed(ino, None);
-    }
-
-    /// `ino` was just created by this client: it has no xattrs (the kernel asks for
-    /// `security.capability` before the first write). Noted under the empty name, which no
-    /// xattr can have, for as long as absent names are.
-    fn no_xattrs_yet(&self, ino: u64) {
-        if self.options.attr_ttl.is_zero() {
-            return;
-        }
-        let mut absent = self.absent_xattrs.lock();
-        if absent.len() >= ABSENT_XATTRS_MAX {
-            absent.clear();
-        }
-        absent.insert((ino, Vec::new()), Instant::now() + self.options.attr_ttl);
-    }
-
     pub async fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
         let req = p::SetXattrRequest { ino, name: name.to_vec(), value: value.to_vec(), flags, once: None };
         let result = self.meta.set_xattr(req).await.map(|_| ());
         // After the change (a lookup racing with it may have found the name still absent).
-        self.xattrs_changed(ino);
+        self.cache.xattrs_changed(ino);
         result
     }
 
@@ -806,7 +633,7 @@ impl Client {
             .remove_xattr(p::XattrRequest { ino, name: name.to_vec(), once: None })
             .await
             .map(|_| ());
-        self.xattrs_changed(ino);
+        self.cache.xattrs_changed(ino);
         result
     }
 
