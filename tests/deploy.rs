@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cairn_common::config::{load_with, ChunkConfig, MetaConfig, CHUNK_ENV_PREFIX, META_ENV_PREFIX};
-use cairn_common::failover::Failover;
+use cairn_net::failover::Failover;
 use serde::Deserialize as _;
 use serde_yaml::Value;
 

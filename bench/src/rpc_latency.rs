@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cairn_common::wire::{self, WireClient};
+use cairn_net::wire::{self, WireClient};
 use cairn_proto::meta_client::MetaClient;
 use cairn_proto::InoRequest;
 
@@ -34,22 +34,22 @@ async fn main() {
     };
     let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20_000);
     let source = match std::env::var_os("CAIRN_TLS") {
-        Some(dir) => cairn_common::tls::Source::Dir(dir.into()),
-        None => cairn_common::tls::Source::Plaintext,
+        Some(dir) => cairn_net::tls::Source::Dir(dir.into()),
+        None => cairn_net::tls::Source::Plaintext,
     };
-    if let Err(e) = cairn_common::tls::install_from(&source, "rpc-latency", false) {
+    if let Err(e) = cairn_net::tls::install_from(&source, "rpc-latency", false) {
         eprintln!("rpc-latency: {}", e.message());
         std::process::exit(1);
     }
     let wire = Arc::new(WireClient::new(
         &addr,
-        cairn_common::tls::Role::Meta,
+        cairn_net::tls::Role::Meta,
         Duration::from_secs(3),
         Duration::from_secs(10),
     ));
-    let channel = cairn_common::connect::grpc_channel(
+    let channel = cairn_net::connect::grpc_channel(
         &addr,
-        cairn_common::tls::Role::Meta,
+        cairn_net::tls::Role::Meta,
         Duration::from_secs(3),
         Duration::from_secs(10),
     )

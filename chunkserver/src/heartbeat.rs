@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_common::capability::Verifier;
 use cairn_common::{CairnError, ErrorKind, Result};
+use cairn_net::capability::Verifier;
 use cairn_proto::{HeartbeatRequest, RegisterChunkRequest};
 
 use crate::fence::Fence;
@@ -168,7 +168,7 @@ impl Heartbeat {
             tiers,
             pid: std::process::id(),
             cluster_id: self.fence.cluster().unwrap_or_default(),
-            cert_not_after: cairn_common::tls::identity().map_or(0, |id| id.cert.not_after),
+            cert_not_after: cairn_net::tls::identity().map_or(0, |id| id.cert.not_after),
         };
         let reply = self
             .meta

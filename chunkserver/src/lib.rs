@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_common::config::ChunkConfig;
-use cairn_common::{wire, CairnError, Result, MAX_MESSAGE_BYTES};
+use cairn_common::{CairnError, Result, MAX_MESSAGE_BYTES};
+use cairn_net::wire;
 use cairn_proto::chunk_server::ChunkServer;
 
 pub mod engine;
@@ -66,7 +67,7 @@ pub async fn serve(
     let store = Arc::new(ShardStore::open(StoreOptions::from_config(&config), engine).await?);
     let fence = Arc::new(fence::Fence::open(&config.state_dir)?);
     let node_id = Arc::new(AtomicU32::new(0));
-    let caps = Arc::new(cairn_common::capability::Verifier::default());
+    let caps = Arc::new(cairn_net::capability::Verifier::default());
     let heartbeat = heartbeat::Heartbeat::new(
         &config.meta,
         advertise.clone(),
@@ -103,7 +104,7 @@ pub async fn serve(
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let served = wire::grpc_server()
-        .layer(cairn_common::metrics::RpcMetricsLayer::new("chunk"))
+        .layer(cairn_net::metrics::RpcMetricsLayer::new("chunk"))
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
@@ -124,8 +125,8 @@ pub async fn serve(
 /// Validate `config`, bind its listen address and serve until SIGINT or SIGTERM.
 pub async fn run(config: ChunkConfig) -> Result<()> {
     config.validate()?;
-    let open_files = cairn_common::rlimit::raise_open_files();
-    if open_files < 4096 + cairn_common::rlimit::RESERVED_FDS {
+    let open_files = cairn_net::rlimit::raise_open_files();
+    if open_files < 4096 + cairn_net::rlimit::RESERVED_FDS {
         tracing::warn!(
             open_files,
             "a low open-file limit: fewer connections can be served (raise LimitNOFILE)"
@@ -138,7 +139,7 @@ pub async fn run(config: ChunkConfig) -> Result<()> {
         listener.local_addr().map_err(|e| CairnError::from_io("cannot read the listener's address", &e))?;
     tracing::info!(%addr, "chunkserver listening");
     if let Some(listen) = &config.metrics_listen {
-        cairn_common::metrics::serve(listen)?;
+        cairn_net::metrics::serve(listen)?;
     }
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| CairnError::from_io("cannot install the SIGTERM handler", &e))?;

@@ -1,14 +1,14 @@
 //! The chunkserver's gRPC clients of the metaserver: one per address of a replicated
 //! metaserver (`meta = "a:9400,b:9400,c:9400"`), requests following the leader
-//! (`cairn_common::failover`).
+//! (`cairn_net::failover`).
 
 use std::future::Future;
 use std::time::Duration;
 
-use cairn_common::connect::grpc_channel;
-use cairn_common::failover::Failover;
-use cairn_common::tls::Role;
 use cairn_common::{CairnError, Result};
+use cairn_net::connect::grpc_channel;
+use cairn_net::failover::Failover;
+use cairn_net::tls::Role;
 use cairn_proto::meta_client::MetaClient;
 use tonic::transport::Channel;
 

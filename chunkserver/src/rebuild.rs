@@ -9,10 +9,10 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use cairn_common::channels::Channels;
 use cairn_common::codec::StripeShards;
 use cairn_common::content::ContentHashes;
 use cairn_common::{CairnError, Layout, Result, ShardId};
+use cairn_net::channels::Channels;
 use cairn_proto::{ReadShardRequest, RebuildShardRequest};
 
 use crate::store::ShardStore;

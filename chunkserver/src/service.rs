@@ -5,11 +5,11 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use cairn_common::capability::{self, Refusal, Verifier};
 use cairn_common::content::HASH_LEN;
-use cairn_common::tls::Peer;
 use cairn_common::ErrorKind;
 use cairn_common::{CairnError, Result, ShardId};
+use cairn_net::capability::{self, Refusal, Verifier};
+use cairn_net::tls::Peer;
 use cairn_proto::chunk_server::Chunk;
 use cairn_proto::{
     Capability, CheckShardsReply, CheckShardsRequest, ChunkStatReply, DeleteShardsReply, DeleteShardsRequest,
@@ -146,7 +146,7 @@ impl Chunk for ChunkService {
         // fence, which every later metaserver delete must match. A mount deletes its own
         // leftovers without them.
         let peer = request.extensions().get::<Peer>().cloned();
-        let from_meta = peer.as_ref().is_none_or(|p| p.roles.contains(cairn_common::tls::Role::Meta));
+        let from_meta = peer.as_ref().is_none_or(|p| p.roles.contains(cairn_net::tls::Role::Meta));
         let req = request.into_inner();
         if !from_meta && (req.fence != 0 || !req.cluster_id.is_empty()) {
             return Err(CairnError::new(

@@ -331,22 +331,22 @@ fn server_certs_line(status: &p::ClusterStatusReply) -> Option<String> {
 /// Whether this command talked TLS, and when its certificate and the cluster CA expire (the
 /// servers' own: `cairn_tls_certificate_expiry_timestamp_seconds` on each).
 fn tls_line() -> String {
-    match cairn_common::tls::identity() {
+    match cairn_net::tls::identity() {
         None => "tls: none (plaintext)".to_string(),
         Some(id) => format!(
             "tls: mutual, as {:?} (roles {}); its certificate expires {} (in {} days), the cluster CA {} (in {} days)",
             id.cert.name,
             id.cert.roles,
-            cairn_common::tls::format_time(id.cert.not_after),
+            cairn_net::tls::format_time(id.cert.not_after),
             id.cert.expires_in() / 86_400,
-            cairn_common::tls::format_time(id.ca.not_after),
+            cairn_net::tls::format_time(id.ca.not_after),
             id.ca.expires_in() / 86_400
         ),
     }
 }
 
 fn tls_json() -> serde_json::Value {
-    match cairn_common::tls::identity() {
+    match cairn_net::tls::identity() {
         None => json!(null),
         Some(id) => json!({
             "name": id.cert.name, "roles": id.cert.roles.to_string(),

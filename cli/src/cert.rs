@@ -1,10 +1,10 @@
 //! `cairn cert`: the cluster CA and the certificates of its servers, clients and admins
-//! (mutual TLS, `common/src/tls.rs`).
+//! (mutual TLS, `net/src/tls.rs`).
 
 use std::path::{Path, PathBuf};
 
-use cairn_common::tls::{self, CertInfo, Role, Subject};
 use cairn_common::Result;
+use cairn_net::tls::{self, CertInfo, Role, Subject};
 use clap::Subcommand;
 
 #[derive(Subcommand)]

@@ -453,8 +453,8 @@ fn main() -> ExitCode {
             load(config, cairn_common::config::META_ENV_PREFIX, &set).and_then(
                 |c: cairn_common::config::MetaConfig| {
                     c.validate()?;
-                    cairn_common::tls::install_from(&c.tls_source(), "metaserver", true)?;
-                    cairn_common::tls::watch();
+                    cairn_net::tls::install_from(&c.tls_source(), "metaserver", true)?;
+                    cairn_net::tls::watch();
                     runtime()?.block_on(cairn_meta::run(c))
                 },
             )
@@ -462,8 +462,8 @@ fn main() -> ExitCode {
         Command::Chunk { config, set } => load(config, cairn_common::config::CHUNK_ENV_PREFIX, &set)
             .and_then(|c: cairn_common::config::ChunkConfig| {
                 c.validate()?;
-                cairn_common::tls::install_from(&c.tls_source(), "chunkserver", true)?;
-                cairn_common::tls::watch();
+                cairn_net::tls::install_from(&c.tls_source(), "chunkserver", true)?;
+                cairn_net::tls::watch();
                 runtime()?.block_on(cairn_chunk::run(c))
             }),
         Command::Mount {
@@ -506,7 +506,7 @@ fn main() -> ExitCode {
             if background {
                 mount::background(&args)
             } else {
-                cairn_common::tls::watch();
+                cairn_net::tls::watch();
                 cairn_client::mount(args.into_options())
             }
         }
@@ -619,7 +619,7 @@ fn client_identity(
     plaintext: bool,
     announce: bool,
 ) -> cairn_common::Result<()> {
-    use cairn_common::tls::{self, Source};
+    use cairn_net::tls::{self, Source};
     // A flag beats the other's environment variable (`cairn up` prints `export CAIRN_TLS=...`;
     // `--plaintext` must still work after it).
     let tls_from_env =

@@ -10,9 +10,9 @@
 
 use std::time::Duration;
 
-use cairn_common::channels::Channels;
-use cairn_common::failover::Failover;
 use cairn_common::{CairnError, Result};
+use cairn_net::channels::Channels;
+use cairn_net::failover::Failover;
 use cairn_proto as p;
 use serde_json::json;
 

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use cairn_client::MetaConn;
 use std::time::Duration;
 
-use cairn_common::channels::Channels;
 use cairn_common::{CairnError, ErrorKind, Layout, Result, ROOT_INO};
+use cairn_net::channels::Channels;
 use cairn_proto as p;
 use cairn_proto::chunk_client::ChunkClient;
 use futures::stream::{self, StreamExt};

@@ -213,7 +213,7 @@ const ACCESS_TEMPLATE: &str = r#"# Per-client access rules (docs/operations.md, 
 /// identity installed in this process (which asks the metaserver for the nodes). `None`:
 /// plaintext, as asked.
 fn tls_setup(dir: &Path, plaintext: bool, metas: usize, chunks: usize) -> Result<Option<PathBuf>> {
-    use cairn_common::tls::{self, Source};
+    use cairn_net::tls::{self, Source};
     if plaintext {
         tls::install_from(&Source::Plaintext, "cairn up", false)?;
         eprintln!("cairn up: PLAINTEXT as asked: no TLS, anyone who reaches the ports can do anything");

@@ -19,7 +19,7 @@ use tonic::Request;
 
 use crate::file::FileMeta;
 use crate::meta::{with_meta_rpcs, MetaApi};
-use crate::nodes::{NodeDirectory, ShardApi};
+use crate::nodes::{MetaDirectory, NodeDirectory, ShardApi};
 
 /// One chunkserver: its shards in memory; while `down`, every request fails as unreachable.
 #[derive(Default)]
@@ -199,30 +199,30 @@ impl FileMeta for MemoryMeta {
     }
 }
 
-/// The chunkservers a [`MemoryMeta`] knows, as fakes: node `n` is `chunks[n - 1]`.
+/// The chunkservers a [`MemoryMeta`] knows, as fakes: node `n` is `chunks[n - 1]`. The node
+/// map, capabilities and damage reports go to the metaserver as a mount's do.
 pub(crate) struct FakeChunks {
-    pub(crate) meta: Arc<MemoryMeta>,
-    pub(crate) chunks: Vec<Arc<FakeChunk>>,
+    meta: MetaDirectory,
+    chunks: Vec<Arc<FakeChunk>>,
+}
+
+impl FakeChunks {
+    pub(crate) fn new(meta: Arc<MemoryMeta>, chunks: Vec<Arc<FakeChunk>>) -> FakeChunks {
+        FakeChunks { meta: MetaDirectory::new(meta).expect("transport"), chunks }
+    }
 }
 
 impl NodeDirectory for FakeChunks {
     fn list_nodes(&self) -> BoxFuture<'_, Result<Vec<(u32, String)>>> {
-        Box::pin(async move {
-            let nodes = self.meta.list_nodes(p::Empty {}).await?.nodes;
-            Ok(nodes.into_iter().map(|n| (n.id, n.addr)).collect())
-        })
+        self.meta.list_nodes()
     }
 
     fn grant_capability(&self, ino: u64) -> BoxFuture<'_, Result<Capability>> {
-        self.meta.grant_capability(p::InoRequest { ino })
+        self.meta.grant_capability(ino)
     }
 
     fn report_damaged(&self, ids: Vec<ShardId>) -> BoxFuture<'static, Result<()>> {
-        let meta = self.meta.clone();
-        Box::pin(async move {
-            let req = p::ReportDamagedRequest { ids: ids.into_iter().map(Into::into).collect() };
-            meta.report_damaged(req).await.map(|_| ())
-        })
+        self.meta.report_damaged(ids)
     }
 
     fn connect(&self, addr: &str) -> Result<Arc<dyn ShardApi>> {

@@ -74,7 +74,7 @@ pub fn mount(opts: MountOptions) -> Result<()> {
     }
     let client = rt.block_on(async {
         if let Some(listen) = &opts.metrics {
-            cairn_common::metrics::serve(listen)?;
+            cairn_net::metrics::serve(listen)?;
         }
         let meta = connect_meta(&opts.meta).await?;
         Client::new(

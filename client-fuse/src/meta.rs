@@ -1,4 +1,4 @@
-//! The client's connection to the metaserver: the wire protocol (`cairn_common::wire`, a pool of
+//! The client's connection to the metaserver: the wire protocol (`cairn_net::wire`, a pool of
 //! framed TCP connections) by default, or a tonic channel when `CAIRN_TRANSPORT=grpc`, both
 //! with timeouts, and one method per RPC that returns the `CairnError` the server raised. A
 //! replicated metaserver is a list of addresses; requests follow its leader.
@@ -6,11 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_common::connect::grpc_channel;
-use cairn_common::failover::Failover;
-use cairn_common::tls::Role;
-use cairn_common::wire::{self, WireClient};
 use cairn_common::{CairnError, Result, MAX_MESSAGE_BYTES};
+use cairn_net::connect::grpc_channel;
+use cairn_net::failover::Failover;
+use cairn_net::tls::Role;
+use cairn_net::wire::{self, WireClient};
 use cairn_proto::meta_client::MetaClient;
 use futures::future::BoxFuture;
 use tonic::transport::Channel;
@@ -44,7 +44,7 @@ enum Conn {
 }
 
 /// A cheap-to-clone handle on the metaserver, or on the replicas of a replicated one: each
-/// request goes to the one that answered last and follows the leader (`cairn_common::failover`).
+/// request goes to the one that answered last and follows the leader (`cairn_net::failover`).
 #[derive(Clone)]
 pub struct MetaConn {
     inner: Arc<Inner>,
@@ -112,7 +112,7 @@ impl Inner {
 /// Connect to the metaserver at `addr` (`host:port`, or a comma-separated list of the replicas
 /// of a replicated one), failing within a few seconds with a clear error if it does not answer.
 pub async fn connect_meta(addr: &str) -> Result<MetaConn> {
-    connect(addr, Duration::from_secs(30), Some(cairn_common::failover::TRY_TIMEOUT)).await
+    connect(addr, Duration::from_secs(30), Some(cairn_net::failover::TRY_TIMEOUT)).await
 }
 
 /// [`connect_meta`] with another per-request deadline (admin commands that wait for a repair

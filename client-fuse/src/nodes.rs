@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cairn_common::capability::{self, Held};
 use cairn_common::checksum::{hash_block, tree_block, tree_root, BlockHash, HASH_LEN};
-use cairn_common::connect::grpc_channel;
-use cairn_common::tls::Role;
-use cairn_common::wire::{self, WireClient};
 use cairn_common::{CairnError, Result, ShardId, MAX_MESSAGE_BYTES};
+use cairn_net::capability::{self, Held};
+use cairn_net::connect::grpc_channel;
+use cairn_net::tls::Role;
+use cairn_net::wire::{self, WireClient};
 use cairn_proto::chunk_client::ChunkClient;
 use cairn_proto::{self as p, Capability};
 use futures::future::BoxFuture;

@@ -125,7 +125,7 @@ impl Default for MetaConfig {
             unknown_inode_grace_ms: 7 * 24 * 3_600_000,
             reconcile_interval_ms: 3_600_000,
             metrics_listen: None,
-            tls_dir: PathBuf::from(crate::tls::DEFAULT_DIR),
+            tls_dir: PathBuf::from(DEFAULT_TLS_DIR),
             plaintext: false,
             access_file: None,
             replicas: Vec::new(),
@@ -141,11 +141,11 @@ impl Default for MetaConfig {
 
 impl MetaConfig {
     /// Where this server's TLS identity comes from.
-    pub fn tls_source(&self) -> crate::tls::Source {
+    pub fn tls_source(&self) -> TlsSource {
         if self.plaintext {
-            crate::tls::Source::Plaintext
+            TlsSource::Plaintext
         } else {
-            crate::tls::Source::Dir(self.tls_dir.clone())
+            TlsSource::Dir(self.tls_dir.clone())
         }
     }
 
@@ -325,7 +325,7 @@ impl Default for ChunkConfig {
             ssd_direct_io: false,
             hdd_direct_io: false,
             metrics_listen: None,
-            tls_dir: PathBuf::from(crate::tls::DEFAULT_DIR),
+            tls_dir: PathBuf::from(DEFAULT_TLS_DIR),
             plaintext: false,
         }
     }
@@ -333,17 +333,17 @@ impl Default for ChunkConfig {
 
 impl ChunkConfig {
     /// Where this server's TLS identity comes from.
-    pub fn tls_source(&self) -> crate::tls::Source {
+    pub fn tls_source(&self) -> TlsSource {
         if self.plaintext {
-            crate::tls::Source::Plaintext
+            TlsSource::Plaintext
         } else {
-            crate::tls::Source::Dir(self.tls_dir.clone())
+            TlsSource::Dir(self.tls_dir.clone())
         }
     }
 
     pub fn validate(&self) -> Result<()> {
         check_addr("listen", &self.listen)?;
-        for addr in crate::failover::Failover::parse(&self.meta)?.addrs() {
+        for addr in meta_addrs(&self.meta)? {
             check_peer("meta", &addr)?;
         }
         if let Some(m) = &self.metrics_listen {
@@ -421,6 +421,33 @@ pub fn load<T: DeserializeOwned>(path: &Path) -> Result<T> {
 
 /// Environment variable prefixes of the two server configs.
 pub const META_ENV_PREFIX: &str = "CAIRN_META_";
+
+/// Where servers, mounts and admin commands look for their TLS directory by default.
+pub const DEFAULT_TLS_DIR: &str = "/etc/cairn/tls";
+
+/// Where a process's TLS identity comes from, as its config or command line says.
+#[derive(Clone, Debug)]
+pub enum TlsSource {
+    /// No TLS: only when asked for explicitly.
+    Plaintext,
+    /// The TLS directory.
+    Dir(PathBuf),
+}
+
+/// The metaserver addresses in a comma-separated list of `host:port` (an `http://` prefix is
+/// dropped): the one parser of `--meta` and `meta =` for every process.
+pub fn meta_addrs(list: &str) -> Result<Vec<String>> {
+    let addrs: Vec<String> = list
+        .split(',')
+        .map(|a| a.trim())
+        .filter(|a| !a.is_empty())
+        .map(|a| a.strip_prefix("http://").unwrap_or(a).to_string())
+        .collect();
+    if addrs.is_empty() {
+        return Err(CairnError::invalid(format!("metaserver addresses {list:?}: none given")));
+    }
+    Ok(addrs)
+}
 pub const CHUNK_ENV_PREFIX: &str = "CAIRN_CHUNK_";
 
 /// A config from an optional file (else every default), then environment variables named

@@ -1,27 +1,20 @@
-//! Types every Cairn component shares: ids, stripe geometry, the erasure codec, block
-//! checksums, the error taxonomy (with its one mapping to errno and to gRPC), configuration
-//! telemetry setup, and the wire protocol (the client's framed transport beside gRPC).
+//! The vocabulary every Cairn component shares: ids, stripe geometry, the erasure codec, block
+//! checksums and content hashes, the error taxonomy (with its one mapping to errno and to
+//! gRPC), configuration, units, time and logging setup. How processes talk to each other (the
+//! wire protocol, gRPC channels, TLS, roles, capabilities, leader following, the metrics
+//! exporter) is `cairn-net`, above this crate.
 
-pub mod auth;
-pub mod capability;
-pub mod channels;
 pub mod checksum;
 pub mod codec;
 pub mod config;
-pub mod connect;
 pub mod content;
 pub mod error;
-pub mod failover;
 pub mod ids;
 pub mod layout;
-pub mod metrics;
-pub mod rlimit;
 pub mod space;
 pub mod telemetry;
 pub mod time;
-pub mod tls;
 pub mod units;
-pub mod wire;
 
 pub use error::{CairnError, ErrorKind, Result};
 pub use ids::{InodeId, NodeId, ShardId, ROOT_INO};

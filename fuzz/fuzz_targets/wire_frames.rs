@@ -17,5 +17,5 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 
 fuzz_target!(|data: &[u8]| {
     let Some((&side, stream)) = data.split_first() else { return };
-    runtime().block_on(cairn_common::wire::check_frames(stream, side & 1 == 1));
+    runtime().block_on(cairn_net::wire::check_frames(stream, side & 1 == 1));
 });

@@ -11,8 +11,8 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 use serde::Deserialize;
 
-use cairn_common::tls::Peer;
 use cairn_common::{CairnError, ErrorKind, Result};
+use cairn_net::tls::Peer;
 
 use crate::metrics::{ACCESS_RELOAD_FAILURES, ACCESS_RULES};
 
@@ -383,7 +383,7 @@ impl Access {
     /// caller with the client role only; `None` for servers, admins, plaintext callers and
     /// clients no rule matches.
     pub fn rule_for(&self, peer: Option<&Peer>) -> Option<Rule> {
-        if !cairn_common::capability::required_of(peer) {
+        if !cairn_net::capability::required_of(peer) {
             return None;
         }
         let name = &peer?.name;
@@ -404,7 +404,7 @@ type Stamp = (u64, u64, i64, i64, u64);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cairn_common::tls::{Role, Roles};
+    use cairn_net::tls::{Role, Roles};
 
     fn peer(name: &str, roles: &[Role]) -> Peer {
         Peer { addr: None, roles: Roles::of(roles), name: name.into() }

@@ -8,8 +8,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_common::channels::Channels;
 use cairn_common::{CairnError, Result};
+use cairn_net::channels::Channels;
 use cairn_proto::DeleteShardsRequest;
 
 use crate::namespace::Namespace;

@@ -29,7 +29,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_common::config::MetaConfig;
-use cairn_common::{wire, CairnError, Result};
+use cairn_common::{CairnError, Result};
+use cairn_net::wire;
 use cairn_proto::meta_server::MetaServer;
 
 pub use cluster::Cluster;
@@ -223,7 +224,7 @@ async fn serve_replicated(
         .max_encoding_message_size(cairn_common::MAX_MESSAGE_BYTES);
     let server = tokio::spawn(
         wire::grpc_server()
-            .layer(cairn_common::metrics::RpcMetricsLayer::new("meta"))
+            .layer(cairn_net::metrics::RpcMetricsLayer::new("meta"))
             .add_service(grpc)
             .serve_with_incoming_shutdown(incoming, shutdown),
     );
@@ -427,7 +428,7 @@ pub async fn serve_with(
         .max_decoding_message_size(cairn_common::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(cairn_common::MAX_MESSAGE_BYTES);
     let result = wire::grpc_server()
-        .layer(cairn_common::metrics::RpcMetricsLayer::new("meta"))
+        .layer(cairn_net::metrics::RpcMetricsLayer::new("meta"))
         .add_service(grpc)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
@@ -443,8 +444,8 @@ pub async fn serve_with(
 /// Validate the config, bind `config.listen` and serve until SIGINT or SIGTERM.
 pub async fn run(config: MetaConfig) -> Result<()> {
     config.validate()?;
-    let open_files = cairn_common::rlimit::raise_open_files();
-    if open_files < 4096 + cairn_common::rlimit::RESERVED_FDS {
+    let open_files = cairn_net::rlimit::raise_open_files();
+    if open_files < 4096 + cairn_net::rlimit::RESERVED_FDS {
         tracing::warn!(
             open_files,
             "a low open-file limit: fewer connections can be served (raise LimitNOFILE)"
@@ -456,7 +457,7 @@ pub async fn run(config: MetaConfig) -> Result<()> {
     let addr = listener.local_addr().map_err(|e| CairnError::from_io("local address", &e))?;
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "metaserver listening");
     if let Some(listen) = &config.metrics_listen {
-        cairn_common::metrics::serve(listen)?;
+        cairn_net::metrics::serve(listen)?;
     }
     serve(config, listener, shutdown_signal()).await
 }

@@ -157,7 +157,7 @@ fn publish_once(ns: &Namespace, cluster: &crate::cluster::Cluster) {
     }
     metrics::gauge!(REDUCED_BYTES).set(repair.reduced_bytes as f64);
     let lost = ns.store().durability_lost();
-    let cert = cairn_common::tls::identity().map_or(0, |id| id.cert.not_after);
+    let cert = cairn_net::tls::identity().map_or(0, |id| id.cert.not_after);
     let health =
         crate::health::assess(&crate::service::nodes_with_progress(cluster), &repair, lost.as_deref(), cert);
     metrics::gauge!(HEALTH).set(health.level.gauge());

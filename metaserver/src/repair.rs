@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cairn_common::channels::Channels;
 use cairn_common::{CairnError, Layout, Result, ShardId};
+use cairn_net::channels::Channels;
 use cairn_proto::chunk_client::ChunkClient;
 use cairn_proto::{RebuildShardRequest, RebuildSource, StripeInfo};
 use tonic::transport::Channel;

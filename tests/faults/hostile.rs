@@ -234,7 +234,7 @@ fn callers_without_the_right_certificate_are_refused_and_counted() {
     // silent plaintext connection (10 s), not kept.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        use cairn_common::tls::{self, Alpn, Role};
+        use cairn_net::tls::{self, Alpn, Role};
         let id = tls::Identity::load(&client).unwrap();
         let tcp = TcpStream::connect(&cluster.meta_addr).await.unwrap();
         let mut conn = tls::connect(tcp, &id, Role::Meta, Alpn::Wire).await.unwrap();
@@ -258,8 +258,8 @@ fn callers_without_the_right_certificate_are_refused_and_counted() {
 /// and a delete of another file's shards are all refused and counted; the real one works.
 #[test]
 fn shard_access_needs_the_metaservers_capability_for_that_file() {
-    use cairn_common::tls::{self, Role};
-    use cairn_common::wire::{self, WireClient};
+    use cairn_net::tls::{self, Role};
+    use cairn_net::wire::{self, WireClient};
     use cairn_proto as p;
 
     let cluster = Cluster::start(6, "4+2", 64);
@@ -321,7 +321,7 @@ fn shard_access_needs_the_metaservers_capability_for_that_file() {
             refused(wire::chunk::read_shard(&chunks[0], read(id, Some(forge))).await, "signature");
         }
         // A signature by a key no metaserver of this cluster has.
-        let stranger = cairn_common::capability::Signer::new().grant(secret, 3, "client");
+        let stranger = cairn_net::capability::Signer::new().grant(secret, 3, "client");
         refused(
             wire::chunk::read_shard(&chunks[0], read(shard(secret), Some(stranger))).await,
             "does not know",

@@ -28,7 +28,7 @@ impl Servers {
 
     /// A client on these servers, as a mount would make it.
     async fn mount(&self, options: ClientOptions) -> Arc<Client> {
-        let directory = Arc::new(FakeChunks { meta: self.meta.clone(), chunks: self.chunks.clone() });
+        let directory = Arc::new(FakeChunks::new(self.meta.clone(), self.chunks.clone()));
         let nodes = Nodes::with_directory(directory, 0);
         Client::start(self.meta.clone(), nodes, options).await.expect("client")
     }

@@ -14,7 +14,7 @@
 //! thread from its first read to its commit, and commits once.
 //!
 //! Records are kept for [`KEEP`] (a client gives up on a change long before: see
-//! `cairn_common::failover`), then deleted by [`Namespace::forget_old_once`], which the
+//! `cairn_net::failover`), then deleted by [`Namespace::forget_old_once`], which the
 //! leader's session reaper runs every minute.
 
 use std::cell::Cell;

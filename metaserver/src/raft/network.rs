@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use cairn_common::channels::Channels;
 use cairn_common::{CairnError, Result};
+use cairn_net::channels::Channels;
 use cairn_proto::RaftMessage;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};

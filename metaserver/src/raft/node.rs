@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_common::channels::Channels;
 use cairn_common::{CairnError, ErrorKind, Result};
+use cairn_net::channels::Channels;
 use cairn_proto::{RaftMember, RaftMessage, RaftStatusReply};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy};
@@ -112,7 +112,7 @@ enum Others {
 }
 
 fn not_leader(leader: Option<&BasicNode>) -> CairnError {
-    cairn_common::failover::not_leader(leader.map(|node| node.addr.as_str()))
+    cairn_net::failover::not_leader(leader.map(|node| node.addr.as_str()))
 }
 
 impl RaftNode {

@@ -2,8 +2,8 @@
 //! rule a caller is held to, refusing changes to read-only clients, guarding inodes a squashed
 //! client may not act on, and the capabilities each may get.
 
-use cairn_common::capability::{Signer, READ, WRITE};
 use cairn_common::{CairnError, Result};
+use cairn_net::capability::{Signer, READ, WRITE};
 use cairn_proto::SetAttrRequest;
 use tonic::{Request, Status};
 
@@ -25,7 +25,7 @@ impl MetaService {
 
     /// The access rule the caller of `req` is held to, if any.
     pub(super) fn rule<T>(&self, req: &Request<T>) -> Option<Rule> {
-        self.access.rule_for(req.extensions().get::<cairn_common::tls::Peer>())
+        self.access.rule_for(req.extensions().get::<cairn_net::tls::Peer>())
     }
 
     /// The caller's access rule, after refusing `what` (a namespace change) to a read-only

@@ -115,7 +115,7 @@ pub(super) fn status_reply(serving: &Serving) -> Result<ClusterStatusReply> {
     let root = ns.getattr(cairn_common::ROOT_INO)?.layout();
     let repair = cluster.repair_state().lock().clone();
     let nodes = nodes_with_progress(cluster);
-    let meta_cert_not_after = cairn_common::tls::identity().map_or(0, |id| id.cert.not_after);
+    let meta_cert_not_after = cairn_net::tls::identity().map_or(0, |id| id.cert.not_after);
     let health =
         crate::health::assess(&nodes, &repair, ns.store().durability_lost().as_deref(), meta_cert_not_after);
     Ok(ClusterStatusReply {
@@ -133,7 +133,7 @@ pub(super) fn status_reply(serving: &Serving) -> Result<ClusterStatusReply> {
         bytes_rebuilt: repair.bytes_rebuilt,
         rebuild_rate: repair.rate,
         stale_shards_deleted: repair.stale_shards_deleted,
-        requests: cairn_common::metrics::foreground_requests(),
+        requests: cairn_net::metrics::foreground_requests(),
         health: health.level.name().into(),
         health_checks: health.checks,
         stripes_by_margin: repair.by_margin,

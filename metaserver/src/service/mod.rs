@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use cairn_common::capability::{self, Signer, READ, WRITE};
-use cairn_common::channels::Channels;
 use cairn_common::{CairnError, Result};
+use cairn_net::capability::{self, Signer, READ, WRITE};
+use cairn_net::channels::Channels;
 use cairn_proto::meta_server::Meta;
 use cairn_proto::*;
 use tonic::{Request, Response, Status};
@@ -101,7 +101,7 @@ fn check_ino(ino: u64) -> Result<u64> {
 /// The name on the caller's TLS certificate (empty on a plaintext server), which binds a
 /// chunkserver's node id to the certificate it registered with.
 fn cert_name<T>(req: &Request<T>) -> String {
-    req.extensions().get::<cairn_common::tls::Peer>().map(|p| p.name.clone()).unwrap_or_default()
+    req.extensions().get::<cairn_net::tls::Peer>().map(|p| p.name.clone()).unwrap_or_default()
 }
 
 fn attr_reply(inode: crate::schema::Inode) -> AttrReply {
@@ -533,7 +533,7 @@ impl Meta for MetaService {
         &self,
         req: Request<ReportDamagedRequest>,
     ) -> Result<Response<cairn_proto::ReportDamagedReply>, Status> {
-        let from_client = capability::required_of(req.extensions().get::<cairn_common::tls::Peer>());
+        let from_client = capability::required_of(req.extensions().get::<cairn_net::tls::Peer>());
         let ids: Vec<cairn_common::ShardId> = req.into_inner().ids.iter().map(Into::into).collect();
         if ids.len() > 100_000 || (from_client && ids.len() > MAX_CLIENT_DAMAGE_IDS) {
             return Err(CairnError::invalid("too many shard ids in one report").into());

@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use cairn_common::capability::Signer;
-use cairn_common::channels::Channels;
 use cairn_common::{CairnError, Result};
+use cairn_net::capability::Signer;
+use cairn_net::channels::Channels;
 use parking_lot::RwLock;
 use tonic::Status;
 

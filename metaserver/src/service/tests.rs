@@ -392,8 +392,8 @@ async fn a_change_sent_again_is_done_once() {
 /// Access rules, called in process with the caller's certificate in the request as both
 /// transports put it there.
 mod access_rules {
-    use cairn_common::capability;
-    use cairn_common::tls::{Peer, Role, Roles};
+    use cairn_net::capability;
+    use cairn_net::tls::{Peer, Role, Roles};
     use cairn_proto::meta_server::Meta;
     use tonic::Request;
 

@@ -78,10 +78,10 @@ fn known(service: &str, method: &str) -> bool {
 }
 
 /// The error a refused call gets, the same on both transports.
-pub fn denied(service: &str, method: &str, peer: &Peer) -> crate::CairnError {
+pub fn denied(service: &str, method: &str, peer: &Peer) -> cairn_common::CairnError {
     crate::metrics::record_denied(service, if known(service, method) { method } else { "unknown" });
-    crate::CairnError::new(
-        crate::ErrorKind::PermissionDenied,
+    cairn_common::CairnError::new(
+        cairn_common::ErrorKind::PermissionDenied,
         format!(
             "{service}.{method} is for {} certificates; this caller's ({:?}) has the roles {}",
             required(service, method),
@@ -148,8 +148,8 @@ where
             }
             Some(_) => None,
             None if peer.roles.contains(Role::Admin) || peer.roles == Roles::ALL => None,
-            None => Some(crate::CairnError::new(
-                crate::ErrorKind::PermissionDenied,
+            None => Some(cairn_common::CairnError::new(
+                cairn_common::ErrorKind::PermissionDenied,
                 format!("{} is not a Cairn method", req.uri().path()),
             )),
         };

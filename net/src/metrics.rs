@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use metrics_exporter_prometheus::PrometheusBuilder;
 
-use crate::{CairnError, Result};
+use cairn_common::{CairnError, Result};
 
 /// Requests answered, by `service`, `method`, `code` (the gRPC status name) and `transport`
 /// (`grpc` or `wire`) (counter).

@@ -14,7 +14,7 @@ use tonic::transport::Channel;
 
 use crate::tls::Role;
 
-use crate::{Result, MAX_MESSAGE_BYTES};
+use cairn_common::{Result, MAX_MESSAGE_BYTES};
 
 pub struct Channels {
     connect_timeout: Duration,
@@ -67,10 +67,10 @@ mod tests {
         channels.get("127.0.0.1:2", Role::Chunk).unwrap();
         assert_eq!(channels.map.lock().unwrap().len(), 2);
         let err = channels.get("not an address", Role::Meta).unwrap_err();
-        assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument, "{err}");
+        assert_eq!(err.kind(), cairn_common::ErrorKind::InvalidArgument, "{err}");
         // Lazy: nothing listens there, and the call says so within the connect timeout.
         let mut client = channels.chunk("127.0.0.1:1").unwrap();
         let e = client.stat(cairn_proto::Empty {}).await.unwrap_err();
-        assert_eq!(crate::CairnError::from(e).kind(), crate::ErrorKind::Unavailable);
+        assert_eq!(cairn_common::CairnError::from(e).kind(), cairn_common::ErrorKind::Unavailable);
     }
 }

@@ -17,14 +17,14 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::net::TcpStream;
 
-use crate::{CairnError, ErrorKind, Result};
+use cairn_common::{CairnError, ErrorKind, Result};
 
 /// ALPN protocol of the wire protocol inside TLS (gRPC is `h2`).
 pub const ALPN_WIRE: &[u8] = b"cairn-wire/1";
 /// ALPN protocol of gRPC.
 pub const ALPN_H2: &[u8] = b"h2";
 /// Where servers, mounts and admin commands look for their TLS directory by default.
-pub const DEFAULT_DIR: &str = "/etc/cairn/tls";
+pub use cairn_common::config::DEFAULT_TLS_DIR as DEFAULT_DIR;
 /// The CA certificate, in the CA's directory and in every TLS directory.
 pub const CA_CERT: &str = "ca.pem";
 /// The CA's private key: only in the CA's directory.
@@ -192,7 +192,7 @@ impl CertInfo {
 
     /// Seconds until it expires (negative once it has).
     pub fn expires_in(&self) -> i64 {
-        self.not_after - crate::time::unix_secs()
+        self.not_after - cairn_common::time::unix_secs()
     }
 }
 
@@ -338,13 +338,7 @@ pub fn identity() -> Option<Arc<Identity>> {
 }
 
 /// Where a process's TLS identity comes from, as its config or command line says.
-#[derive(Clone, Debug)]
-pub enum Source {
-    /// No TLS: only when asked for explicitly.
-    Plaintext,
-    /// The TLS directory.
-    Dir(PathBuf),
-}
+pub use cairn_common::config::TlsSource as Source;
 
 /// Install the identity `source` names. A server or mount (`announce`) logs which, plaintext
 /// as a warning; an admin command says nothing. `what` names the process in the log

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{CairnError, ErrorKind, Result};
+use cairn_common::{CairnError, ErrorKind, Result};
 
 /// How long a request keeps looking for a leader.
 pub const FAILOVER_WAIT: Duration = Duration::from_secs(30);
@@ -72,17 +72,9 @@ pub struct Failover {
 }
 
 impl Failover {
-    /// Parse a comma-separated list of `host:port` (an `http://` prefix is dropped).
+    /// Parse a comma-separated list of `host:port` ([`cairn_common::config::meta_addrs`]).
     pub fn parse(list: &str) -> Result<Failover> {
-        let addrs: Vec<String> = list
-            .split(',')
-            .map(|a| a.trim())
-            .filter(|a| !a.is_empty())
-            .map(|a| a.strip_prefix("http://").unwrap_or(a).to_string())
-            .collect();
-        if addrs.is_empty() {
-            return Err(CairnError::invalid(format!("metaserver addresses {list:?}: none given")));
-        }
+        let addrs = cairn_common::config::meta_addrs(list)?;
         Ok(Failover {
             addrs: std::sync::RwLock::new(addrs),
             current: AtomicUsize::new(0),

@@ -24,7 +24,7 @@
 //! side copies it into or out of a protobuf buffer (it arrives as a slice of the receive buffer).
 //! A reply with `status` 1 is an error: `kind` indexes [`ErrorKind`] and `body` is the message,
 //! so the caller gets exactly the error the server raised, as through gRPC. A frame longer than
-//! [`crate::MAX_MESSAGE_BYTES`] or a bad magic closes the connection; an unknown method or a body
+//! [`cairn_common::MAX_MESSAGE_BYTES`] or a bad magic closes the connection; an unknown method or a body
 //! that does not decode is an error reply and the connection stays usable.
 //!
 //! **Limits** ([`Limits`]): what a peer can make a server hold is bounded before anything is
@@ -49,7 +49,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::connect::{ClientConn, ServerConn};
 use crate::tls::{Alpn, Peer, Role};
-use crate::{CairnError, ErrorKind, Result, MAX_MESSAGE_BYTES};
+use cairn_common::{CairnError, ErrorKind, Result, MAX_MESSAGE_BYTES};
 
 /// First bytes of every wire connection: `CAIRNW`, then the protocol version (1).
 pub const MAGIC: [u8; 8] = *b"CAIRNW\x00\x01";

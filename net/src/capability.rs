@@ -10,9 +10,9 @@ use std::time::Duration;
 use cairn_proto::{Capability, CapabilityKey};
 use parking_lot::{Mutex, RwLock};
 
-use crate::time::unix_secs;
 use crate::tls::{Peer, Role, Roles};
-use crate::{CairnError, ErrorKind, Result};
+use cairn_common::time::unix_secs;
+use cairn_common::{CairnError, ErrorKind, Result};
 
 /// The operation bit for reading shards.
 pub const READ: u32 = 1;

@@ -15,7 +15,7 @@ use tonic::codegen::http::Uri;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::tls::{self, Alpn, Role};
-use crate::{CairnError, Result};
+use cairn_common::{CairnError, Result};
 
 /// A TCP connection, in TLS or not (`T`: the client's or the server's TLS stream).
 pub enum Stream<T> {
