@@ -667,7 +667,11 @@ pub async fn sync_shards(nodes: &Nodes, geo: &Geometry) -> Result<()> {
             }
             Err(e) => {
                 return Err(CairnError::new(
-                    if e.kind() == ErrorKind::PermissionDenied { e.kind() } else { ErrorKind::Io },
+                    if matches!(e.kind(), ErrorKind::PermissionDenied | ErrorKind::CapabilityRefused) {
+                        e.kind()
+                    } else {
+                        ErrorKind::Io
+                    },
                     format!("fsync of inode {}: {}", geo.ino, e.message()),
                 ))
             }

@@ -48,10 +48,15 @@ pub enum ErrorKind {
     /// The namespace may not be changed by this caller (EROFS): a read-only client by the
     /// metaserver's access rules.
     ReadOnly,
+    /// A chunkserver refused the shard capability a request carried (none, expired, signed
+    /// with a key it does not or no longer trusts, for another inode, operation or
+    /// certificate): a client asks the metaserver for a new one and tries once more. EACCES
+    /// when that fails too. Nothing of the request was done.
+    CapabilityRefused,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 24] = [
+    pub const ALL: [ErrorKind; 25] = [
         ErrorKind::NotFound,
         ErrorKind::Exists,
         ErrorKind::NotDir,
@@ -77,6 +82,7 @@ impl ErrorKind {
         ErrorKind::TooFewNodes,
         ErrorKind::NotLeader,
         ErrorKind::ReadOnly,
+        ErrorKind::CapabilityRefused,
     ];
 
     /// The errno a FUSE reply carries for this kind.
@@ -90,7 +96,7 @@ impl ErrorKind {
             ErrorKind::InvalidArgument => libc::EINVAL,
             ErrorKind::NameTooLong => libc::ENAMETOOLONG,
             ErrorKind::NoSpace => libc::ENOSPC,
-            ErrorKind::PermissionDenied => libc::EACCES,
+            ErrorKind::PermissionDenied | ErrorKind::CapabilityRefused => libc::EACCES,
             ErrorKind::NotPermitted => libc::EPERM,
             ErrorKind::NoData => libc::ENODATA,
             ErrorKind::Range => libc::ERANGE,
@@ -122,9 +128,10 @@ impl ErrorKind {
                 Code::InvalidArgument
             }
             ErrorKind::NoSpace => Code::ResourceExhausted,
-            ErrorKind::PermissionDenied | ErrorKind::NotPermitted | ErrorKind::ReadOnly => {
-                Code::PermissionDenied
-            }
+            ErrorKind::PermissionDenied
+            | ErrorKind::NotPermitted
+            | ErrorKind::ReadOnly
+            | ErrorKind::CapabilityRefused => Code::PermissionDenied,
             ErrorKind::NotSupported => Code::Unimplemented,
             ErrorKind::WouldBlock => Code::Aborted,
             ErrorKind::Interrupted => Code::Cancelled,
@@ -160,6 +167,7 @@ impl ErrorKind {
             ErrorKind::TooFewNodes => "too_few_nodes",
             ErrorKind::NotLeader => "not_leader",
             ErrorKind::ReadOnly => "read_only",
+            ErrorKind::CapabilityRefused => "capability_refused",
         }
     }
 

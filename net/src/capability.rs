@@ -355,7 +355,7 @@ pub fn refused(what: &str, ino: u64, why: Refusal) -> CairnError {
         Refusal::WrongOperation => "a capability that does not grant this operation".to_string(),
         Refusal::WrongHolder => "a capability issued to another certificate".to_string(),
     };
-    CairnError::new(ErrorKind::PermissionDenied, format!("{what} of inode {ino}: refused, {reason}"))
+    CairnError::new(ErrorKind::CapabilityRefused, format!("{what} of inode {ino}: refused, {reason}"))
 }
 
 /// A client's capabilities by inode, renewed before they run out.
@@ -394,9 +394,16 @@ impl Held {
     }
 }
 
-/// Whether `e` is a chunkserver's refusal of a capability (worth one renewal and retry).
+/// Whether `e` is a chunkserver's refusal of a capability (worth one renewal and retry): its
+/// own kind. A chunkserver older than that kind (wire number 24) refused with
+/// `PermissionDenied` and said so only in the message, which is still recognised so a newer
+/// mount renews against it; no other error names itself that way.
 pub fn is_refusal(e: &CairnError) -> bool {
-    e.kind() == ErrorKind::PermissionDenied && e.message().contains("refused, ")
+    match e.kind() {
+        ErrorKind::CapabilityRefused => true,
+        ErrorKind::PermissionDenied => e.message().contains(": refused, "),
+        _ => false,
+    }
 }
 
 /// Fail unless `result` is fine, naming what was refused.

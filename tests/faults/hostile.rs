@@ -297,7 +297,7 @@ fn shard_access_needs_the_metaservers_capability_for_that_file() {
         };
         let refused = |r: cairn_common::Result<p::ReadShardReply>, why: &str| {
             let e = r.expect_err(why);
-            assert_eq!(e.kind(), cairn_common::ErrorKind::PermissionDenied, "{why}: {e}");
+            assert_eq!(e.kind(), cairn_common::ErrorKind::CapabilityRefused, "{why}: {e}");
             assert!(e.message().contains(why), "{why}: {e}");
         };
 
@@ -349,7 +349,7 @@ fn shard_access_needs_the_metaservers_capability_for_that_file() {
         )
         .await
         .expect_err("a shard sync of another file");
-        assert!(sync.kind() == cairn_common::ErrorKind::PermissionDenied, "{sync}");
+        assert!(sync.kind() == cairn_common::ErrorKind::CapabilityRefused, "{sync}");
         let delete = wire::chunk::delete_shards(
             &chunks[0],
             p::DeleteShardsRequest {

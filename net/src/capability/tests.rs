@@ -136,8 +136,17 @@ fn a_client_renews_before_expiry_and_after_a_refusal() {
     held.forget(7);
     assert!(held.fresh(7).is_none());
     let e = refused("read", 7, Refusal::Expired);
+    assert_eq!(e.kind(), ErrorKind::CapabilityRefused);
     assert!(is_refusal(&e), "{e}");
+    // Over the wire, as the client decodes it.
+    let e = CairnError::new(ErrorKind::from_index(e.kind().index()).unwrap(), e.message());
+    assert!(is_refusal(&e), "{e}");
+    // An older chunkserver's refusal; other permission errors are not refusals.
+    let old =
+        CairnError::new(ErrorKind::PermissionDenied, "shard read of inode 7: refused, an expired capability");
+    assert!(is_refusal(&old), "{old}");
     assert!(!is_refusal(&CairnError::new(ErrorKind::PermissionDenied, "chunk.ReadShard is for ...")));
+    assert!(!is_refusal(&CairnError::new(ErrorKind::NotFound, "shard read of inode 7: refused, gone")));
 }
 
 /// A new leadership (a higher namespace epoch) retires the keys it does not send: what a
