@@ -367,6 +367,37 @@ fn a_forged_shard_with_valid_checksums_is_caught_by_its_content_hash() {
     assert_eq!(cli_json(&cluster, &["fsck"]).0, 0);
 }
 
+/// The metaserver's content audit finds a forged data shard (other bytes under valid block
+/// checksums) by itself, from the shards' headers, and the repair rebuilds it as written: no
+/// reader, fsck or scrub asked.
+#[test]
+fn the_content_audit_finds_a_forged_shard_and_the_repair_rebuilds_it() {
+    use std::os::unix::fs::MetadataExt;
+    let env = [("CAIRN_META_CONTENT_AUDIT_INTERVAL_MS", "300")];
+    let cluster = Cluster::start_env(6, "4+2", 256, &[], &env);
+    let data = random_bytes(2_500_000, 930);
+    fs::write(cluster.mnt.join("f"), &data).unwrap();
+    let pristine = shard_bytes(&cluster);
+    let ino = fs::metadata(cluster.mnt.join("f")).unwrap().ino();
+    let data_shard_1 = shards_of(&cluster, ino, 0)
+        .into_iter()
+        .find(|p| p.file_name().unwrap().to_string_lossy().contains(&format!("-{:012x}-01-", 0)))
+        .unwrap();
+    forge(&data_shard_1);
+    assert!(shard_bytes(&cluster) != pristine);
+
+    eventually(60, "the forged shard rebuilt as written", || shard_bytes(&cluster) == pristine);
+    let audited = |name: &str| -> f64 {
+        let metas = cluster.nodes.iter().filter(|n| n.role == "meta");
+        metas.filter_map(|n| support::metric(&support::scrape(n.metrics.as_ref().unwrap()), name, &[])).sum()
+    };
+    assert!(audited("cairn_meta_audit_damaged_total") >= 1.0, "the audit found it");
+    assert!(audited("cairn_meta_audit_shards_total") >= 8.0, "every data shard checked");
+    let (code, after) = cli_json(&cluster, &["fsck"]);
+    assert_eq!(code, 0, "{after}");
+    assert_eq!(sha256(&fs::read(cluster.mnt.join("f")).unwrap()), sha256(&data));
+}
+
 #[test]
 fn scrub_and_fsck_find_repair_and_name_what_is_lost() {
     use std::os::unix::fs::MetadataExt;

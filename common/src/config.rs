@@ -73,6 +73,12 @@ pub struct MetaConfig {
     /// How often every chunkserver's shards are reconciled with the namespace (also whenever a
     /// chunkserver comes back).
     pub reconcile_interval_ms: u64,
+    /// Pause between two passes of the content audit, which checks every data shard's block
+    /// checksums against the content hash its stripe record holds (from the shard's header:
+    /// no data is read) and has what does not match rebuilt. 0: no audit.
+    pub content_audit_interval_ms: u64,
+    /// Most data shards per second the content audit checks.
+    pub content_audit_shards_per_sec: u64,
     /// The TLS directory (`ca.pem`, `cert.pem`, `key.pem`; `cairn cert issue` makes one): every
     /// connection, to and from this server, is mutual TLS with it. Re-read on SIGHUP and when
     /// its files change.
@@ -124,6 +130,8 @@ impl Default for MetaConfig {
             orphan_grace_ms: 3_600_000,
             unknown_inode_grace_ms: 7 * 24 * 3_600_000,
             reconcile_interval_ms: 3_600_000,
+            content_audit_interval_ms: 24 * 3_600_000,
+            content_audit_shards_per_sec: 2_000,
             metrics_listen: None,
             tls_dir: PathBuf::from(DEFAULT_TLS_DIR),
             plaintext: false,

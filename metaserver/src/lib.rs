@@ -8,6 +8,7 @@
 //! (the gRPC adapter).
 
 pub mod access;
+pub mod audit;
 pub mod cluster;
 #[cfg(test)]
 mod fixture;
@@ -176,6 +177,8 @@ pub async fn serve(
         orphan_grace: Duration::from_millis(config.orphan_grace_ms),
         unknown_inode_grace: Duration::from_millis(config.unknown_inode_grace_ms),
         reconcile_interval: Duration::from_millis(config.reconcile_interval_ms),
+        audit_interval: Duration::from_millis(config.content_audit_interval_ms),
+        audit_rate: config.content_audit_shards_per_sec,
     };
     if !config.replicas.is_empty() {
         return serve_replicated(config, background, listener, shutdown).await;
@@ -280,7 +283,8 @@ impl Drop for Tasks {
     }
 }
 
-/// Start the garbage collector, the session reaper, the repair and the metrics beside `ns`.
+/// Start the garbage collector, the session reaper, the repair, the content audit and the
+/// metrics beside `ns`.
 fn start_background(
     ns: Arc<Namespace>,
     cluster: Arc<Cluster>,
@@ -300,7 +304,12 @@ fn start_background(
     );
     let repairing = tokio::spawn(repair.clone().run(Duration::from_secs(2), background.reconcile_interval));
     let published = tokio::spawn(metrics::publish(ns.clone(), cluster.clone(), Duration::from_secs(5)));
-    (service::Serving { ns, cluster, repair: Some(repair) }, Tasks(vec![gc, reaper, repairing, published]))
+    let mut tasks = vec![gc, reaper, repairing, published];
+    if !background.audit_interval.is_zero() {
+        let audit = audit::Audit::new(ns.clone(), cluster.clone(), background.audit_rate);
+        tasks.push(tokio::spawn(audit.run(background.audit_interval)));
+    }
+    (service::Serving { ns, cluster, repair: Some(repair) }, Tasks(tasks))
 }
 
 /// Serve clients while this replica leads: once it leads and has applied everything committed,
@@ -377,6 +386,9 @@ pub struct Background {
     pub orphan_grace: Duration,
     pub unknown_inode_grace: Duration,
     pub reconcile_interval: Duration,
+    /// Pause between content audit passes (zero: none), and their rate in shards per second.
+    pub audit_interval: Duration,
+    pub audit_rate: u64,
 }
 
 impl Default for Background {
@@ -390,6 +402,8 @@ impl Default for Background {
             orphan_grace: Duration::from_millis(c.orphan_grace_ms),
             unknown_inode_grace: Duration::from_millis(c.unknown_inode_grace_ms),
             reconcile_interval: Duration::from_millis(c.reconcile_interval_ms),
+            audit_interval: Duration::from_millis(c.content_audit_interval_ms),
+            audit_rate: c.content_audit_shards_per_sec,
         }
     }
 }

@@ -24,6 +24,11 @@ pub const RAW_FREE: &str = "cairn_meta_raw_free_bytes";
 pub const GC_PENDING: &str = "cairn_meta_gc_pending_shards";
 /// Client sessions holding a lease (gauge).
 pub const CLIENTS: &str = "cairn_meta_client_sessions";
+/// The content audit (`audit.rs`): passes finished, data shards checked against their stripe
+/// records' content hashes, and shards it marked damaged for the repair (counters).
+pub const AUDIT_PASSES: &str = "cairn_meta_audit_passes_total";
+pub const AUDIT_SHARDS: &str = "cairn_meta_audit_shards_total";
+pub const AUDIT_DAMAGED: &str = "cairn_meta_audit_damaged_total";
 /// Stripes with a shard lost or on a down node, as of the last repair pass (gauge).
 pub const DEGRADED_STRIPES: &str = "cairn_repair_degraded_stripes";
 /// Stripes by how many more shards each can lose before it is unreadable, by `can_lose`

@@ -68,7 +68,7 @@ fn grafana_dashboard_queries_only_exported_metrics() {
     assert!(all.len() >= 20, "{} expressions", all.len());
 
     let mut exported = BTreeSet::new();
-    for rel in ["common", "metaserver", "chunkserver", "client-fuse"] {
+    for rel in ["net", "metaserver", "chunkserver", "client-fuse"] {
         exported.extend(cairn_names(&read(&format!("{rel}/src/metrics.rs"))));
     }
     assert!(exported.contains("cairn_client_fuse_op_seconds"), "{exported:?}");
@@ -130,7 +130,7 @@ fn alert_rules_use_exported_metrics_and_page_on_stripes_that_can_lose_nothing() 
     let rules = yaml_docs("deploy/prometheus/cairn-alerts.yml");
     assert_eq!(rules.len(), 1);
     let mut exported = BTreeSet::new();
-    for rel in ["common", "metaserver", "chunkserver", "client-fuse"] {
+    for rel in ["net", "metaserver", "chunkserver", "client-fuse"] {
         exported.extend(cairn_names(&read(&format!("{rel}/src/metrics.rs"))));
     }
     let mut critical = Vec::new();

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use cairn_common::checksum::BLOCK_SIZE;
+use cairn_common::checksum::{tree_root, BlockHash, BLOCK_SIZE};
 use cairn_common::content::HASH_LEN;
 use cairn_common::{CairnError, Result, ShardId};
 
@@ -99,6 +99,39 @@ impl ShardFile {
             }
         }
         Ok(header)
+    }
+
+    /// Check that the shard's block values chain to `content` (the content hash its stripe
+    /// record holds), from its header alone: no data is read. With the blocks checked against
+    /// those values (the scrub, every read), that is the whole chain from the bytes to what
+    /// their writer recorded. A format 1 shard (plain block hashes, from which the content hash
+    /// cannot be derived) is verified whole instead.
+    pub(crate) async fn check_content(
+        &self,
+        engine: &dyn IoEngine,
+        id: &ShardId,
+        expect_len: Option<u64>,
+        content: [u8; HASH_LEN],
+    ) -> Result<()> {
+        let io = |e: io::Error| CairnError::from_io(&format!("check shard {id}"), &e);
+        let head = self.read_at(engine, 0, HEADER_ALIGN).await.map_err(io)?;
+        let header = shard::parse_header(&head, id)?;
+        if header.format != shard::FORMAT_VERSION {
+            return self.verify(engine, id, expect_len, Some(content)).await.map(|_| ());
+        }
+        let at = header.hashes_range(&(0..header.nblocks));
+        let values = match head.get(at.start as usize..at.end as usize) {
+            Some(values) => values.to_vec(),
+            None => self.read_at(engine, at.start, (at.end - at.start) as usize).await.map_err(io)?,
+        };
+        let values: Vec<BlockHash> =
+            values.chunks_exact(HASH_LEN).map(|c| c.try_into().expect("HASH_LEN bytes")).collect();
+        if tree_root(&values, header.data_len) != Some(content) {
+            return Err(CairnError::corrupt(format!(
+                "shard {id}: its block checksums do not chain to the content hash its writer recorded"
+            )));
+        }
+        Ok(())
     }
 }
 

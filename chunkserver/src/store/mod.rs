@@ -384,6 +384,9 @@ impl ShardStore {
                     loc.file_len
                 )));
             }
+            if let Some(content) = content {
+                file.check_content(self.engine.as_ref(), &id, Some(loc.file_len), content).await?;
+            }
         }
         Ok(())
     }

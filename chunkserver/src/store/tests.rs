@@ -318,6 +318,15 @@ async fn listing_pages_in_id_order_and_check_finds_damage(engine: MakeEngine) {
     let e = store.check(id(5), true, Some(recorded)).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
     assert!(e.message().contains("content hash"), "{e}");
+    // Without reading the data: the block values alone no longer chain to the recorded hash.
+    let e = store.check(id(5), false, Some(recorded)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    assert!(e.message().contains("do not chain"), "{e}");
+    store.check(id(5), false, Some(*blake3::hash(&other).as_bytes())).await.unwrap();
+    for n in 1..=4 {
+        let content = *blake3::hash(&data(3 * BLOCK_SIZE, n as u8)).as_bytes();
+        store.check(id(n), false, Some(content)).await.unwrap();
+    }
     // A flipped data byte is found only by a verifying check; a truncation by either.
     let header_len = crate::shard::header_len_for(3 * BLOCK_SIZE as u64);
     flip_byte(&store.shard_path(&id(4)).unwrap(), header_len + 7);
