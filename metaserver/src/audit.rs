@@ -27,6 +27,10 @@ const INODES_PER_STEP: usize = 256;
 const STRIPES_PER_PAGE: u32 = 4096;
 /// Shard ids per `CheckShards` request (the chunkserver takes up to 10,000).
 const IDS_PER_CHECK: usize = 1024;
+/// Most shard ids waiting in all nodes' batches together: past it, every batch goes out (a
+/// walk over small files spread on many nodes fills batches slowly).
+const IDS_PENDING: usize = 16 * IDS_PER_CHECK;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const RPC_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What one pass found.
@@ -50,7 +54,12 @@ pub struct Audit {
 
 impl Audit {
     pub fn new(ns: Arc<Namespace>, cluster: Arc<Cluster>, shards_per_sec: u64) -> Audit {
-        Audit { ns, cluster, channels: Channels::new(RPC_TIMEOUT, RPC_TIMEOUT), rate: shards_per_sec.max(1) }
+        Audit {
+            ns,
+            cluster,
+            channels: Channels::new(CONNECT_TIMEOUT, RPC_TIMEOUT),
+            rate: shards_per_sec.max(1),
+        }
     }
 
     /// A pass every `interval` (the first after one interval), until the task is stopped (the
@@ -75,6 +84,7 @@ impl Audit {
     pub async fn pass(&self) -> Result<AuditPass> {
         let mut pass = AuditPass::default();
         let mut batches: BTreeMap<u32, Vec<(ShardId, Vec<u8>)>> = BTreeMap::new();
+        let mut pending = 0;
         let mut after = 0;
         loop {
             let ns = self.ns.clone();
@@ -111,9 +121,15 @@ impl Audit {
                             let node = inode.placement[layout.position(stripe.index, index)];
                             let batch = batches.entry(node).or_default();
                             batch.push((id, hash.to_vec()));
+                            pending += 1;
                             if batch.len() >= IDS_PER_CHECK {
                                 let batch = std::mem::take(batch);
+                                pending -= batch.len();
                                 self.check(node, batch, &mut pass).await?;
+                            }
+                            if pending >= IDS_PENDING {
+                                self.check_all(&mut batches, &mut pass).await?;
+                                pending = 0;
                             }
                         }
                     }
@@ -124,13 +140,23 @@ impl Audit {
                 }
             }
         }
-        for (node, batch) in std::mem::take(&mut batches) {
-            if !batch.is_empty() {
-                self.check(node, batch, &mut pass).await?;
-            }
-        }
+        self.check_all(&mut batches, &mut pass).await?;
         metrics::counter!(AUDIT_PASSES).increment(1);
         Ok(pass)
+    }
+
+    /// Send every node's batch.
+    async fn check_all(
+        &self,
+        batches: &mut BTreeMap<u32, Vec<(ShardId, Vec<u8>)>>,
+        pass: &mut AuditPass,
+    ) -> Result<()> {
+        for (node, batch) in std::mem::take(batches) {
+            if !batch.is_empty() {
+                self.check(node, batch, pass).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Ask `node` about `batch` (shards and the content hashes their records hold), mark what
@@ -171,10 +197,20 @@ impl Audit {
         pass.checked += results.len() as u64;
         metrics::counter!(AUDIT_SHARDS).increment(results.len() as u64);
         if !damaged.is_empty() {
-            // Marked only while the record is still the one checked (`mark_damaged` compares
-            // versions): a stripe rewritten meanwhile is left alone.
+            // Marked only while the shard is still the one asked about: on that node (a heal
+            // may have moved it since the walk read the placement), and of the record's version
+            // (`mark_damaged` compares them: a stripe rewritten meanwhile is left alone).
             let ns = self.ns.clone();
-            let (marked, _) = blocking(move || ns.mark_damaged(&damaged)).await?;
+            let (marked, _) = blocking(move || {
+                let on_node = |id: &ShardId| {
+                    ns.find_inode(id.ino).ok().flatten().is_some_and(|inode| {
+                        inode.placement.get(inode.layout().position(id.stripe, id.index)) == Some(&node)
+                    })
+                };
+                let still: Vec<ShardId> = damaged.into_iter().filter(on_node).collect();
+                ns.mark_damaged(&still)
+            })
+            .await?;
             pass.damaged += u64::from(marked);
             metrics::counter!(AUDIT_DAMAGED).increment(u64::from(marked));
         }
@@ -187,3 +223,7 @@ impl Audit {
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(f).await.map_err(|e| CairnError::internal(format!("content audit: {e}")))?
 }
+
+#[cfg(test)]
+#[path = "audit_tests.rs"]
+mod tests;

@@ -2,103 +2,13 @@
 
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 use cairn_common::{Layout, ROOT_INO};
-use cairn_proto::chunk_server::{Chunk, ChunkServer};
 use cairn_proto::*;
-use tonic::{Request, Response, Status};
 
 use super::*;
+use crate::fake_chunk::{dead_addr, fake_chunkserver};
 use crate::namespace::NewEntry;
 use crate::schema::S_IFREG;
-
-/// Records every shard id it is asked to delete; lists the shards in `held`.
-#[derive(Clone, Default)]
-struct FakeChunk {
-    deleted: Arc<Mutex<Vec<cairn_proto::ShardId>>>,
-    /// The fence each delete carried.
-    fences: Arc<Mutex<Vec<u64>>>,
-    held: Arc<Mutex<Vec<ShardEntry>>>,
-}
-
-#[tonic::async_trait]
-impl Chunk for FakeChunk {
-    async fn write_shard(&self, _: Request<WriteShardRequest>) -> Result<Response<WriteShardReply>, Status> {
-        Err(Status::unimplemented("fake"))
-    }
-    async fn read_shard(&self, _: Request<ReadShardRequest>) -> Result<Response<ReadShardReply>, Status> {
-        Err(Status::unimplemented("fake"))
-    }
-    async fn delete_shards(
-        &self,
-        req: Request<DeleteShardsRequest>,
-    ) -> Result<Response<DeleteShardsReply>, Status> {
-        let req = req.into_inner();
-        self.fences.lock().push(req.fence);
-        let ids = req.ids;
-        let n = ids.len() as u32;
-        self.deleted.lock().extend(ids);
-        Ok(Response::new(DeleteShardsReply { deleted: n }))
-    }
-    async fn stat(&self, _: Request<Empty>) -> Result<Response<ChunkStatReply>, Status> {
-        Err(Status::unimplemented("fake"))
-    }
-    async fn promote(&self, _: Request<PromoteRequest>) -> Result<Response<PromoteReply>, Status> {
-        Err(Status::unimplemented("fake"))
-    }
-    async fn rebuild_shard(
-        &self,
-        _: Request<RebuildShardRequest>,
-    ) -> Result<Response<RebuildShardReply>, Status> {
-        Err(Status::unimplemented("fake"))
-    }
-    async fn list_shards(
-        &self,
-        req: Request<ListShardsRequest>,
-    ) -> Result<Response<ListShardsReply>, Status> {
-        // Two per page, to exercise paging.
-        let after = req.into_inner().after.map(|id| cairn_common::ShardId::from(&id));
-        let mut held = self.held.lock().clone();
-        held.sort_by_key(|e| cairn_common::ShardId::from(e.id.as_ref().unwrap()));
-        let rest: Vec<ShardEntry> = held
-            .into_iter()
-            .filter(|e| after.is_none_or(|a| cairn_common::ShardId::from(e.id.as_ref().unwrap()) > a))
-            .collect();
-        let more = rest.len() > 2;
-        Ok(Response::new(ListShardsReply { shards: rest.into_iter().take(2).collect(), more }))
-    }
-    async fn check_shards(
-        &self,
-        _: Request<CheckShardsRequest>,
-    ) -> Result<Response<CheckShardsReply>, Status> {
-        Err(Status::unimplemented("fake"))
-    }
-    async fn pin(&self, _: Request<PinRequest>) -> Result<Response<PinReply>, Status> {
-        Err(Status::unimplemented("fake"))
-    }
-    async fn sync_shards(
-        &self,
-        _: Request<cairn_proto::SyncShardsRequest>,
-    ) -> Result<Response<Empty>, Status> {
-        Err(Status::unimplemented("fake"))
-    }
-}
-
-async fn fake_chunkserver() -> (String, FakeChunk) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let fake = FakeChunk::default();
-    let svc = ChunkServer::new(fake.clone());
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(svc)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-            .await
-            .unwrap();
-    });
-    (addr, fake)
-}
 
 /// Each opening of a namespace (a new leader's, a restart's) has a higher epoch than the last,
 /// also when the clock says otherwise.
@@ -118,12 +28,6 @@ fn every_opening_raises_the_namespace_epoch() {
     batch.put(Cf::Counters, schema::counter::GC_EPOCH, schema::encode(&schema::Counter { value: ahead }));
     store.write(batch).unwrap();
     assert_eq!(open(), ahead + 1);
-}
-
-/// A closed port: connecting fails.
-async fn dead_addr() -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,8 @@ pub mod access;
 pub mod audit;
 pub mod cluster;
 #[cfg(test)]
+mod fake_chunk;
+#[cfg(test)]
 mod fixture;
 pub mod gc;
 pub mod health;
