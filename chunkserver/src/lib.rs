@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use cairn_common::config::ChunkConfig;
 use cairn_common::{CairnError, Result, MAX_MESSAGE_BYTES};
-use cairn_net::wire;
+use cairn_net::{server, wire};
 use cairn_proto::chunk_server::ChunkServer;
 
 pub mod engine;
@@ -97,13 +97,13 @@ pub async fn serve(
     let scrub = tokio::spawn(scrub.run());
 
     let service = Arc::new(ChunkService::new(store.clone(), mover, node_id, fence, caps));
-    let (stopped, shutdown) = wire::split_shutdown(shutdown);
+    let (stopped, shutdown) = server::split_shutdown(shutdown);
     let (incoming, accepting) =
-        wire::serve(listener, Arc::new(wire::chunk::Service(service.clone())), stopped);
+        server::serve(listener, Arc::new(wire::chunk::Service(service.clone())), stopped);
     let service = ChunkServer::from_arc(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let served = wire::grpc_server()
+    let served = server::grpc_server()
         .layer(cairn_net::metrics::RpcMetricsLayer::new("chunk"))
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, shutdown)

@@ -16,7 +16,7 @@ use cairn_common::{CairnError, ErrorKind, Layout, Result};
 use parking_lot::Mutex;
 
 use crate::registry::Registry;
-use crate::repair::RepairState;
+use crate::repair_state::RepairState;
 use crate::schema::{self, counter, Counter};
 use crate::sessions::Sessions;
 use crate::store::{Batch, Cf, MetaStore};
@@ -55,7 +55,7 @@ impl Cluster {
         client_lease: Duration,
     ) -> Result<Arc<Cluster>> {
         let registry = Arc::new(Registry::open(store.clone(), node_timeout)?);
-        let next_client = crate::namespace::read_counter(&*store, counter::NEXT_CLIENT)?.unwrap_or(1);
+        let next_client = crate::schema::read_counter(&*store, counter::NEXT_CLIENT)?.unwrap_or(1);
         Ok(Arc::new(Cluster {
             store,
             registry,

@@ -11,7 +11,7 @@ use cairn_common::{Layout, Result};
 use crate::cluster::Cluster;
 use crate::namespace::{Namespace, DEFAULT_CLIENT_LEASE};
 use crate::registry::Registry;
-use crate::repair::RepairState;
+use crate::repair_state::RepairState;
 use crate::sessions::Sessions;
 use crate::store::{MemoryStore, MetaStore};
 

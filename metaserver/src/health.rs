@@ -8,7 +8,7 @@ use std::time::Duration;
 use cairn_common::units::{human_bytes as human, human_duration as duration};
 use cairn_proto::NodeInfo;
 
-use crate::repair::RepairState;
+use crate::repair_state::RepairState;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {

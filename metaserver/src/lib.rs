@@ -22,6 +22,7 @@ pub mod raft;
 pub mod reconcile;
 pub mod registry;
 pub mod repair;
+pub mod repair_state;
 pub mod schema;
 pub mod service;
 pub mod sessions;
@@ -33,7 +34,7 @@ use std::time::Duration;
 
 use cairn_common::config::MetaConfig;
 use cairn_common::{CairnError, Result};
-use cairn_net::wire;
+use cairn_net::{server, wire};
 use cairn_proto::meta_server::MetaServer;
 
 pub use cluster::Cluster;
@@ -221,14 +222,14 @@ async fn serve_replicated(
     };
     let service = Arc::new(MetaService::replicated_pending().with_access(background.access.clone()));
     // The listener answers from the start: the other replicas need this one to elect a leader.
-    let (stopped, shutdown) = wire::split_shutdown(shutdown);
+    let (stopped, shutdown) = server::split_shutdown(shutdown);
     let (incoming, accepting) =
-        wire::serve(listener, Arc::new(wire::meta::Service(service.clone())), stopped);
+        server::serve(listener, Arc::new(wire::meta::Service(service.clone())), stopped);
     let grpc = MetaServer::from_arc(service.clone())
         .max_decoding_message_size(cairn_common::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(cairn_common::MAX_MESSAGE_BYTES);
     let server = tokio::spawn(
-        wire::grpc_server()
+        server::grpc_server()
             .layer(cairn_net::metrics::RpcMetricsLayer::new("meta"))
             .add_service(grpc)
             .serve_with_incoming_shutdown(incoming, shutdown),
@@ -437,13 +438,13 @@ pub async fn serve_with(
             .with_access(background_access),
     );
     drop(serving);
-    let (stopped, shutdown) = wire::split_shutdown(shutdown);
+    let (stopped, shutdown) = server::split_shutdown(shutdown);
     let (incoming, accepting) =
-        wire::serve(listener, Arc::new(wire::meta::Service(service.clone())), stopped);
+        server::serve(listener, Arc::new(wire::meta::Service(service.clone())), stopped);
     let grpc = MetaServer::from_arc(service.clone())
         .max_decoding_message_size(cairn_common::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(cairn_common::MAX_MESSAGE_BYTES);
-    let result = wire::grpc_server()
+    let result = server::grpc_server()
         .layer(cairn_net::metrics::RpcMetricsLayer::new("meta"))
         .add_service(grpc)
         .serve_with_incoming_shutdown(incoming, shutdown)

@@ -79,6 +79,14 @@ pub fn gc_key(epoch: u64, seq: u64) -> Vec<u8> {
 }
 
 /// Keys of the counters column family.
+/// The value of counter `key` (`counter::*`) in `store`, if it was ever written.
+pub fn read_counter(store: &dyn crate::store::MetaStore, key: &[u8]) -> Result<Option<u64>> {
+    store
+        .get(crate::store::Cf::Counters, key)?
+        .map(|v| decode::<Counter>("counter", &v).map(|c| c.value))
+        .transpose()
+}
+
 pub mod counter {
     /// First inode number not yet reserved.
     pub const INO_RESERVED: &[u8] = b"ino_reserved";

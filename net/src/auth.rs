@@ -1,5 +1,5 @@
 //! Which roles may call which method: one table for both transports (the wire protocol checks
-//! it per request in `wire::serve`, gRPC in the [`Authorize`] layer every server installs).
+//! it per request in `server::serve`, gRPC in the [`Authorize`] layer every server installs).
 //! A caller's roles come from its certificate ([`crate::tls::Peer`]); on a plaintext server
 //! every caller has every role.
 
@@ -135,7 +135,7 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        // A connection that did not come through `wire::serve` (a test's bare listener) has no
+        // A connection that did not come through `server::serve` (a test's bare listener) has no
         // peer: it is trusted only by a plaintext process.
         let peer = match req.extensions().get::<Peer>() {
             Some(p) => p.clone(),

@@ -11,5 +11,6 @@ pub mod connect;
 pub mod failover;
 pub mod metrics;
 pub mod rlimit;
+pub mod server;
 pub mod tls;
 pub mod wire;

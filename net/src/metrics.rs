@@ -139,7 +139,7 @@ where
     }
 }
 
-/// Count a connection refused for being over a server's limits (see [`crate::wire::Limits`]).
+/// Count a connection refused for being over a server's limits (see [`crate::server::Limits`]).
 pub fn record_refused_connection(service: &'static str, limit: &'static str) {
     metrics::counter!(CONNECTIONS_REFUSED, "service" => service, "limit" => limit).increment(1);
 }

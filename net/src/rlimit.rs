@@ -1,6 +1,6 @@
 //! The open-file limit of a server process. A server holds a descriptor per connection (and a
 //! chunkserver one per open shard file); the soft limit many systems start processes with
-//! (1,024) is below what the connection limits allow (`wire::Limits`), and a process out of
+//! (1,024) is below what the connection limits allow (`server::Limits`), and a process out of
 //! descriptors cannot accept its legitimate clients either. So servers raise the soft limit to
 //! the hard one at start, and the connection limits stay below whatever they got.
 

@@ -45,9 +45,9 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
-use crate::connect::{ClientConn, ServerConn};
+use crate::connect::ClientConn;
 use crate::tls::{Alpn, Peer, Role};
 use cairn_common::{CairnError, ErrorKind, Result, MAX_MESSAGE_BYTES};
 
@@ -59,14 +59,14 @@ pub const IDLE_PER_SERVER: usize = 32;
 pub const HEADER: usize = 12;
 /// A client does not reuse a connection idle this long: well before the server's idle timeout
 /// ([`Limits::idle`]) closes it, so a request never races the server's close.
-const CLIENT_IDLE: Duration = Duration::from_secs(60);
+pub(crate) const CLIENT_IDLE: Duration = Duration::from_secs(60);
 /// Bytes of a frame allocated when its header arrives; a longer frame's buffer grows as its
 /// bytes arrive, so a header alone cannot make the server reserve more than this.
-const EAGER_ALLOC: usize = 4 << 20;
+pub(crate) const EAGER_ALLOC: usize = 4 << 20;
 /// How long a stopping server lets its connections finish the request in hand.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-const STATUS_OK: u8 = 0;
-const STATUS_ERROR: u8 = 1;
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const STATUS_OK: u8 = 0;
+pub(crate) const STATUS_ERROR: u8 = 1;
 
 /// A protobuf message that may travel with a raw bulk part (shard data).
 pub trait Message: prost::Message + Default + Send + 'static {
@@ -469,7 +469,7 @@ impl WireClient {
 /// An idle connection has nothing to read: a readable one was closed by the server (or broke
 /// the protocol), either way not to be used again. (In TLS too: servers send no session
 /// tickets, so an idle TLS connection has nothing to read either.)
-fn still_open(conn: &TcpStream) -> bool {
+pub(crate) fn still_open(conn: &TcpStream) -> bool {
     let mut byte = 0u8;
     // SAFETY: a one-byte peek into a local buffer on a socket this process owns.
     let n = unsafe {
@@ -478,7 +478,13 @@ fn still_open(conn: &TcpStream) -> bool {
     n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
 }
 
-fn write_header(head: &mut [u8], body_len: usize, bulk_len: usize, tag: &[u8; 2], extra: u16) -> Result<()> {
+pub(crate) fn write_header(
+    head: &mut [u8],
+    body_len: usize,
+    bulk_len: usize,
+    tag: &[u8; 2],
+    extra: u16,
+) -> Result<()> {
     if body_len > MAX_MESSAGE_BYTES || bulk_len > MAX_MESSAGE_BYTES {
         return Err(CairnError::invalid(format!(
             "message of {} bytes, more than the {MAX_MESSAGE_BYTES} allowed",
@@ -493,7 +499,11 @@ fn write_header(head: &mut [u8], body_len: usize, bulk_len: usize, tag: &[u8; 2]
 }
 
 /// Write `head` then `bulk` without copying them together, and flush (TLS buffers records).
-async fn write_frame<S: AsyncWrite + Unpin>(conn: &mut S, head: &[u8], bulk: &[u8]) -> std::io::Result<()> {
+pub(crate) async fn write_frame<S: AsyncWrite + Unpin>(
+    conn: &mut S,
+    head: &[u8],
+    bulk: &[u8],
+) -> std::io::Result<()> {
     let (mut head, mut bulk) = (head, bulk);
     while !head.is_empty() {
         let n = conn.write_vectored(&[IoSlice::new(head), IoSlice::new(bulk)]).await?;
@@ -510,7 +520,13 @@ async fn write_frame<S: AsyncWrite + Unpin>(conn: &mut S, head: &[u8], bulk: &[u
 
 /// A reply frame's parts as the caller's result: the server's error, or the decoded message
 /// with its bulk part put back. `from` names the server in errors.
-fn parse_reply<R: Message>(from: &str, status: u8, kind: u8, body: Bytes, bulk: Bytes) -> Result<R> {
+pub(crate) fn parse_reply<R: Message>(
+    from: &str,
+    status: u8,
+    kind: u8,
+    body: Bytes,
+    bulk: Bytes,
+) -> Result<R> {
     if status != STATUS_OK {
         let kind = ErrorKind::from_index(kind).unwrap_or(ErrorKind::Internal);
         return Err(CairnError::new(kind, String::from_utf8_lossy(&body).into_owned()));
@@ -522,7 +538,7 @@ fn parse_reply<R: Message>(from: &str, status: u8, kind: u8, body: Bytes, bulk: 
 }
 
 /// A message as the body and bulk parts a frame carries.
-fn encode_parts<M: Message>(mut m: M) -> (Bytes, Bytes) {
+pub(crate) fn encode_parts<M: Message>(mut m: M) -> (Bytes, Bytes) {
     let bulk = m.take_bulk();
     (Bytes::from(m.encode_to_vec()), bulk)
 }
@@ -563,7 +579,7 @@ pub async fn check_frames(mut input: &[u8], replies: bool) -> usize {
 }
 
 /// A frame header's two lengths, refused above [`MAX_MESSAGE_BYTES`] each.
-fn frame_lengths(header: &[u8; HEADER]) -> std::io::Result<(usize, usize)> {
+pub(crate) fn frame_lengths(header: &[u8; HEADER]) -> std::io::Result<(usize, usize)> {
     let body_len = u32::from_le_bytes(header[0..4].try_into().unwrap()) as usize;
     let bulk_len = u32::from_le_bytes(header[4..8].try_into().unwrap()) as usize;
     if body_len > MAX_MESSAGE_BYTES || bulk_len > MAX_MESSAGE_BYTES {
@@ -577,7 +593,10 @@ fn frame_lengths(header: &[u8; HEADER]) -> std::io::Result<(usize, usize)> {
 
 /// Read `total` bytes into one buffer (no zeroing, no copy after for frames up to
 /// [`EAGER_ALLOC`]; a longer one's buffer doubles as its bytes arrive).
-async fn read_exact_bytes<S: AsyncRead + Unpin>(conn: &mut S, total: usize) -> std::io::Result<BytesMut> {
+pub(crate) async fn read_exact_bytes<S: AsyncRead + Unpin>(
+    conn: &mut S,
+    total: usize,
+) -> std::io::Result<BytesMut> {
     let mut buf = BytesMut::with_capacity(total.min(EAGER_ALLOC));
     while buf.len() < total {
         if buf.len() == buf.capacity() {
@@ -593,7 +612,9 @@ async fn read_exact_bytes<S: AsyncRead + Unpin>(conn: &mut S, total: usize) -> s
 }
 
 /// Read a frame's header and its body and bulk into one buffer.
-async fn read_frame<S: AsyncRead + Unpin>(conn: &mut S) -> std::io::Result<([u8; HEADER], Bytes, Bytes)> {
+pub(crate) async fn read_frame<S: AsyncRead + Unpin>(
+    conn: &mut S,
+) -> std::io::Result<([u8; HEADER], Bytes, Bytes)> {
     let mut header = [0u8; HEADER];
     conn.read_exact(&mut header).await?;
     let (body_len, bulk_len) = frame_lengths(&header)?;
@@ -606,9 +627,6 @@ async fn read_reply<S: AsyncRead + Unpin>(conn: &mut S) -> std::io::Result<(u8, 
     let (header, body, bulk) = read_frame(conn).await?;
     Ok((header[8], header[9], body, bulk))
 }
-
-mod server;
-pub use server::{grpc_server, serve, serve_with, split_shutdown, Counted, Limits};
 
 #[cfg(test)]
 mod tests;

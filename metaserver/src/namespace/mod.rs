@@ -36,7 +36,9 @@ use cairn_proto::Timespec;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::cluster::{Cluster, Surroundings};
-use crate::schema::{self, counter, Counter, Dentry, GcEntry, GcShard, Inode, Stats, Stripe, S_IFDIR};
+use crate::schema::{
+    self, counter, read_counter, Counter, Dentry, GcEntry, GcShard, Inode, Stats, Stripe, S_IFDIR,
+};
 use crate::store::{Batch, Cf, MemoryStore, MetaStore, RocksStore};
 
 pub use attrs::{XATTR_CREATE, XATTR_REPLACE};
@@ -169,13 +171,6 @@ fn read_foreign_inos(store: &dyn MetaStore) -> Result<Vec<(u64, u64)>> {
             (u64::from_be_bytes(c[..8].try_into().unwrap()), u64::from_be_bytes(c[8..].try_into().unwrap()))
         })
         .collect())
-}
-
-pub(crate) fn read_counter(store: &dyn MetaStore, key: &[u8]) -> Result<Option<u64>> {
-    store
-        .get(Cf::Counters, key)?
-        .map(|v| schema::decode::<Counter>("counter", &v).map(|c| c.value))
-        .transpose()
 }
 
 /// Check a directory entry name: not empty, not `.` or `..`, no `/` or NUL, at most NAME_MAX.

@@ -1,5 +1,7 @@
 use super::*;
+use crate::server::{serve, serve_with, Counted, Limits};
 use cairn_proto as p;
+use tokio::net::TcpListener;
 
 /// A handler for tests: method 1 echoes a shard read (offset bytes of `b'x'`, length `len`),
 /// method 2 stores a written shard's data length in the reply's tier string, method 3 fails with

@@ -2,8 +2,21 @@
 //! telling the protocols apart, and answering wire connections; gRPC connections are handed
 //! to tonic.
 
-use super::*;
+use std::future::Future;
+use std::io::IoSlice;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cairn_common::{CairnError, ErrorKind};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::connect::ServerConn;
 use crate::connect::Stream;
+use crate::tls::{Alpn, Peer};
+use crate::wire::*;
 
 /// What a server allows its peers, so that no peer can exhaust it: connections at once (wire
 /// and gRPC alike, counted from accept to close), in total and from one IP address; how long a
