@@ -311,6 +311,13 @@ fn shards_of(cluster: &Cluster, ino: u64, stripe: u64) -> Vec<std::path::PathBuf
     out
 }
 
+/// The file of shard `index` of stripe `stripe` of inode `ino`.
+fn shard_file(cluster: &Cluster, ino: u64, stripe: u64, index: u32) -> std::path::PathBuf {
+    let infix = format!("-{stripe:012x}-{index:02x}-");
+    let files = shards_of(cluster, ino, stripe);
+    files.into_iter().find(|p| p.file_name().unwrap().to_string_lossy().contains(&infix)).unwrap()
+}
+
 /// Replace a shard file by one holding other bytes under a valid header: its block checksums
 /// are computed over the new bytes, as a chunkserver (or anyone with its disk) could write.
 fn forge(path: &std::path::Path) {
@@ -337,11 +344,7 @@ fn a_forged_shard_with_valid_checksums_is_caught_by_its_content_hash() {
     fs::write(cluster.mnt.join("f"), &data).unwrap();
     let pristine = shard_bytes(&cluster);
     let ino = fs::metadata(cluster.mnt.join("f")).unwrap().ino();
-    let data_shard_2 = shards_of(&cluster, ino, 1)
-        .into_iter()
-        .find(|p| p.file_name().unwrap().to_string_lossy().contains(&format!("-{:012x}-02-", 1)))
-        .unwrap();
-    forge(&data_shard_2);
+    forge(&shard_file(&cluster, ino, 1, 2));
 
     let (code, found) = cli_json(&cluster, &["fsck"]);
     assert_eq!(code, 4, "{found}");
@@ -379,11 +382,7 @@ fn the_content_audit_finds_a_forged_shard_and_the_repair_rebuilds_it() {
     fs::write(cluster.mnt.join("f"), &data).unwrap();
     let pristine = shard_bytes(&cluster);
     let ino = fs::metadata(cluster.mnt.join("f")).unwrap().ino();
-    let data_shard_1 = shards_of(&cluster, ino, 0)
-        .into_iter()
-        .find(|p| p.file_name().unwrap().to_string_lossy().contains(&format!("-{:012x}-01-", 0)))
-        .unwrap();
-    forge(&data_shard_1);
+    forge(&shard_file(&cluster, ino, 0, 1));
     assert!(shard_bytes(&cluster) != pristine);
 
     eventually(60, "the forged shard rebuilt as written", || shard_bytes(&cluster) == pristine);
