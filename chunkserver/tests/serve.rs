@@ -110,7 +110,7 @@ fake_meta! {
     remove_node(NodeRequest) -> Empty;
     get_layout(InoRequest) -> LayoutReply;
     set_layout(SetLayoutRequest) -> LayoutReply;
-    grant_capability(InoRequest) -> Capability;
+    grant_capability(CapabilityRequest) -> Capability;
     sync(Empty) -> Empty;
     raft_vote(RaftMessage) -> RaftMessage;
     raft_append(RaftMessage) -> RaftMessage;

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use crate::admin::human;
 use crate::tree;
+use cairn_client::caller::this_process;
 
 const S_IFMT: u32 = 0o170000;
 
@@ -188,8 +189,15 @@ async fn count_entries(conn: &cairn_client::MetaConn, ino: u64) -> Result<u64> {
     let mut after = Vec::new();
     let mut n = 0;
     loop {
-        let page =
-            conn.read_dir(p::ReadDirRequest { ino, after: after.clone(), limit: 4096, plus: false }).await?;
+        let page = conn
+            .read_dir(p::ReadDirRequest {
+                ino,
+                after: after.clone(),
+                limit: 4096,
+                plus: false,
+                caller: Some(this_process()),
+            })
+            .await?;
         n += page.entries.iter().filter(|e| e.name != b"." && e.name != b"..").count() as u64;
         match page.entries.last() {
             Some(last) if page.more => after = last.name.clone(),

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use cairn_client::MetaConn;
 use std::time::Duration;
 
+use cairn_client::caller::this_process;
 use cairn_common::{CairnError, ErrorKind, Layout, Result, ROOT_INO};
 use cairn_net::channels::Channels;
 use cairn_proto as p;
@@ -191,7 +192,7 @@ pub async fn lookup(conn: &MetaConn, components: &[Vec<u8>]) -> Result<p::Attr> 
     for name in components {
         let parent = attr.as_ref().map_or(ROOT_INO, |a| a.ino);
         attr = conn
-            .lookup(p::LookupRequest { parent, name: name.clone() })
+            .lookup(p::LookupRequest { parent, name: name.clone(), caller: Some(this_process()) })
             .await
             .map_err(|e| CairnError::new(e.kind(), format!("{}: {}", shown(components), e.message())))?
             .attr;
@@ -230,6 +231,7 @@ pub async fn walk(
                             after: after.clone(),
                             limit: DIR_PAGE,
                             plus: false,
+                            caller: Some(this_process()),
                         })
                         .await?;
                     let mut files = Vec::new();
@@ -273,7 +275,9 @@ pub async fn walk(
 
 /// Open `ino` for its layout, placement and stripe records, and release it again.
 pub async fn open_file(conn: &MetaConn, client_id: u32, ino: u64, path: String) -> Result<Opened> {
-    let reply = conn.open(p::OpenRequest { ino, client_id, generation: 0 }).await?;
+    let reply = conn
+        .open(p::OpenRequest { ino, client_id, generation: 0, access: 4, caller: Some(this_process()) })
+        .await?;
     let listed = async {
         let info = reply.file.ok_or_else(|| CairnError::internal("open: no file info"))?;
         let layout = Layout::try_from(&info.layout.ok_or_else(|| CairnError::internal("open: no layout"))?)?;

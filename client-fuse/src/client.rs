@@ -249,11 +249,12 @@ impl Client {
     /// the kernel, such a size would move its end of file back and an `O_APPEND` write would
     /// land on data already written. So when a commit of this client went out meanwhile, ask
     /// again.
-    pub async fn lookup(&self, parent: u64, name: &[u8]) -> Result<p::Attr> {
+    pub async fn lookup(&self, parent: u64, name: &[u8], caller: &p::Caller) -> Result<p::Attr> {
         for attempt in 1.. {
             // The inode is known only from the answer: note where the sequence of changes was.
             let before = self.commits.load(Ordering::Acquire);
-            let attr = need(self.meta.lookup(p::LookupRequest { parent, name: name.to_vec() }).await?.attr)?;
+            let req = p::LookupRequest { parent, name: name.to_vec(), caller: Some(caller.clone()) };
+            let attr = need(self.meta.lookup(req).await?.attr)?;
             // After local_view: it waits for a flush in progress, which advances the counter.
             let attr = self.local_view(attr).await;
             if attempt < OPEN_ATTEMPTS && self.epoch(attr.ino).load(Ordering::Acquire) > before {
@@ -315,6 +316,7 @@ impl Client {
         mut req: p::CreateRequest,
         open: bool,
         truncate: bool,
+        access: u32,
     ) -> Result<(p::Attr, u64)> {
         req.client_id = self.client_id;
         req.open = open;
@@ -331,7 +333,10 @@ impl Client {
                 self.meta.create(req)
             })
             .await?;
-        self.nodes.keep_capability(reply.cap);
+        // A new file's token reads and writes, and so does its renewal.
+        let ino = reply.file.as_ref().and_then(|f| f.attr.as_ref()).map_or(0, |a| a.ino);
+        self.nodes
+            .keep_capability(reply.cap, p::CapabilityRequest { ino, access: 6, caller: req.caller.clone() });
         let info = reply.file.ok_or_else(|| CairnError::internal("create: no file info"))?;
         let attr = need(info.attr)?;
         if reply.created {
@@ -344,9 +349,17 @@ impl Client {
         }
         if !reply.created {
             // O_CREAT without O_EXCL on an existing file: an ordinary open.
-            let opened = self.open(attr.ino, truncate).await?;
+            let caller = req.caller.clone().unwrap_or_default();
+            let opened = self.open(attr.ino, truncate, access, &caller).await?;
             let attr = if truncate && attr.size > 0 {
-                self.setattr(p::SetAttrRequest { ino: attr.ino, size: Some(0), ..Default::default() }).await?
+                let empty = p::SetAttrRequest {
+                    ino: attr.ino,
+                    size: Some(0),
+                    by_handle: true,
+                    caller: req.caller.clone(),
+                    ..Default::default()
+                };
+                self.setattr(empty).await?
             } else {
                 attr
             };
@@ -367,14 +380,16 @@ impl Client {
         need(reply?.attr)
     }
 
-    pub async fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
-        let reply = self.meta.unlink(p::RemoveRequest { parent, name: name.to_vec(), once: None }).await;
+    pub async fn unlink(&self, parent: u64, name: &[u8], caller: &p::Caller) -> Result<()> {
+        let req = p::RemoveRequest { parent, name: name.to_vec(), caller: Some(caller.clone()), once: None };
+        let reply = self.meta.unlink(req).await;
         self.cache.dir_changed(parent, reply.as_ref().ok().and_then(|r| r.parent));
         reply.map(|_| ())
     }
 
-    pub async fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
-        let reply = self.meta.rmdir(p::RemoveRequest { parent, name: name.to_vec(), once: None }).await;
+    pub async fn rmdir(&self, parent: u64, name: &[u8], caller: &p::Caller) -> Result<()> {
+        let req = p::RemoveRequest { parent, name: name.to_vec(), caller: Some(caller.clone()), once: None };
+        let reply = self.meta.rmdir(req).await;
         // The removed directory's noted attributes (if any) must go too; its inode is not known
         // here.
         self.cache.dirs_changed_but(&[]);
@@ -394,9 +409,21 @@ impl Client {
         reply.map(|_| ())
     }
 
-    pub async fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<p::Attr> {
-        let reply =
-            self.meta.link(p::LinkRequest { ino, new_parent, new_name: new_name.to_vec(), once: None }).await;
+    pub async fn link(
+        &self,
+        ino: u64,
+        new_parent: u64,
+        new_name: &[u8],
+        caller: &p::Caller,
+    ) -> Result<p::Attr> {
+        let req = p::LinkRequest {
+            ino,
+            new_parent,
+            new_name: new_name.to_vec(),
+            caller: Some(caller.clone()),
+            once: None,
+        };
+        let reply = self.meta.link(req).await;
         self.cache.dir_changed(new_parent, reply.as_ref().ok().and_then(|r| r.parent));
         Ok(self.local_view(need(reply?.attr)?).await)
     }
@@ -414,13 +441,29 @@ impl Client {
 
     /// Open a regular file: fetch its layout, placement and stripe records (close-to-open:
     /// every open sees the newest commit).
-    pub async fn open(&self, ino: u64, truncate: bool) -> Result<OpenOutcome> {
+    /// `access`: what the open asks of the file (`OpenRequest.access`).
+    pub async fn open(
+        &self,
+        ino: u64,
+        truncate: bool,
+        access: u32,
+        caller: &p::Caller,
+    ) -> Result<OpenOutcome> {
         for attempt in 1.. {
             let epoch = self.epoch(ino).load(Ordering::Acquire);
             let generation = self.releases.next_generation();
-            let req = p::OpenRequest { ino, client_id: self.client_id, generation };
+            let req = p::OpenRequest {
+                ino,
+                client_id: self.client_id,
+                generation,
+                access,
+                caller: Some(caller.clone()),
+            };
             let reply = self.meta.open(req).await?;
-            self.nodes.keep_capability(reply.cap);
+            self.nodes.keep_capability(
+                reply.cap,
+                p::CapabilityRequest { ino, access, caller: Some(caller.clone()) },
+            );
             let info = reply.file.ok_or_else(|| CairnError::internal("open: no file info"))?;
             let attr = need(info.attr)?;
             let mut stripes = reply.stripes;
@@ -524,7 +567,14 @@ impl Client {
     /// shorter; space is not reserved ahead (shards are written on demand), so what it
     /// guarantees is the size, not that a later write cannot hit ENOSPC. Other modes
     /// (punch hole, collapse, zero range) are EOPNOTSUPP, which tools handle by falling back.
-    pub async fn fallocate(&self, ino: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
+    pub async fn fallocate(
+        &self,
+        ino: u64,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        caller: &p::Caller,
+    ) -> Result<()> {
         if mode != 0 {
             return Err(CairnError::new(ErrorKind::NotSupported, format!("fallocate mode {mode:#x}")));
         }
@@ -532,7 +582,9 @@ impl Client {
             .checked_add(length)
             .ok_or_else(|| CairnError::new(ErrorKind::TooBig, "offset + length overflows"))?;
         let size = self.getattr(ino).await?.size;
-        let mut req = p::SetAttrRequest { ino, ..Default::default() };
+        // Through the open file (fallocate(2) takes a descriptor).
+        let mut req =
+            p::SetAttrRequest { ino, by_handle: true, caller: Some(caller.clone()), ..Default::default() };
         if end > size {
             req.size = Some(end);
         } else {
@@ -600,14 +652,17 @@ impl Client {
         self.meta.stat_fs(p::Empty {}).await
     }
 
-    pub async fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+    pub async fn getxattr(&self, ino: u64, name: &[u8], caller: &p::Caller) -> Result<Vec<u8>> {
         if self.cache.xattr_absent(ino, name) {
             return Err(CairnError::new(ErrorKind::NoData, "no such xattr"));
         }
-        match self.meta.get_xattr(p::XattrRequest { ino, name: name.to_vec(), once: None }).await {
+        let req = p::XattrRequest { ino, name: name.to_vec(), caller: Some(caller.clone()), once: None };
+        match self.meta.get_xattr(req).await {
             Ok(reply) => Ok(reply.value),
             Err(e) => {
-                if e.kind() == ErrorKind::NoData {
+                // `trusted.*` are hidden from all but root: absent for this caller only.
+                let hidden = name.starts_with(b"trusted.") && caller.uid != 0;
+                if e.kind() == ErrorKind::NoData && !hidden {
                     self.cache.note_absent(ino, name);
                 }
                 Err(e)
@@ -615,8 +670,22 @@ impl Client {
         }
     }
 
-    pub async fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
-        let req = p::SetXattrRequest { ino, name: name.to_vec(), value: value.to_vec(), flags, once: None };
+    pub async fn setxattr(
+        &self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+        caller: &p::Caller,
+    ) -> Result<()> {
+        let req = p::SetXattrRequest {
+            ino,
+            name: name.to_vec(),
+            value: value.to_vec(),
+            flags,
+            caller: Some(caller.clone()),
+            once: None,
+        };
         let result = self.meta.set_xattr(req).await.map(|_| ());
         // After the change (a lookup racing with it may have found the name still absent).
         self.cache.xattrs_changed(ino);
@@ -627,19 +696,18 @@ impl Client {
         Ok(self.meta.list_xattr(p::InoRequest { ino }).await?.names)
     }
 
-    pub async fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
-        let result = self
-            .meta
-            .remove_xattr(p::XattrRequest { ino, name: name.to_vec(), once: None })
-            .await
-            .map(|_| ());
+    pub async fn removexattr(&self, ino: u64, name: &[u8], caller: &p::Caller) -> Result<()> {
+        let req = p::XattrRequest { ino, name: name.to_vec(), caller: Some(caller.clone()), once: None };
+        let result = self.meta.remove_xattr(req).await.map(|_| ());
         self.cache.xattrs_changed(ino);
         result
     }
 
-    pub fn opendir(&self, ino: u64) -> u64 {
+    /// A directory handle; its pages are read as `caller` (the opendir's), whose permission
+    /// to list it the metaserver checks at the first page.
+    pub fn opendir(&self, ino: u64, caller: p::Caller) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.dirs.lock().insert(fh, Arc::new(DirHandle::new(ino)));
+        self.dirs.lock().insert(fh, Arc::new(DirHandle::new(ino, caller)));
         fh
     }
 

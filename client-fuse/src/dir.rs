@@ -13,6 +13,8 @@ pub const PAGE: u32 = 1024;
 
 pub struct DirHandle {
     pub ino: u64,
+    /// Who opened it: its pages are read as this caller.
+    caller: p::Caller,
     page: Mutex<Page>,
 }
 
@@ -26,8 +28,8 @@ struct Page {
 }
 
 impl DirHandle {
-    pub fn new(ino: u64) -> DirHandle {
-        DirHandle { ino, page: Mutex::new(Page::default()) }
+    pub fn new(ino: u64, caller: p::Caller) -> DirHandle {
+        DirHandle { ino, caller, page: Mutex::new(Page::default()) }
     }
 
     /// Hand the entries from position `pos` on to `add`, each with its position, until `add`
@@ -63,8 +65,14 @@ impl DirHandle {
     }
 
     async fn fetch(&self, meta: &dyn MetaApi, after: Vec<u8>, base: u64) -> Result<Page> {
-        let reply =
-            meta.read_dir(p::ReadDirRequest { ino: self.ino, after, limit: PAGE, plus: false }).await?;
+        let req = p::ReadDirRequest {
+            ino: self.ino,
+            after,
+            limit: PAGE,
+            plus: false,
+            caller: Some(self.caller.clone()),
+        };
+        let reply = meta.read_dir(req).await?;
         Ok(Page { base, entries: reply.entries, more: reply.more, loaded: true })
     }
 }

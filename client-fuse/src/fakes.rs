@@ -217,8 +217,8 @@ impl NodeDirectory for FakeChunks {
         self.meta.list_nodes()
     }
 
-    fn grant_capability(&self, ino: u64) -> BoxFuture<'_, Result<Capability>> {
-        self.meta.grant_capability(ino)
+    fn grant_capability(&self, req: p::CapabilityRequest) -> BoxFuture<'_, Result<Capability>> {
+        self.meta.grant_capability(req)
     }
 
     fn report_damaged(&self, ids: Vec<ShardId>) -> BoxFuture<'static, Result<()>> {

@@ -82,8 +82,8 @@ impl NodeDirectory for Cluster {
         Box::pin(async move { Ok((1..=6).map(|n| (n, format!("fake:{n}"))).collect()) })
     }
 
-    fn grant_capability(&self, ino: u64) -> BoxFuture<'_, Result<Capability>> {
-        Box::pin(async move { Ok(Capability { ino, ..Default::default() }) })
+    fn grant_capability(&self, req: p::CapabilityRequest) -> BoxFuture<'_, Result<Capability>> {
+        Box::pin(async move { Ok(Capability { ino: req.ino, ..Default::default() }) })
     }
 
     fn report_damaged(&self, ids: Vec<ShardId>) -> BoxFuture<'static, Result<()>> {

@@ -20,6 +20,7 @@ use fuser::{
     Request, TimeOrNow, WriteFlags,
 };
 
+use crate::caller::Callers;
 use crate::{connect_meta, Client, ClientOptions};
 
 /// How to mount.
@@ -96,6 +97,7 @@ pub fn mount(opts: MountOptions) -> Result<()> {
         notifier: notifier.clone(),
         rt: rt.handle().clone(),
         ttl: opts.attr_ttl,
+        callers: Callers::default(),
     };
     let mut config = fuser::Config::default();
     config.mount_options = vec![
@@ -155,6 +157,35 @@ struct CairnFs {
     notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     rt: tokio::runtime::Handle,
     ttl: Duration,
+    /// The groups of the processes behind requests (the kernel sends none).
+    callers: Callers,
+}
+
+impl CairnFs {
+    /// Who `req` is made for, as the metaserver checks it.
+    fn caller(&self, req: &Request) -> p::Caller {
+        self.callers.of(req.uid(), req.gid(), req.pid())
+    }
+}
+
+/// The kernel marks the open an `execve` makes with this flag (`__FMODE_EXEC`).
+const FMODE_EXEC: i32 = 0x20;
+
+/// What an open with `flags` asks of the file (`OpenRequest.access`): read 4, write 2 (also for
+/// `O_TRUNC`), and for an `execve`'s open, execute 1 instead of read.
+fn access_of(flags: i32) -> u32 {
+    let mut access = match flags & libc::O_ACCMODE {
+        libc::O_WRONLY => 2,
+        libc::O_RDWR => 6,
+        _ => 4,
+    };
+    if flags & libc::O_TRUNC != 0 {
+        access |= 2;
+    }
+    if flags & FMODE_EXEC != 0 {
+        access = (access & !4) | 1;
+    }
+    access
 }
 
 fn errno(e: &CairnError) -> Errno {
@@ -275,10 +306,14 @@ impl Filesystem for CairnFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = name.as_bytes().to_vec();
         let ttl = self.ttl;
-        self.spawn("lookup", |c| async move { reply_entry(ttl, reply, c.lookup(parent.0, &name).await) });
+        let caller = self.caller(req);
+        self.spawn(
+            "lookup",
+            |c| async move { reply_entry(ttl, reply, c.lookup(parent.0, &name, &caller).await) },
+        );
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -293,7 +328,7 @@ impl Filesystem for CairnFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -302,7 +337,7 @@ impl Filesystem for CairnFs {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
@@ -322,6 +357,8 @@ impl Filesystem for CairnFs {
             atime_now,
             mtime_now,
             ctime: ctime.map(cairn_common::time::from_system),
+            by_handle: fh.is_some(),
+            caller: Some(self.caller(req)),
             once: None,
         };
         let ttl = self.ttl;
@@ -360,11 +397,12 @@ impl Filesystem for CairnFs {
             gid: req.gid(),
             rdev,
             exclusive: true,
+            caller: Some(self.caller(req)),
             ..Default::default()
         };
         let ttl = self.ttl;
         self.spawn("mknod", |c| async move {
-            reply_entry(ttl, reply, c.create(req, false, false).await.map(|(a, _)| a))
+            reply_entry(ttl, reply, c.create(req, false, false, 0).await.map(|(a, _)| a))
         });
     }
 
@@ -375,20 +413,23 @@ impl Filesystem for CairnFs {
             mode: mode & !umask & 0o7777,
             uid: req.uid(),
             gid: req.gid(),
+            caller: Some(self.caller(req)),
             once: None,
         };
         let ttl = self.ttl;
         self.spawn("mkdir", |c| async move { reply_entry(ttl, reply, c.mkdir(req).await) });
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name.as_bytes().to_vec();
-        self.spawn("unlink", |c| async move { reply_empty(reply, c.unlink(parent.0, &name).await) });
+        let caller = self.caller(req);
+        self.spawn("unlink", |c| async move { reply_empty(reply, c.unlink(parent.0, &name, &caller).await) });
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name.as_bytes().to_vec();
-        self.spawn("rmdir", |c| async move { reply_empty(reply, c.rmdir(parent.0, &name).await) });
+        let caller = self.caller(req);
+        self.spawn("rmdir", |c| async move { reply_empty(reply, c.rmdir(parent.0, &name, &caller).await) });
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
@@ -398,6 +439,7 @@ impl Filesystem for CairnFs {
             target: target.as_os_str().as_bytes().to_vec(),
             uid: req.uid(),
             gid: req.gid(),
+            caller: Some(self.caller(req)),
             once: None,
         };
         let ttl = self.ttl;
@@ -406,7 +448,7 @@ impl Filesystem for CairnFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -420,25 +462,27 @@ impl Filesystem for CairnFs {
             new_parent: newparent.0,
             new_name: newname.as_bytes().to_vec(),
             flags: flags.bits(),
+            caller: Some(self.caller(req)),
             once: None,
         };
         self.spawn("rename", |c| async move { reply_empty(reply, c.rename(req).await) });
     }
 
-    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let name = newname.as_bytes().to_vec();
         let ttl = self.ttl;
-        self.spawn(
-            "link",
-            |c| async move { reply_entry(ttl, reply, c.link(ino.0, newparent.0, &name).await) },
-        );
+        let caller = self.caller(req);
+        self.spawn("link", |c| async move {
+            reply_entry(ttl, reply, c.link(ino.0, newparent.0, &name, &caller).await)
+        });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let truncate = flags.0 & libc::O_TRUNC != 0;
         let notifier = self.notifier.clone();
+        let caller = self.caller(req);
         self.spawn("open", |c| async move {
-            match c.open(ino.0, truncate).await {
+            match c.open(ino.0, truncate, access_of(flags.0), &caller).await {
                 Ok(o) => {
                     if o.changed {
                         // Close-to-open: another client committed since we last looked, so the
@@ -531,7 +575,7 @@ impl Filesystem for CairnFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -539,8 +583,9 @@ impl Filesystem for CairnFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        let caller = self.caller(req);
         self.spawn("fallocate", |c| async move {
-            reply_empty(reply, c.fallocate(ino.0, offset, length, mode).await)
+            reply_empty(reply, c.fallocate(ino.0, offset, length, mode, &caller).await)
         });
     }
 
@@ -591,8 +636,8 @@ impl Filesystem for CairnFs {
         self.spawn("fsyncdir", |c| async move { reply_empty(reply, c.sync_namespace().await) });
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        reply.opened(FileHandle(self.client.opendir(ino.0)), FopenFlags::empty());
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.opened(FileHandle(self.client.opendir(ino.0, self.caller(req))), FopenFlags::empty());
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
@@ -661,7 +706,7 @@ impl Filesystem for CairnFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -670,14 +715,18 @@ impl Filesystem for CairnFs {
         reply: ReplyEmpty,
     ) {
         let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
+        let caller = self.caller(req);
         self.spawn("setxattr", |c| async move {
-            reply_empty(reply, c.setxattr(ino.0, &name, &value, flags as u32).await)
+            reply_empty(reply, c.setxattr(ino.0, &name, &value, flags as u32, &caller).await)
         });
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = name.as_bytes().to_vec();
-        self.spawn("getxattr", |c| async move { reply_xattr(reply, size, c.getxattr(ino.0, &name).await) });
+        let caller = self.caller(req);
+        self.spawn("getxattr", |c| async move {
+            reply_xattr(reply, size, c.getxattr(ino.0, &name, &caller).await)
+        });
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
@@ -694,9 +743,12 @@ impl Filesystem for CairnFs {
         });
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name.as_bytes().to_vec();
-        self.spawn("removexattr", |c| async move { reply_empty(reply, c.removexattr(ino.0, &name).await) });
+        let caller = self.caller(req);
+        self.spawn("removexattr", |c| async move {
+            reply_empty(reply, c.removexattr(ino.0, &name, &caller).await)
+        });
     }
 
     fn create(
@@ -717,12 +769,13 @@ impl Filesystem for CairnFs {
             gid: req.gid(),
             rdev: 0,
             exclusive: flags & libc::O_EXCL != 0,
+            caller: Some(self.caller(req)),
             ..Default::default()
         };
         let ttl = self.ttl;
         let truncate = flags & libc::O_TRUNC != 0;
         self.spawn("create", |c| async move {
-            match c.create(req, true, truncate).await {
+            match c.create(req, true, truncate, access_of(flags)).await {
                 Ok((a, fh)) => {
                     reply.created(&ttl, &to_fuse(&a), Generation(0), FileHandle(fh), FopenFlags::empty())
                 }

@@ -5,6 +5,7 @@
 
 mod background;
 mod blocks;
+pub mod caller;
 mod client;
 mod dir;
 #[cfg(test)]

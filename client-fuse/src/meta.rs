@@ -238,7 +238,7 @@ impl MetaConn {
     rpc!(activate_node, p::NodeRequest, p::NodeReply);
     rpc!(remove_node, p::NodeRequest, p::Empty);
     rpc!(get_layout, p::InoRequest, p::LayoutReply);
-    rpc!(grant_capability, p::InoRequest, p::Capability);
+    rpc!(grant_capability, p::CapabilityRequest, p::Capability);
     rpc!(set_layout, p::SetLayoutRequest, p::LayoutReply);
 }
 
@@ -306,7 +306,7 @@ macro_rules! with_meta_rpcs {
             register_client(p::Empty) -> p::RegisterClientReply;
             list_nodes(p::Empty) -> p::ListNodesReply;
             report_damaged(p::ReportDamagedRequest) -> p::ReportDamagedReply;
-            grant_capability(p::InoRequest) -> p::Capability;
+            grant_capability(p::CapabilityRequest) -> p::Capability;
         }
     };
 }

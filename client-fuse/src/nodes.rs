@@ -100,7 +100,7 @@ impl ShardApi for ChunkConn {
 pub trait NodeDirectory: Send + Sync {
     /// Every registered chunkserver: (node id, address).
     fn list_nodes(&self) -> BoxFuture<'_, Result<Vec<(u32, String)>>>;
-    fn grant_capability(&self, ino: u64) -> BoxFuture<'_, Result<Capability>>;
+    fn grant_capability(&self, req: p::CapabilityRequest) -> BoxFuture<'_, Result<Capability>>;
     /// Report shards corrupt or gone (the future owns what it needs: it runs detached).
     fn report_damaged(&self, ids: Vec<ShardId>) -> BoxFuture<'static, Result<()>>;
     fn connect(&self, addr: &str) -> Result<Arc<dyn ShardApi>>;
@@ -126,8 +126,8 @@ impl NodeDirectory for MetaDirectory {
         })
     }
 
-    fn grant_capability(&self, ino: u64) -> BoxFuture<'_, Result<Capability>> {
-        Box::pin(self.meta.grant_capability(p::InoRequest { ino }))
+    fn grant_capability(&self, req: p::CapabilityRequest) -> BoxFuture<'_, Result<Capability>> {
+        Box::pin(self.meta.grant_capability(req))
     }
 
     fn report_damaged(&self, ids: Vec<ShardId>) -> BoxFuture<'static, Result<()>> {
@@ -304,9 +304,10 @@ impl Nodes {
         Ok(())
     }
 
-    /// Keep the shard capability an open or a create answered with.
-    pub fn keep_capability(&self, cap: Option<Capability>) {
-        self.caps.keep(cap);
+    /// Keep the shard capability an open or a create answered with; `asked` renews it (the
+    /// open's access and caller).
+    pub fn keep_capability(&self, cap: Option<Capability>, asked: p::CapabilityRequest) {
+        self.caps.keep(cap, asked);
     }
 
     /// The capability for inode `ino`'s shards: the one held, unless it runs out soon, or a
@@ -315,8 +316,9 @@ impl Nodes {
         if let Some(cap) = self.caps.fresh(ino) {
             return Ok(cap);
         }
-        let cap = self.directory.grant_capability(ino).await?;
-        self.caps.keep(Some(cap.clone()));
+        let asked = self.caps.renewal(ino);
+        let cap = self.directory.grant_capability(asked.clone()).await?;
+        self.caps.keep(Some(cap.clone()), asked);
         Ok(cap)
     }
 

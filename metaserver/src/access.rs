@@ -129,7 +129,8 @@ impl Rule {
             let (uid, gid) = (self.anon_uid, self.anon_gid);
             if !in_range(self.uids, uid) || !in_range(self.gids, gid) {
                 return bad(format!(
-                    "the squash maps to {uid}:{gid}, outside the uids or gids this rule allows:                      every change would be refused"
+                    "the squash maps to {uid}:{gid}, outside the uids or gids this rule allows: \
+                     every change would be refused"
                 ));
             }
         }
@@ -192,6 +193,11 @@ impl Rule {
     pub fn claim_uid(&self, uid: u32) -> Result<u32> {
         let uid = self.uid(uid);
         claim("uid", self.uids, uid)
+    }
+
+    /// Whether a caller of this client may count group `gid` (after the squash) as its own.
+    pub fn may_claim_gid(&self, gid: u32) -> bool {
+        in_range(self.gids, gid)
     }
 
     /// As [`Rule::claim_uid`], for the group.

@@ -18,6 +18,7 @@ pub mod gc;
 pub mod health;
 pub mod metrics;
 pub mod namespace;
+pub mod permissions;
 pub mod raft;
 pub mod reconcile;
 pub mod registry;

@@ -70,8 +70,10 @@ async fn serving_leader(addrs: &[String], secs: u64) -> String {
                 if s.state == "leader" {
                     // Serving once the namespace is open: a lookup of the root's "." fails
                     // with NotFound, not NotLeader.
-                    let probe =
-                        client(addr).await.lookup(LookupRequest { parent: 1, name: b"probe".to_vec() }).await;
+                    let probe = client(addr)
+                        .await
+                        .lookup(LookupRequest { parent: 1, name: b"probe".to_vec(), caller: None })
+                        .await;
                     if let Err(status) = probe {
                         if CairnError::from(status).kind() == ErrorKind::NotFound {
                             return addr.clone();
@@ -91,13 +93,20 @@ fn free_addrs(n: usize) -> Vec<String> {
 }
 
 async fn mkdir(addr: &str, name: &str) -> Result<u64, CairnError> {
-    let req =
-        MkdirRequest { parent: 1, name: name.as_bytes().to_vec(), mode: 0o755, uid: 0, gid: 0, once: None };
+    let req = MkdirRequest {
+        parent: 1,
+        name: name.as_bytes().to_vec(),
+        mode: 0o755,
+        uid: 0,
+        gid: 0,
+        caller: None,
+        once: None,
+    };
     client(addr).await.mkdir(req).await.map(|r| r.into_inner().attr.unwrap().ino).map_err(CairnError::from)
 }
 
 async fn lookup(addr: &str, name: &str) -> Result<u64, CairnError> {
-    let req = LookupRequest { parent: 1, name: name.as_bytes().to_vec() };
+    let req = LookupRequest { parent: 1, name: name.as_bytes().to_vec(), caller: None };
     client(addr).await.lookup(req).await.map(|r| r.into_inner().attr.unwrap().ino).map_err(CairnError::from)
 }
 

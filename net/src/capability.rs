@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use cairn_proto::{Capability, CapabilityKey};
+use cairn_proto::{Capability, CapabilityKey, CapabilityRequest};
 use parking_lot::{Mutex, RwLock};
 
 use crate::tls::{Peer, Role, Roles};
@@ -358,40 +358,62 @@ pub fn refused(what: &str, ino: u64, why: Refusal) -> CairnError {
     CairnError::new(ErrorKind::CapabilityRefused, format!("{what} of inode {ino}: refused, {reason}"))
 }
 
-/// A client's capabilities by inode, renewed before they run out.
+/// A client's capabilities by inode, renewed before they run out: for each inode the token
+/// that grants most, and the request that renews it (the access and caller of the open that
+/// got it).
 #[derive(Default)]
 pub struct Held {
-    caps: Mutex<HashMap<u64, Capability>>,
+    caps: Mutex<HashMap<u64, (Option<Capability>, CapabilityRequest)>>,
 }
 
 /// How many capabilities a client keeps before it forgets the expired ones.
 const HELD_MAX: usize = 1 << 16;
 
 impl Held {
-    /// Keep `cap` (from an open, a create or a grant).
-    pub fn keep(&self, cap: Option<Capability>) {
+    /// Keep `cap` (from an open, a create or a grant), got by `asked` (what renews it), unless
+    /// a fresh one held grants an operation it does not (a read-only open of a file this
+    /// client also has open for writing keeps the writer's).
+    pub fn keep(&self, cap: Option<Capability>, asked: CapabilityRequest) {
         let Some(cap) = cap else { return };
+        let now = unix_secs();
         let mut caps = self.caps.lock();
         if caps.len() >= HELD_MAX {
-            let now = unix_secs();
-            caps.retain(|_, c| c.expires > now);
+            caps.retain(|_, (c, _)| c.as_ref().is_some_and(|c| c.expires > now));
             if caps.len() >= HELD_MAX {
                 caps.clear();
             }
         }
-        caps.insert(cap.ino, cap);
+        if let Some((Some(held), _)) = caps.get(&cap.ino) {
+            if held.ops & !cap.ops != 0 && is_fresh(held, now) {
+                return;
+            }
+        }
+        caps.insert(cap.ino, (Some(cap), asked));
     }
 
     /// The capability held for `ino` with at least [`RENEW_BEFORE`] left.
     pub fn fresh(&self, ino: u64) -> Option<Capability> {
         let now = unix_secs();
-        self.caps.lock().get(&ino).filter(|c| c.expires - now > RENEW_BEFORE.as_secs() as i64).cloned()
+        self.caps.lock().get(&ino).and_then(|(c, _)| c.clone()).filter(|c| is_fresh(c, now))
     }
 
-    /// Forget the capability for `ino` (a chunkserver refused it).
-    pub fn forget(&self, ino: u64) {
-        self.caps.lock().remove(&ino);
+    /// What renews the capability for `ino`: the request that got the one held, or (none held)
+    /// a read and write of the file with no caller.
+    pub fn renewal(&self, ino: u64) -> CapabilityRequest {
+        let held = self.caps.lock().get(&ino).map(|(_, asked)| asked.clone());
+        held.unwrap_or(CapabilityRequest { ino, access: 0, caller: None })
     }
+
+    /// Forget the capability for `ino` (a chunkserver refused it); what renews it stays.
+    pub fn forget(&self, ino: u64) {
+        if let Some((cap, _)) = self.caps.lock().get_mut(&ino) {
+            *cap = None;
+        }
+    }
+}
+
+fn is_fresh(cap: &Capability, now: i64) -> bool {
+    cap.expires - now > RENEW_BEFORE.as_secs() as i64
 }
 
 /// Whether `e` is a chunkserver's refusal of a capability (worth one renewal and retry): its

@@ -93,6 +93,7 @@ macro_rules! plain_messages {
 plain_messages!(
     AttrReply,
     Capability,
+    CapabilityRequest,
     CheckNamespaceReply,
     CheckNamespaceRequest,
     CheckShardsReply,
@@ -349,7 +350,7 @@ service!(meta, "meta", cairn_proto::meta_server::Meta,
     36 get_layout "GetLayout" (InoRequest) -> LayoutReply;
     37 set_layout "SetLayout" (SetLayoutRequest) -> LayoutReply;
     38 sync "Sync" (Empty) -> Empty;
-    39 grant_capability "GrantCapability" (InoRequest) -> Capability;
+    39 grant_capability "GrantCapability" (CapabilityRequest) -> Capability;
 );
 
 service!(chunk, "chunk", cairn_proto::chunk_server::Chunk,

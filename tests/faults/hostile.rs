@@ -266,6 +266,8 @@ fn shard_access_needs_the_metaservers_capability_for_that_file() {
     let data = random_bytes(200_000, 17);
     fs::write(cluster.mnt.join("secret"), &data).unwrap();
     fs::write(cluster.mnt.join("mine"), b"a file the client may open").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(cluster.mnt.join("secret"), fs::Permissions::from_mode(0o600)).unwrap();
     let secret = fs::metadata(cluster.mnt.join("secret")).unwrap().ino();
     let mine = fs::metadata(cluster.mnt.join("mine")).unwrap().ino();
     // This test process acts as a client with the cluster's client certificate (nothing
@@ -304,7 +306,7 @@ fn shard_access_needs_the_metaservers_capability_for_that_file() {
         // No capability.
         refused(wire::chunk::read_shard(&chunks[0], read(shard(secret), None)).await, "no capability");
         // A capability for another file (one this client may open) does not open this one.
-        let for_mine = wire::meta::grant_capability(&meta, p::InoRequest { ino: mine }).await.unwrap();
+        let for_mine = wire::meta::grant_capability(&meta, as_root(mine)).await.unwrap();
         assert_eq!(for_mine.holder, "client");
         refused(
             wire::chunk::read_shard(&chunks[0], read(shard(secret), Some(for_mine.clone()))).await,
@@ -362,8 +364,43 @@ fn shard_access_needs_the_metaservers_capability_for_that_file() {
         .expect_err("deleting another file's shards");
         assert!(delete.message().contains("another inode"), "{delete}");
 
+        // Each request is checked as the user it names (a mount's own kernel checks first;
+        // this client sends what it likes): uid 1000 may neither open root's private file nor
+        // get a capability for it; it opens a world-readable one for reading only, with a
+        // token that only reads; a request naming no user is refused.
+        let session = wire::meta::register_client(&meta, p::Empty {}).await.unwrap().client_id;
+        let alice = Some(p::Caller { uid: 1000, gid: 1000, groups: vec![] });
+        let open = |ino, access| p::OpenRequest {
+            ino,
+            client_id: session,
+            generation: 1,
+            access,
+            caller: alice.clone(),
+        };
+        let denied = |r: Result<(), cairn_common::CairnError>, what: &str| {
+            let e = r.expect_err(what);
+            assert_eq!(e.kind(), cairn_common::ErrorKind::PermissionDenied, "{what}: {e}");
+        };
+        denied(wire::meta::open(&meta, open(secret, 4)).await.map(|_| ()), "open of a private file");
+        let renew = p::CapabilityRequest { ino: secret, access: 4, caller: alice.clone() };
+        denied(wire::meta::grant_capability(&meta, renew).await.map(|_| ()), "its capability");
+        denied(wire::meta::open(&meta, open(mine, 6)).await.map(|_| ()), "a write open of root's file");
+        let reading = wire::meta::open(&meta, open(mine, 4)).await.unwrap().cap.unwrap();
+        assert_eq!(reading.ops, cairn_net::capability::READ);
+        let overwrite = p::WriteShardRequest {
+            id: Some(shard(mine)),
+            data: b"evil".to_vec().into(),
+            cap: Some(reading),
+            buffered: false,
+        };
+        let e = wire::chunk::write_shard(&chunks[0], overwrite).await.expect_err("a write with a read token");
+        assert_eq!(e.kind(), cairn_common::ErrorKind::CapabilityRefused, "{e}");
+        let nobody = p::LookupRequest { parent: 1, name: b"mine".to_vec(), caller: None };
+        let e = wire::meta::lookup(&meta, nobody).await.expect_err("a lookup naming no user");
+        assert!(e.message().contains("names no caller"), "{e}");
+
         // The capability the metaserver grants for the file itself reads its shard.
-        let cap = wire::meta::grant_capability(&meta, p::InoRequest { ino: secret }).await.unwrap();
+        let cap = wire::meta::grant_capability(&meta, as_root(secret)).await.unwrap();
         let mut found = 0;
         for c in &chunks {
             match wire::chunk::read_shard(c, read(shard(secret), Some(cap.clone()))).await {
@@ -458,11 +495,17 @@ fn shard_access_needs_the_metaservers_capability_for_that_file() {
     assert!(count("wrong_inode") >= 2.0, "{text}");
     assert!(count("bad_mac") >= 4.0, "{text}");
     assert!(count("unknown_key") >= 1.0, "{text}");
+    assert!(count("wrong_operation") >= 1.0, "{text}");
 
     // The file reads back whole (the corrupt shard reconstructed); the mount writes on.
     assert_eq!(sha256(&fs::read(cluster.mnt.join("secret")).unwrap()), sha256(&data));
     fs::write(cluster.mnt.join("after"), b"also").unwrap();
     assert_eq!(fs::read(cluster.mnt.join("after")).unwrap(), b"also");
+}
+
+/// A renewal of the capability for `ino`, read and write, for root.
+fn as_root(ino: u64) -> cairn_proto::CapabilityRequest {
+    cairn_proto::CapabilityRequest { ino, access: 6, caller: Some(cairn_proto::Caller::default()) }
 }
 
 /// A client certificate `name` of `cluster`'s CA, in a TLS directory of its own.
@@ -542,14 +585,20 @@ fn access_rules_make_a_client_read_only_and_squash_its_root() {
         assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
     }
 
-    // A squashed client's root makes files owned by nobody, without setuid bits.
-    let sq = Mount::with_env(&cluster, "sq", &[], &[("CAIRN_TLS", squashed.to_str().unwrap())]);
-    fs::write(sq.dir.join("mine"), b"x").unwrap();
-    let meta = fs::metadata(sq.dir.join("mine")).unwrap();
-    assert_eq!((meta.uid(), meta.gid()), (65534, 65534));
+    // A squashed client's root makes files owned by nobody, without setuid bits, where
+    // nobody may (as an NFS client's squashed root, it may not write root's directories).
     use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(sq.dir.join("mine"), fs::Permissions::from_mode(0o4755)).unwrap();
-    assert_eq!(fs::metadata(sq.dir.join("mine")).unwrap().mode() & 0o7777, 0o755);
+    let sq = Mount::with_env(&cluster, "sq", &[], &[("CAIRN_TLS", squashed.to_str().unwrap())]);
+    let e = fs::write(sq.dir.join("in-roots-dir"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+    fs::create_dir(cluster.mnt.join("open")).unwrap();
+    fs::set_permissions(cluster.mnt.join("open"), fs::Permissions::from_mode(0o777)).unwrap();
+    let mine = sq.dir.join("open/mine");
+    fs::write(&mine, b"x").unwrap();
+    let meta = fs::metadata(&mine).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (65534, 65534));
+    fs::set_permissions(&mine, fs::Permissions::from_mode(0o4755)).unwrap();
+    assert_eq!(fs::metadata(&mine).unwrap().mode() & 0o7777, 0o755);
 
     // A client held to uid and gid ranges: root on its host makes no root-owned file (EACCES),
     // a user in the range does.
@@ -580,4 +629,45 @@ fn access_rules_make_a_client_read_only_and_squash_its_root() {
     assert_eq!(fs::write(ro.dir.join("new"), b"x").unwrap_err().raw_os_error(), Some(libc::EROFS));
     drop((ro, sq, rg));
     cluster.stop();
+}
+
+/// A mount names the user of each request, with the groups the kernel does not send, so the
+/// metaserver's own checks agree with the kernel's: a member of a file's group through a
+/// supplementary group reads and appends to it, an execute-only program runs, an owner gives
+/// a file to a group it is in.
+#[test]
+fn a_mount_names_each_requests_user_and_groups() {
+    use std::os::unix::fs::PermissionsExt;
+    let cluster = Cluster::start(6, "4+2", 64);
+    let team = cluster.mnt.join("team");
+    fs::create_dir(&team).unwrap();
+    std::os::unix::fs::chown(&team, Some(0), Some(4242)).unwrap();
+    fs::set_permissions(&team, fs::Permissions::from_mode(0o770)).unwrap();
+    fs::write(team.join("notes"), b"for the team\n").unwrap();
+    std::os::unix::fs::chown(team.join("notes"), Some(0), Some(4242)).unwrap();
+    fs::set_permissions(team.join("notes"), fs::Permissions::from_mode(0o660)).unwrap();
+    fs::copy("/bin/true", cluster.mnt.join("tool")).unwrap();
+    fs::set_permissions(cluster.mnt.join("tool"), fs::Permissions::from_mode(0o711)).unwrap();
+    let notes = team.join("notes");
+    let script = format!(
+        "set -e; cat {notes}; echo more >> {notes}; touch {team}/own; chgrp 4242 {team}/own; {tool}",
+        notes = notes.display(),
+        team = team.display(),
+        tool = cluster.mnt.join("tool").display()
+    );
+    let as_user = |groups: &str| {
+        Command::new("setpriv")
+            .args(["--reuid=1000", "--regid=1000", groups, "sh", "-c", &script])
+            .output()
+            .unwrap()
+    };
+    let member = as_user("--groups=4242");
+    assert!(member.status.success(), "{member:?}");
+    assert_eq!(String::from_utf8_lossy(&member.stdout), "for the team\n");
+    assert_eq!(fs::read(&notes).unwrap(), b"for the team\nmore\n");
+    let own = fs::metadata(team.join("own")).unwrap();
+    assert_eq!((own.uid(), own.gid()), (1000, 4242));
+    let stranger = as_user("--clear-groups");
+    assert!(!stranger.status.success(), "not in the group: {stranger:?}");
+    assert!(String::from_utf8_lossy(&stranger.stderr).contains("Permission denied"), "{stranger:?}");
 }

@@ -64,7 +64,7 @@ async fn create(client: &Client, name: &str) -> (u64, u64) {
         exclusive: true,
         ..Default::default()
     };
-    let (attr, fh) = client.create(req, true, false).await.expect("create");
+    let (attr, fh) = client.create(req, true, false, 6).await.expect("create");
     (attr.ino, fh)
 }
 
@@ -83,9 +83,9 @@ async fn a_file_written_through_one_client_reads_back_through_another() {
     // Six whole stripes, and the short last one: its one data shard and two parity shards.
     assert_eq!(servers.shards(), 6 * 6 + 3);
 
-    let attr = b.lookup(ROOT_INO, b"f").await.unwrap();
+    let attr = b.lookup(ROOT_INO, b"f", &root()).await.unwrap();
     assert_eq!((attr.ino, attr.size), (ino, data.len() as u64));
-    let opened = b.open(ino, false).await.unwrap();
+    let opened = b.open(ino, false, 6, &root()).await.unwrap();
     assert_eq!(read_all(&b, opened.fh, data.len()).await, data);
     b.release(opened.fh).await.unwrap();
 }
@@ -106,7 +106,7 @@ async fn the_write_back_task_commits_a_file_left_open() {
         assert!(Instant::now() < deadline, "the open file was not written back in 10 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let opened = reader.open(ino, false).await.unwrap();
+    let opened = reader.open(ino, false, 6, &root()).await.unwrap();
     assert_eq!(read_all(&reader, opened.fh, data.len()).await, data);
     writer.release(fh).await.unwrap();
 }
@@ -145,7 +145,7 @@ async fn an_open_answered_before_this_clients_commit_is_asked_again() {
     let hold = servers.meta.hold("open");
     let open = tokio::spawn({
         let client = client.clone();
-        async move { client.open(ino, false).await }
+        async move { client.open(ino, false, 6, &root()).await }
     });
     hold.reached().await;
     client.release(fh).await.unwrap();
@@ -167,10 +167,10 @@ async fn an_open_answered_after_a_release_that_covers_it_is_asked_again() {
     let hold = servers.meta.hold("open");
     let b = tokio::spawn({
         let client = client.clone();
-        async move { client.open(ino, false).await }
+        async move { client.open(ino, false, 6, &root()).await }
     });
     hold.reached().await;
-    let c = client.open(ino, false).await.unwrap();
+    let c = client.open(ino, false, 6, &root()).await.unwrap();
     client.release(first).await.unwrap();
     client.release(c.fh).await.unwrap();
     client.flush_releases().await;
@@ -178,7 +178,7 @@ async fn an_open_answered_after_a_release_that_covers_it_is_asked_again() {
     let b = b.await.unwrap().unwrap();
 
     // B must have asked again, so the metaserver counts it: unlinked, the file stays.
-    client.unlink(ROOT_INO, b"gen").await.unwrap();
+    client.unlink(ROOT_INO, b"gen", &root()).await.unwrap();
     let stat = servers.meta.get_attr_of(ino).await;
     assert!(stat.is_ok(), "an unlinked file open on this client was freed: {stat:?}");
     client.release(b.fh).await.unwrap();
@@ -195,19 +195,24 @@ async fn the_kernel_keeps_its_pages_only_while_the_file_is_unchanged() {
     a.write(fh, 0, &bytes(5000, 5)).await.unwrap();
     a.release(fh).await.unwrap();
 
-    let first = b.open(ino, false).await.unwrap();
+    let first = b.open(ino, false, 6, &root()).await.unwrap();
     b.release(first.fh).await.unwrap();
-    let again = b.open(ino, false).await.unwrap();
+    let again = b.open(ino, false, 6, &root()).await.unwrap();
     assert!(again.keep_cache && !again.changed, "unchanged since the last open");
     b.release(again.fh).await.unwrap();
 
     // Another client rewrites it: the pages and attributes the kernel holds are stale.
     tokio::time::sleep(Duration::from_millis(5)).await; // a later mtime
-    let opened = a.open(ino, false).await.unwrap();
+    let opened = a.open(ino, false, 6, &root()).await.unwrap();
     a.write(opened.fh, 0, &bytes(7000, 6)).await.unwrap();
     a.release(opened.fh).await.unwrap();
-    let after = b.open(ino, false).await.unwrap();
+    let after = b.open(ino, false, 6, &root()).await.unwrap();
     assert!(!after.keep_cache && after.changed, "changed by another client");
     assert_eq!(read_all(&b, after.fh, 7000).await, bytes(7000, 6));
     b.release(after.fh).await.unwrap();
+}
+
+/// Requests made for root (the fake metaserver has no certificates, so it checks no caller).
+fn root() -> p::Caller {
+    p::Caller::default()
 }

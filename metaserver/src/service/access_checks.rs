@@ -2,13 +2,15 @@
 //! rule a caller is held to, refusing changes to read-only clients, guarding inodes a squashed
 //! client may not act on, and the capabilities each may get.
 
-use cairn_common::{CairnError, Result};
+use cairn_common::{CairnError, ErrorKind, Result};
 use cairn_net::capability::{Signer, READ, WRITE};
-use cairn_proto::SetAttrRequest;
+use cairn_proto::{Caller, RenameRequest, SetAttrRequest};
 use tonic::{Request, Status};
 
 use super::MetaService;
 use crate::access::Rule;
+use crate::namespace::RENAME_EXCHANGE;
+use crate::permissions::{Who, MAY_EXEC, MAY_WRITE};
 use crate::schema::Inode;
 
 impl MetaService {
@@ -26,6 +28,16 @@ impl MetaService {
     /// The access rule the caller of `req` is held to, if any.
     pub(super) fn rule<T>(&self, req: &Request<T>) -> Option<Rule> {
         self.access.rule_for(req.extensions().get::<cairn_net::tls::Peer>())
+    }
+
+    /// The user a request acts for, where it is checked (`permissions.rs`): a caller whose
+    /// certificate has the client role only; `None` for servers, admins and plaintext callers.
+    pub(super) fn who<T>(&self, req: &Request<T>, caller: Option<&Caller>) -> Result<Option<Who>> {
+        let peer = req.extensions().get::<cairn_net::tls::Peer>();
+        if !cairn_net::capability::required_of(peer) {
+            return Ok(None);
+        }
+        Who::of(caller, self.access.rule_for(peer).as_ref()).map(Some)
     }
 
     /// The caller's access rule, after refusing `what` (a namespace change) to a read-only
@@ -96,12 +108,83 @@ impl MetaService {
         Ok(())
     }
 
-    /// The shard operations a capability grants the caller: read only to a read-only client.
-    pub(super) fn cap_ops<T>(&self, req: &Request<T>) -> u32 {
-        if self.rule(req).is_some_and(|rule| rule.read_only) {
+    /// The shard operations a capability grants the caller: read only to a read-only client,
+    /// and to a checked caller (`who`) whose open (`want`, `MAY_*` bits) asks no write.
+    pub(super) fn cap_ops<T>(&self, req: &Request<T>, who: Option<&Who>, want: u32) -> u32 {
+        let read_only = self.rule(req).is_some_and(|rule| rule.read_only);
+        if read_only || (who.is_some() && want & MAY_WRITE == 0) {
             READ
         } else {
             READ | WRITE
         }
+    }
+}
+
+/// The per-user checks of entry changes (`permissions.rs`), on what the leader reads before it
+/// proposes the change.
+impl MetaService {
+    /// Before `who` makes entry `name` in `parent`, owned by `uid`: write and search on the
+    /// directory, and a non-root caller's entries are its own. A name that exists makes nothing
+    /// (the namespace answers `EEXIST`, or a create opens it and that open is checked).
+    pub(super) fn check_new_entry(
+        &self,
+        who: &Who,
+        parent: u64,
+        name: &[u8],
+        uid: Option<u32>,
+        what: &str,
+    ) -> Result<(), Status> {
+        if let Some(uid) = uid {
+            who.check_new_owner(uid)?;
+        }
+        self.read(|ns| match ns.lookup(parent, name) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                who.check(&ns.getattr(parent)?, MAY_WRITE | MAY_EXEC, what)
+            }
+            Err(e) => Err(e),
+        })
+    }
+
+    /// Before `who` removes entry `name` of `parent`: write and search on the directory, and in
+    /// a sticky one, the entry's or the directory's owner. Returns the entry's inode (`None`:
+    /// there is none, the namespace answers).
+    pub(super) fn check_remove(
+        &self,
+        who: &Who,
+        parent: u64,
+        name: &[u8],
+        what: &str,
+    ) -> Result<Option<Inode>, Status> {
+        self.read(|ns| {
+            let dir = ns.getattr(parent)?;
+            who.check(&dir, MAY_WRITE | MAY_EXEC, what)?;
+            match ns.lookup(parent, name) {
+                Ok(victim) => {
+                    who.check_sticky(&dir, &victim)?;
+                    Ok(Some(victim))
+                }
+                Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    /// Before `who` renames: each directory's entry rules as for a removal (the target's too,
+    /// where one is replaced), and a directory moved to another parent needs write on itself
+    /// (its `..` changes), both ways for an exchange.
+    pub(super) fn check_rename(&self, who: &Who, r: &RenameRequest) -> Result<(), Status> {
+        let moved = self.check_remove(who, r.parent, &r.name, "rename")?;
+        let replaced = self.check_remove(who, r.new_parent, &r.new_name, "rename")?;
+        if r.parent == r.new_parent {
+            return Ok(());
+        }
+        let exchange = r.flags & RENAME_EXCHANGE != 0;
+        for inode in moved.iter().chain(replaced.iter().filter(|_| exchange)) {
+            if inode.is_dir() {
+                who.check(inode, MAY_WRITE, "rename of a directory to another parent")?;
+            }
+        }
+        Ok(())
     }
 }

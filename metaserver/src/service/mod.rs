@@ -19,6 +19,7 @@ use tonic::{Request, Response, Status};
 use crate::access::{Access, Rule, Squash};
 use crate::cluster::Cluster;
 use crate::namespace::{file_info, Namespace, NewEntry};
+use crate::permissions::{open_want, MAY_EXEC, MAY_READ};
 use crate::raft::node::RaftNode;
 use crate::repair::Repair;
 use crate::schema::{NODE_ACTIVE, NODE_DRAINING};
@@ -117,8 +118,15 @@ fn dir_after(ns: &Namespace, ino: u64) -> Option<Attr> {
 #[tonic::async_trait]
 impl Meta for MetaService {
     async fn lookup(&self, req: Request<LookupRequest>) -> Result<Response<AttrReply>, Status> {
+        let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let r = req.into_inner();
-        let inode = self.read(|ns| ns.lookup(check_ino(r.parent)?, &r.name))?;
+        let inode = self.read(|ns| {
+            let parent = check_ino(r.parent)?;
+            if let Some(who) = &who {
+                who.check(&ns.getattr(parent)?, MAY_EXEC, "lookup")?;
+            }
+            ns.lookup(parent, &r.name)
+        })?;
         Ok(Response::new(attr_reply(inode)))
     }
 
@@ -130,6 +138,7 @@ impl Meta for MetaService {
 
     async fn set_attr(&self, req: Request<SetAttrRequest>) -> Result<Response<AttrReply>, Status> {
         let rule = self.may_change(&req, "setattr")?;
+        let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let mut r = req.into_inner();
         let ino = check_ino(r.ino)?;
         if let Some(rule) = rule {
@@ -163,6 +172,9 @@ impl Meta for MetaService {
                 r.mode = Some(rule.mode(mode & 0o7777, dir)?);
             }
         }
+        if let Some(who) = who {
+            self.read(|ns| who.check_setattr(&ns.getattr(ino)?, &mut r))?;
+        }
         let once = once_of(&r.once);
         let inode = self.once_change(once, move |ns| ns.setattr(&r), |ns| ns.getattr(ino)).await?;
         Ok(Response::new(attr_reply(inode)))
@@ -171,11 +183,18 @@ impl Meta for MetaService {
     async fn create(&self, req: Request<CreateRequest>) -> Result<Response<CreateReply>, Status> {
         let holder = cert_name(&req);
         let rule = self.may_change(&req, "create")?;
+        let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let mut r = req.into_inner();
         if let Some(rule) = rule {
             (r.mode, r.uid, r.gid) =
                 (rule.mode(r.mode, false)?, rule.claim_uid(r.uid)?, rule.claim_gid(r.gid)?);
         }
+        if let Some(who) = &who {
+            self.check_new_entry(who, check_ino(r.parent)?, &r.name, Some(r.uid), "create")?;
+        }
+        // A checked caller's create that finds the name taken neither opens the file nor gets
+        // a capability: the client opens it next, and that open is checked.
+        let checked = who.is_some();
         let once = once_of(&r.once);
         let (parent, name, client, generation, open) =
             (check_ino(r.parent)?, r.name.clone(), r.client_id, r.generation, r.open);
@@ -198,7 +217,7 @@ impl Meta for MetaService {
                 move |ns| {
                     let new = NewEntry { parent, name: &r.name, mode: r.mode, uid: r.uid, gid: r.gid };
                     let (inode, created) = ns.create_avoiding(&new, r.rdev, r.exclusive, &r.avoid_nodes)?;
-                    if r.open {
+                    if r.open && (created || !checked) {
                         record_open(&sessions, &owner, inode.ino);
                     }
                     let parent = if created { dir_after(ns, new.parent) } else { None };
@@ -213,16 +232,21 @@ impl Meta for MetaService {
                 },
             )
             .await?;
-        let cap = (open && inode.is_reg()).then(|| self.signer().grant(inode.ino, READ | WRITE, &holder));
+        let cap = (open && inode.is_reg() && (created || !checked))
+            .then(|| self.signer().grant(inode.ino, READ | WRITE, &holder));
         Ok(Response::new(CreateReply { file: Some(file_info(&inode)), created, parent, cap }))
     }
 
     async fn mkdir(&self, req: Request<MkdirRequest>) -> Result<Response<AttrReply>, Status> {
         let rule = self.may_change(&req, "mkdir")?;
+        let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let mut r = req.into_inner();
         if let Some(rule) = rule {
             (r.mode, r.uid, r.gid) =
                 (rule.mode(r.mode, true)?, rule.claim_uid(r.uid)?, rule.claim_gid(r.gid)?);
+        }
+        if let Some(who) = &who {
+            self.check_new_entry(who, check_ino(r.parent)?, &r.name, Some(r.uid), "mkdir")?;
         }
         let once = once_of(&r.once);
         let (parent, name) = (check_ino(r.parent)?, r.name.clone());
@@ -242,17 +266,29 @@ impl Meta for MetaService {
 
     async fn unlink(&self, req: Request<RemoveRequest>) -> Result<Response<RemoveReply>, Status> {
         self.may_change(&req, "unlink")?;
+        if let Some(who) = self.who(&req, req.get_ref().caller.as_ref())? {
+            self.check_remove(&who, check_ino(req.get_ref().parent)?, &req.get_ref().name, "unlink")?;
+        }
         self.remove(req.into_inner(), false).await
     }
 
     async fn rmdir(&self, req: Request<RemoveRequest>) -> Result<Response<RemoveReply>, Status> {
         self.may_change(&req, "rmdir")?;
+        if let Some(who) = self.who(&req, req.get_ref().caller.as_ref())? {
+            self.check_remove(&who, check_ino(req.get_ref().parent)?, &req.get_ref().name, "rmdir")?;
+        }
         self.remove(req.into_inner(), true).await
     }
 
     async fn rename(&self, req: Request<RenameRequest>) -> Result<Response<RenameReply>, Status> {
         self.may_change(&req, "rename")?;
+        let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let r = req.into_inner();
+        if let Some(who) = who {
+            check_ino(r.parent)?;
+            check_ino(r.new_parent)?;
+            self.check_rename(&who, &r)?;
+        }
         let once = once_of(&r.once);
         let (parent, new_parent) = (check_ino(r.parent)?, check_ino(r.new_parent)?);
         let (parent, new_parent) = self
@@ -270,7 +306,11 @@ impl Meta for MetaService {
 
     async fn link(&self, req: Request<LinkRequest>) -> Result<Response<AttrReply>, Status> {
         self.may_change(&req, "link")?;
+        let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let r = req.into_inner();
+        if let Some(who) = who {
+            self.check_new_entry(&who, check_ino(r.new_parent)?, &r.new_name, None, "link")?;
+        }
         let once = once_of(&r.once);
         let (ino, new_parent, name) = (check_ino(r.ino)?, check_ino(r.new_parent)?, r.new_name.clone());
         let (inode, parent) = self
@@ -288,9 +328,13 @@ impl Meta for MetaService {
 
     async fn symlink(&self, req: Request<SymlinkRequest>) -> Result<Response<AttrReply>, Status> {
         let rule = self.may_change(&req, "symlink")?;
+        let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let mut r = req.into_inner();
         if let Some(rule) = rule {
             (r.uid, r.gid) = (rule.claim_uid(r.uid)?, rule.claim_gid(r.gid)?);
+        }
+        if let Some(who) = &who {
+            self.check_new_entry(who, check_ino(r.parent)?, &r.name, Some(r.uid), "symlink")?;
         }
         let once = once_of(&r.once);
         let (parent, name) = (check_ino(r.parent)?, r.name.clone());
@@ -315,9 +359,18 @@ impl Meta for MetaService {
     }
 
     async fn read_dir(&self, req: Request<ReadDirRequest>) -> Result<Response<ReadDirReply>, Status> {
+        // Checked at the first page (an opendir); later pages belong to the open directory.
+        let who = self.who(&req, req.get_ref().caller.as_ref())?.filter(|_| req.get_ref().after.is_empty());
         let r = req.into_inner();
-        let (entries, more) =
-            self.run(move |ns| ns.readdir(check_ino(r.ino)?, &r.after, r.limit, r.plus)).await?;
+        let (entries, more) = self
+            .run(move |ns| {
+                let ino = check_ino(r.ino)?;
+                if let Some(who) = who {
+                    who.check(&ns.getattr(ino)?, MAY_READ, "readdir")?;
+                }
+                ns.readdir(ino, &r.after, r.limit, r.plus)
+            })
+            .await?;
         Ok(Response::new(ReadDirReply { entries, more }))
     }
 
@@ -326,15 +379,26 @@ impl Meta for MetaService {
     }
 
     async fn get_xattr(&self, req: Request<XattrRequest>) -> Result<Response<XattrReply>, Status> {
+        let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let r = req.into_inner();
-        let value = self.read(|ns| ns.get_xattr(check_ino(r.ino)?, &r.name))?;
+        let value = self.read(|ns| {
+            let ino = check_ino(r.ino)?;
+            if let Some(who) = who {
+                who.check_get_xattr(&ns.getattr(ino)?, &r.name)?;
+            }
+            ns.get_xattr(ino, &r.name)
+        })?;
         Ok(Response::new(XattrReply { value }))
     }
 
     async fn set_xattr(&self, req: Request<SetXattrRequest>) -> Result<Response<Empty>, Status> {
         let rule = self.may_change(&req, "setxattr")?;
+        let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let r = req.into_inner();
         self.guard_xattr(rule, check_ino(r.ino)?, &r.name).await?;
+        if let Some(who) = who {
+            self.read(|ns| who.check_set_xattr(&ns.getattr(check_ino(r.ino)?)?, &r.name, false))?;
+        }
         let once = once_of(&r.once);
         let ino = check_ino(r.ino)?;
         self.once_change(once, move |ns| ns.set_xattr(ino, &r.name, &r.value, r.flags), |_| Ok(())).await?;
@@ -349,8 +413,12 @@ impl Meta for MetaService {
 
     async fn remove_xattr(&self, req: Request<XattrRequest>) -> Result<Response<Empty>, Status> {
         let rule = self.may_change(&req, "removexattr")?;
+        let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let r = req.into_inner();
         self.guard_xattr(rule, check_ino(r.ino)?, &r.name).await?;
+        if let Some(who) = who {
+            self.read(|ns| who.check_set_xattr(&ns.getattr(check_ino(r.ino)?)?, &r.name, true))?;
+        }
         let once = once_of(&r.once);
         let ino = check_ino(r.ino)?;
         self.once_change(once, move |ns| ns.remove_xattr(ino, &r.name), |_| Ok(())).await?;
@@ -359,12 +427,16 @@ impl Meta for MetaService {
 
     async fn open(&self, req: Request<OpenRequest>) -> Result<Response<OpenReply>, Status> {
         let holder = cert_name(&req);
-        let ops = self.cap_ops(&req);
+        let who = self.who(&req, req.get_ref().caller.as_ref())?;
+        let ops = self.cap_ops(&req, who.as_ref(), open_want(req.get_ref().access));
         let r = req.into_inner();
         // Reads only (the inode, its stripe records), so inline like the point reads.
         let sessions = self.cluster()?.sessions().clone();
         let (inode, stripes, more) = self.read(|ns| {
             let ino = check_ino(r.ino)?;
+            if let Some(who) = who {
+                who.check(&ns.getattr(ino)?, open_want(r.access), "open")?;
+            }
             // Count the open before looking: an unlink from now on keeps the file for us.
             sessions.opened(r.client_id, &holder, ino, r.generation)?;
             let opened = ns.open_file(ino);
@@ -615,13 +687,23 @@ impl Meta for MetaService {
         Ok(Response::new(LayoutReply { layout: Some(layout.into()) }))
     }
 
-    async fn grant_capability(&self, req: Request<InoRequest>) -> Result<Response<Capability>, Status> {
+    async fn grant_capability(
+        &self,
+        req: Request<CapabilityRequest>,
+    ) -> Result<Response<Capability>, Status> {
         let holder = cert_name(&req);
-        let ops = self.cap_ops(&req);
+        let who = self.who(&req, req.get_ref().caller.as_ref())?;
+        let want = open_want(req.get_ref().access);
+        let ops = self.cap_ops(&req, who.as_ref(), want);
         let ino = check_ino(req.into_inner().ino)?;
         let inode = self.read(|ns| ns.getattr(ino))?;
         if !inode.is_reg() {
             return Err(CairnError::invalid(format!("inode {ino} is not a regular file: no shards")).into());
+        }
+        // Checked as the open it renews was; a file's owner may renew what it got (the token
+        // of a file it created with a mode that grants it no write: it could chmod anyway).
+        if let Some(who) = who.as_ref().filter(|w| w.uid != inode.uid) {
+            who.check(&inode, want, "capability")?;
         }
         Ok(Response::new(self.signer().grant(ino, ops, &holder)))
     }

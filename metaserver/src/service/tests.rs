@@ -131,6 +131,7 @@ async fn serves_the_namespace_over_grpc() {
 
     let d = c
         .mkdir(MkdirRequest {
+            caller: None,
             parent: ROOT_INO,
             name: b"d".to_vec(),
             mode: 0o755,
@@ -177,10 +178,17 @@ async fn serves_the_namespace_over_grpc() {
         .attr
         .unwrap();
     assert_eq!(attr.size, 100);
-    let open = c.open(OpenRequest { ino, client_id: 1, generation: 0 }).await.unwrap().into_inner();
+    let open = c
+        .open(OpenRequest { caller: None, access: 6, ino, client_id: 1, generation: 0 })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(open.stripes, vec![stripe]);
 
-    let page = c.read_dir(ReadDirRequest { ino: d.ino, after: vec![], limit: 10, plus: true }).await.unwrap();
+    let page = c
+        .read_dir(ReadDirRequest { caller: None, ino: d.ino, after: vec![], limit: 10, plus: true })
+        .await
+        .unwrap();
     let page = page.into_inner();
     assert_eq!(page.entries.len(), 1);
     assert_eq!(page.entries[0].attr.as_ref().unwrap().size, 100);
@@ -188,13 +196,21 @@ async fn serves_the_namespace_over_grpc() {
     // Bad input is a clear error, never a crash.
     let err = c.get_attr(InoRequest { ino: 0 }).await.unwrap_err();
     assert_eq!(kind(err), ErrorKind::InvalidArgument);
-    let err = c.lookup(LookupRequest { parent: ROOT_INO, name: vec![b'a'; 300] }).await.unwrap_err();
+    let err =
+        c.lookup(LookupRequest { caller: None, parent: ROOT_INO, name: vec![b'a'; 300] }).await.unwrap_err();
     assert_eq!(kind(err), ErrorKind::NameTooLong);
-    let err = c.lookup(LookupRequest { parent: ROOT_INO, name: b"nope".to_vec() }).await.unwrap_err();
+    let err =
+        c.lookup(LookupRequest { caller: None, parent: ROOT_INO, name: b"nope".to_vec() }).await.unwrap_err();
     assert_eq!(kind(err), ErrorKind::NotFound);
-    let err = c.rmdir(RemoveRequest { parent: ROOT_INO, name: b"d".to_vec(), once: None }).await.unwrap_err();
+    let err = c
+        .rmdir(RemoveRequest { caller: None, parent: ROOT_INO, name: b"d".to_vec(), once: None })
+        .await
+        .unwrap_err();
     assert_eq!(kind(err), ErrorKind::NotEmpty);
-    let err = c.get_xattr(XattrRequest { ino, name: b"user.x".to_vec(), once: None }).await.unwrap_err();
+    let err = c
+        .get_xattr(XattrRequest { caller: None, ino, name: b"user.x".to_vec(), once: None })
+        .await
+        .unwrap_err();
     assert_eq!(kind(err), ErrorKind::NoData);
     let bad = SetAttrRequest { ino, atime: Some(Timespec { sec: 1, nsec: u32::MAX }), ..Default::default() };
     assert_eq!(kind(c.set_attr(bad).await.unwrap_err()), ErrorKind::InvalidArgument);
@@ -236,7 +252,11 @@ async fn serves_the_namespace_over_grpc() {
 
     // A restarted server has it all.
     let (mut c, stop, server) = start(config(dir.path())).await;
-    let f = c.lookup(LookupRequest { parent: d.ino, name: b"f".to_vec() }).await.unwrap().into_inner();
+    let f = c
+        .lookup(LookupRequest { caller: None, parent: d.ino, name: b"f".to_vec() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(f.attr.unwrap().size, 100);
     let nodes = c.list_nodes(Empty {}).await.unwrap().into_inner().nodes;
     assert_eq!(nodes.len(), 3);
@@ -283,14 +303,21 @@ async fn batched_releases_free_unlinked_files_and_late_ones_change_nothing() {
     }
     for i in 0..3 {
         let reply = c
-            .unlink(RemoveRequest { parent: ROOT_INO, name: format!("f{i}").into_bytes(), once: None })
+            .unlink(RemoveRequest {
+                caller: None,
+                parent: ROOT_INO,
+                name: format!("f{i}").into_bytes(),
+                once: None,
+            })
             .await
             .unwrap();
         assert_eq!(reply.into_inner().parent.unwrap().ino, ROOT_INO);
     }
     // Open and unlinked: kept. The third is opened again (generation 10) before the batch of
     // releases arrives.
-    c.open(OpenRequest { ino: inos[2], client_id: 5, generation: 10 }).await.unwrap();
+    c.open(OpenRequest { caller: None, access: 6, ino: inos[2], client_id: 5, generation: 10 })
+        .await
+        .unwrap();
     let batch: Vec<Released> =
         inos.iter().enumerate().map(|(i, &ino)| Released { ino, generation: i as u64 + 1 }).collect();
     c.release(ReleaseRequest { client_id: 5, more: batch, ..Default::default() }).await.unwrap();
@@ -345,12 +372,20 @@ async fn a_change_sent_again_is_done_once() {
     assert_eq!(kind(c.create(fresh).await.unwrap_err()), ErrorKind::Exists);
     assert_eq!(kind(c.create(CreateRequest { once: None, ..create }).await.unwrap_err()), ErrorKind::Exists);
 
-    let mkdir =
-        MkdirRequest { parent: ROOT_INO, name: b"d".to_vec(), mode: 0o755, uid: 0, gid: 0, once: once(3) };
+    let mkdir = MkdirRequest {
+        caller: None,
+        parent: ROOT_INO,
+        name: b"d".to_vec(),
+        mode: 0o755,
+        uid: 0,
+        gid: 0,
+        once: once(3),
+    };
     let d = c.mkdir(mkdir.clone()).await.unwrap().into_inner().attr.unwrap().ino;
     assert_eq!(c.mkdir(mkdir).await.unwrap().into_inner().attr.unwrap().ino, d);
 
     let rename = RenameRequest {
+        caller: None,
         parent: ROOT_INO,
         name: b"f".to_vec(),
         new_parent: d,
@@ -361,27 +396,33 @@ async fn a_change_sent_again_is_done_once() {
     c.rename(rename.clone()).await.unwrap();
     c.rename(rename).await.unwrap();
 
-    let unlink = RemoveRequest { parent: d, name: b"g".to_vec(), once: once(5) };
+    let unlink = RemoveRequest { caller: None, parent: d, name: b"g".to_vec(), once: once(5) };
     c.unlink(unlink.clone()).await.unwrap();
     c.unlink(unlink.clone()).await.unwrap();
     let unlink_new = RemoveRequest { once: once(6), ..unlink };
     assert_eq!(kind(c.unlink(unlink_new).await.unwrap_err()), ErrorKind::NotFound);
 
     // Xattrs and attributes: XATTR_CREATE sent again is not EEXIST.
-    let d_attr =
-        SetXattrRequest { ino: d, name: b"user.k".to_vec(), value: b"v".to_vec(), flags: 1, once: once(8) };
+    let d_attr = SetXattrRequest {
+        caller: None,
+        ino: d,
+        name: b"user.k".to_vec(),
+        value: b"v".to_vec(),
+        flags: 1,
+        once: once(8),
+    };
     c.set_xattr(d_attr.clone()).await.unwrap();
     c.set_xattr(d_attr.clone()).await.unwrap();
     assert_eq!(
         kind(c.set_xattr(SetXattrRequest { once: once(9), ..d_attr }).await.unwrap_err()),
         ErrorKind::Exists
     );
-    let rm = XattrRequest { ino: d, name: b"user.k".to_vec(), once: once(10) };
+    let rm = XattrRequest { caller: None, ino: d, name: b"user.k".to_vec(), once: once(10) };
     c.remove_xattr(rm.clone()).await.unwrap();
     c.remove_xattr(rm).await.unwrap();
 
     // A failed try records nothing: sent again, it fails again the same way.
-    let rmdir = RemoveRequest { parent: ROOT_INO, name: b"missing".to_vec(), once: once(7) };
+    let rmdir = RemoveRequest { caller: None, parent: ROOT_INO, name: b"missing".to_vec(), once: once(7) };
     assert_eq!(kind(c.rmdir(rmdir.clone()).await.unwrap_err()), ErrorKind::NotFound);
     assert_eq!(kind(c.rmdir(rmdir).await.unwrap_err()), ErrorKind::NotFound);
 
@@ -391,410 +432,4 @@ async fn a_change_sent_again_is_done_once() {
 
 /// Access rules, called in process with the caller's certificate in the request as both
 /// transports put it there.
-mod access_rules {
-    use cairn_net::capability;
-    use cairn_net::tls::{Peer, Role, Roles};
-    use cairn_proto::meta_server::Meta;
-    use tonic::Request;
-
-    use super::*;
-    use crate::access::{Access, Rule, Squash};
-    use crate::fixture::Fixture;
-    use crate::MetaService;
-
-    const S_IFREG: u32 = 0o100000;
-    const S_IFDIR: u32 = 0o040000;
-    const S_IFCHR: u32 = 0o020000;
-
-    fn from<T>(name: &str, roles: &[Role], msg: T) -> Request<T> {
-        let mut req = Request::new(msg);
-        req.extensions_mut().insert(Peer { addr: None, roles: Roles::of(roles), name: name.into() });
-        req
-    }
-
-    fn client<T>(name: &str, msg: T) -> Request<T> {
-        from(name, &[Role::Client], msg)
-    }
-
-    fn kind(status: tonic::Status) -> ErrorKind {
-        CairnError::from(status).kind()
-    }
-
-    /// An in-memory namespace with three chunkservers (a 2+1 layout).
-    fn namespace() -> Fixture {
-        let ns = Fixture::memory(cairn_common::Layout::new(2, 1, 4096).unwrap());
-        for i in 0..3 {
-            ns.registry()
-                .register(&format!("node-{i}"), &format!("127.0.0.1:{}", 1000 + i), vec![], 1, "")
-                .unwrap();
-        }
-        ns
-    }
-
-    fn service() -> MetaService {
-        let rule = |clients: &[&str]| Rule {
-            clients: clients.iter().map(|c| c.to_string()).collect(),
-            read_only: false,
-            squash: Squash::None,
-            anon_uid: 500,
-            anon_gid: 600,
-            setuid: false,
-            devices: false,
-            uids: None,
-            gids: None,
-        };
-        let access = Access::of(vec![
-            Rule { read_only: true, ..rule(&["reader", "eval-*"]) },
-            Rule { squash: Squash::All, ..rule(&["squashed"]) },
-            Rule { squash: Squash::Root, ..rule(&["root-squashed"]) },
-            Rule { uids: Some([1000, 1999]), gids: Some([1000, 1999]), ..rule(&["ranged"]) },
-        ])
-        .unwrap();
-        let f = namespace();
-        MetaService::new(f.ns.clone(), f.cluster.clone()).with_access(access)
-    }
-
-    fn set_xattr(ino: u64, name: &str) -> SetXattrRequest {
-        SetXattrRequest { ino, name: name.into(), value: vec![1], ..Default::default() }
-    }
-
-    fn create(name: &str, mode: u32, uid: u32) -> CreateRequest {
-        CreateRequest { parent: ROOT_INO, name: name.into(), mode, uid, gid: uid, ..Default::default() }
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_read_only_client_reads_and_changes_nothing() {
-        let svc = service();
-        let made =
-            svc.create(client("writer", create("f", S_IFREG | 0o644, 1000))).await.unwrap().into_inner();
-        let ino = made.file.unwrap().attr.unwrap().ino;
-        let writer = svc.register_client(client("writer", Empty {})).await.unwrap().into_inner();
-        let open = OpenRequest { ino, client_id: writer.client_id, generation: 1 };
-        let opened = svc.open(client("writer", open)).await.unwrap().into_inner();
-        assert_eq!(opened.cap.unwrap().ops, capability::READ | capability::WRITE);
-        assert!(svc.register_client(client("eval-3", Empty {})).await.unwrap().into_inner().read_only);
-        let registered = svc.register_client(client("reader", Empty {})).await.unwrap().into_inner();
-        assert!(registered.read_only, "told to mount read-only");
-        assert!(!svc.register_client(client("writer", Empty {})).await.unwrap().into_inner().read_only);
-
-        // Every change is refused with EROFS, and none happened.
-        let reader = "reader";
-        let refused = [
-            svc.create(client(reader, create("g", S_IFREG | 0o644, 1000))).await.err(),
-            svc.mkdir(client(
-                reader,
-                MkdirRequest { parent: ROOT_INO, name: "d".into(), mode: 0o755, ..Default::default() },
-            ))
-            .await
-            .err(),
-            svc.unlink(client(reader, RemoveRequest { parent: ROOT_INO, name: "f".into(), once: None }))
-                .await
-                .err(),
-            svc.rmdir(client(reader, RemoveRequest { parent: ROOT_INO, name: "f".into(), once: None }))
-                .await
-                .err(),
-            svc.rename(client(
-                reader,
-                RenameRequest {
-                    parent: ROOT_INO,
-                    name: "f".into(),
-                    new_parent: ROOT_INO,
-                    new_name: "h".into(),
-                    ..Default::default()
-                },
-            ))
-            .await
-            .err(),
-            svc.link(client(
-                reader,
-                LinkRequest { ino, new_parent: ROOT_INO, new_name: "l".into(), once: None },
-            ))
-            .await
-            .err(),
-            svc.symlink(client(
-                reader,
-                SymlinkRequest {
-                    parent: ROOT_INO,
-                    name: "s".into(),
-                    target: "f".into(),
-                    ..Default::default()
-                },
-            ))
-            .await
-            .err(),
-            svc.set_attr(client(reader, SetAttrRequest { ino, size: Some(0), ..Default::default() }))
-                .await
-                .err(),
-            svc.set_xattr(client(
-                reader,
-                SetXattrRequest { ino, name: "user.a".into(), value: "1".into(), ..Default::default() },
-            ))
-            .await
-            .err(),
-            svc.remove_xattr(client(
-                reader,
-                XattrRequest { ino, name: "user.a".into(), ..Default::default() },
-            ))
-            .await
-            .err(),
-            svc.commit(client(reader, CommitRequest { ino, size: 1 << 20, ..Default::default() }))
-                .await
-                .err(),
-        ];
-        for (i, e) in refused.into_iter().enumerate() {
-            let e = e.unwrap_or_else(|| panic!("change {i} was not refused"));
-            assert_eq!(kind(e), ErrorKind::ReadOnly, "change {i}");
-        }
-        let names = svc
-            .read_dir(client(reader, ReadDirRequest { ino: ROOT_INO, limit: 100, ..Default::default() }))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(names.entries.iter().map(|e| e.name.clone()).collect::<Vec<_>>(), vec![b"f".to_vec()]);
-        let attr = svc.get_attr(client(reader, InoRequest { ino })).await.unwrap().into_inner().attr.unwrap();
-        assert_eq!((attr.size, attr.mode), (0, S_IFREG | 0o644), "nothing changed");
-
-        // Reads are served, with capabilities that only read.
-        let open = OpenRequest { ino, client_id: registered.client_id, generation: 1 };
-        let opened = svc.open(client(reader, open)).await.unwrap().into_inner();
-        assert_eq!(opened.cap.unwrap().ops, capability::READ);
-        let renewed = svc.grant_capability(client(reader, InoRequest { ino })).await.unwrap().into_inner();
-        assert_eq!(renewed.ops, capability::READ);
-        // Locks are no change.
-        let lock = LockRequest {
-            ino,
-            client_id: registered.client_id,
-            owner: 1,
-            typ: 0,
-            end: 10,
-            ..Default::default()
-        };
-        svc.lock(client(reader, lock)).await.unwrap();
-
-        // An admin's certificate of the same name is not held to the rule; neither is a
-        // client certificate no rule names.
-        let admin = from(reader, &[Role::Admin], create("by-admin", S_IFREG | 0o644, 0));
-        svc.create(admin).await.unwrap();
-        svc.create(client("someone", create("by-someone", S_IFREG | 0o644, 0))).await.unwrap();
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_squashed_client_gets_no_root_files_setuid_bits_or_devices() {
-        let svc = service();
-        let who = "squashed";
-        let made = svc.create(client(who, create("suid", S_IFREG | 0o6755, 0))).await.unwrap().into_inner();
-        let attr = made.file.unwrap().attr.unwrap();
-        assert_eq!((attr.uid, attr.gid, attr.mode), (500, 600, S_IFREG | 0o755));
-        let dir = svc
-            .mkdir(client(
-                who,
-                MkdirRequest { parent: ROOT_INO, name: "d".into(), mode: 0o2775, uid: 7, gid: 8, once: None },
-            ))
-            .await
-            .unwrap()
-            .into_inner()
-            .attr
-            .unwrap();
-        assert_eq!((dir.uid, dir.gid, dir.mode), (500, 600, S_IFDIR | 0o2775), "a directory's setgid stays");
-        let e = svc.create(client(who, create("tty", S_IFCHR | 0o666, 0))).await.unwrap_err();
-        assert_eq!(kind(e), ErrorKind::NotPermitted);
-        let link = SymlinkRequest {
-            parent: ROOT_INO,
-            name: "s".into(),
-            target: "suid".into(),
-            uid: 0,
-            gid: 0,
-            once: None,
-        };
-        let s = svc.symlink(client(who, link)).await.unwrap().into_inner().attr.unwrap();
-        assert_eq!((s.uid, s.gid), (500, 600));
-        // chown to root and chmod u+s: mapped and cleared.
-        let set = SetAttrRequest {
-            ino: attr.ino,
-            uid: Some(0),
-            gid: Some(0),
-            mode: Some(0o4711),
-            ..Default::default()
-        };
-        let after = svc.set_attr(client(who, set)).await.unwrap().into_inner().attr.unwrap();
-        assert_eq!((after.uid, after.gid, after.mode), (500, 600, S_IFREG | 0o711));
-        let set = SetAttrRequest { ino: dir.ino, mode: Some(0o6770), ..Default::default() };
-        let after = svc.set_attr(client(who, set)).await.unwrap().into_inner().attr.unwrap();
-        assert_eq!(after.mode, S_IFDIR | 0o2770, "chmod of a directory: setgid stays, setuid goes");
-        let cap = set_xattr(attr.ino, "security.capability");
-        assert_eq!(kind(svc.set_xattr(client(who, cap)).await.unwrap_err()), ErrorKind::NotPermitted);
-        let acl = set_xattr(attr.ino, "system.posix_acl_access");
-        assert_eq!(kind(svc.set_xattr(client(who, acl)).await.unwrap_err()), ErrorKind::NotPermitted);
-        // Another client, no rule: what it sends is stored.
-        let made = svc
-            .create(client("writer", create("root-suid", S_IFREG | 0o4755, 0)))
-            .await
-            .unwrap()
-            .into_inner();
-        let attr = made.file.unwrap().attr.unwrap();
-        assert_eq!((attr.uid, attr.gid, attr.mode), (0, 0, S_IFREG | 0o4755));
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_client_claims_only_the_owners_its_rule_allows() {
-        let svc = service();
-        let who = "ranged";
-        let made = svc.create(client(who, create("in", S_IFREG | 0o644, 1500))).await.unwrap().into_inner();
-        let mine = made.file.unwrap().attr.unwrap();
-        assert_eq!((mine.uid, mine.gid), (1500, 1500));
-        // Entries owned outside its ranges: EACCES, and nothing made.
-        let mkdir =
-            MkdirRequest { parent: ROOT_INO, name: "d".into(), mode: 0o755, uid: 0, gid: 1500, once: None };
-        let symlink = SymlinkRequest {
-            parent: ROOT_INO,
-            name: "s".into(),
-            target: "in".into(),
-            uid: 1500,
-            gid: 2000,
-            once: None,
-        };
-        let refused = [
-            svc.create(client(who, create("root-owned", S_IFREG | 0o644, 0))).await.err(),
-            svc.mkdir(client(who, mkdir)).await.err(),
-            svc.symlink(client(who, symlink)).await.err(),
-            svc.set_attr(client(who, SetAttrRequest { ino: mine.ino, uid: Some(0), ..Default::default() }))
-                .await
-                .err(),
-            svc.set_attr(client(who, SetAttrRequest { ino: mine.ino, gid: Some(999), ..Default::default() }))
-                .await
-                .err(),
-        ];
-        for (i, e) in refused.into_iter().enumerate() {
-            let e = e.unwrap_or_else(|| panic!("change {i} was not refused"));
-            assert_eq!(kind(e), ErrorKind::PermissionDenied, "{i}");
-        }
-        for name in ["root-owned", "d", "s"] {
-            let e = svc.lookup(client(who, LookupRequest { parent: ROOT_INO, name: name.into() })).await;
-            assert_eq!(kind(e.unwrap_err()), ErrorKind::NotFound, "{name}");
-        }
-        let attr = svc.get_attr(client(who, InoRequest { ino: mine.ino })).await.unwrap().into_inner();
-        assert_eq!(attr.attr.unwrap().uid, 1500, "unchanged");
-        // A chown inside the range goes through; root's files it may not act on.
-        let chown = SetAttrRequest { ino: mine.ino, uid: Some(1999), gid: Some(1000), ..Default::default() };
-        let after = svc.set_attr(client(who, chown)).await.unwrap().into_inner().attr.unwrap();
-        assert_eq!((after.uid, after.gid), (1999, 1000));
-        let made = svc.create(client("writer", create("roots", S_IFREG | 0o666, 0))).await.unwrap();
-        let roots = made.into_inner().file.unwrap().attr.unwrap().ino;
-        let touch = SetAttrRequest { ino: roots, mode: Some(0o600), ..Default::default() };
-        assert_eq!(kind(svc.set_attr(client(who, touch)).await.unwrap_err()), ErrorKind::NotPermitted);
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_squashed_root_cannot_change_roots_files_nor_keep_privileges_through_a_write() {
-        let svc = service();
-        let who = "root-squashed";
-        // Root's setuid binary, and a user's setgid program with file capabilities.
-        let made =
-            svc.create(client("writer", create("su", S_IFREG | 0o4755, 0))).await.unwrap().into_inner();
-        let su = made.file.unwrap().attr.unwrap().ino;
-        let made =
-            svc.create(client("writer", create("prog", S_IFREG | 0o6755, 1000))).await.unwrap().into_inner();
-        let prog = made.file.unwrap().attr.unwrap().ino;
-        svc.set_xattr(client("writer", set_xattr(prog, "security.capability"))).await.unwrap();
-        let tty = svc.create(client("writer", create("tty", S_IFCHR | 0o600, 0))).await.unwrap().into_inner();
-        let tty = tty.file.unwrap().attr.unwrap().ino;
-
-        // Root's files: no write, truncate, chmod, touch or xattr from a squashed root.
-        let refused = [
-            svc.commit(client(who, CommitRequest { ino: su, ..Default::default() })).await.err(),
-            svc.set_attr(client(who, SetAttrRequest { ino: su, size: Some(0), ..Default::default() }))
-                .await
-                .err(),
-            svc.set_attr(client(who, SetAttrRequest { ino: su, mode: Some(0o777), ..Default::default() }))
-                .await
-                .err(),
-            svc.set_attr(client(who, SetAttrRequest { ino: su, atime_now: true, ..Default::default() }))
-                .await
-                .err(),
-            svc.set_xattr(client(who, set_xattr(su, "user.a"))).await.err(),
-            svc.set_attr(client(
-                who,
-                SetAttrRequest { ino: tty, mode: Some(S_IFCHR | 0o666), ..Default::default() },
-            ))
-            .await
-            .err(),
-        ];
-        for (i, e) in refused.into_iter().enumerate() {
-            assert_eq!(
-                kind(e.unwrap_or_else(|| panic!("change {i} was not refused"))),
-                ErrorKind::NotPermitted,
-                "{i}"
-            );
-        }
-        let attr =
-            svc.get_attr(client(who, InoRequest { ino: su })).await.unwrap().into_inner().attr.unwrap();
-        assert_eq!(attr.mode, S_IFREG | 0o4755, "unchanged");
-
-        // Its own files it may not give away; a group change stays.
-        let mine = svc.create(client(who, create("mine", S_IFREG | 0o644, 0))).await.unwrap().into_inner();
-        let mine = mine.file.unwrap().attr.unwrap().ino;
-        let give = SetAttrRequest { ino: mine, uid: Some(1000), ..Default::default() };
-        assert_eq!(kind(svc.set_attr(client(who, give)).await.unwrap_err()), ErrorKind::NotPermitted);
-        let chgrp = SetAttrRequest { ino: mine, gid: Some(1000), ..Default::default() };
-        let after = svc.set_attr(client(who, chgrp)).await.unwrap().into_inner().attr.unwrap();
-        assert_eq!((after.uid, after.gid), (500, 1000));
-
-        // The user's program: a write drops its setuid and setgid bits and its capabilities.
-        svc.commit(client(who, CommitRequest { ino: prog, ..Default::default() })).await.unwrap();
-        let attr =
-            svc.get_attr(client(who, InoRequest { ino: prog })).await.unwrap().into_inner().attr.unwrap();
-        assert_eq!(attr.mode, S_IFREG | 0o755);
-        let caps = svc
-            .get_xattr(client(
-                who,
-                XattrRequest { ino: prog, name: "security.capability".into(), once: None },
-            ))
-            .await;
-        assert_eq!(kind(caps.unwrap_err()), ErrorKind::NoData, "capabilities dropped");
-        for name in ["security.capability", "security.selinux", "trusted.overlay.opaque"] {
-            let e = svc.set_xattr(client(who, set_xattr(prog, name))).await.unwrap_err();
-            assert_eq!(kind(e), ErrorKind::NotPermitted, "{name}");
-        }
-        svc.set_xattr(client(who, set_xattr(prog, "user.note"))).await.unwrap();
-        // A chmod of a device node it may change (the kernel sends the file type too).
-        let made =
-            svc.create(client("writer", create("tty2", S_IFCHR | 0o600, 1000))).await.unwrap().into_inner();
-        let tty2 = made.file.unwrap().attr.unwrap().ino;
-        let set = SetAttrRequest { ino: tty2, mode: Some(S_IFCHR | 0o660), ..Default::default() };
-        let after = svc.set_attr(client(who, set)).await.unwrap().into_inner().attr.unwrap();
-        assert_eq!(after.mode, S_IFCHR | 0o660);
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_change_of_the_rules_revokes_the_capabilities_signed_before() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("access.toml");
-        std::fs::write(&path, "").unwrap();
-        let access = Access::load(&path).unwrap();
-        let f = namespace();
-        let svc = MetaService::new(f.ns.clone(), f.cluster.clone()).with_access(access.clone());
-        let made = svc.create(client("job", create("f", S_IFREG | 0o644, 1000))).await.unwrap().into_inner();
-        let ino = made.file.unwrap().attr.unwrap().ino;
-        let before = svc.grant_capability(client("job", InoRequest { ino })).await.unwrap().into_inner();
-        assert_eq!(before.ops, capability::READ | capability::WRITE);
-        let chunkserver = capability::Verifier::default();
-        chunkserver.learn(&svc.signer().keys());
-        assert_eq!(chunkserver.check(Some(&before), ino, capability::WRITE, "job"), Ok(()));
-
-        // Rules that change nothing for this client change nothing for its tokens.
-        access.reload().unwrap();
-        let same = svc.grant_capability(client("job", InoRequest { ino })).await.unwrap().into_inner();
-        assert_eq!(same.key_id, before.key_id);
-
-        std::fs::write(&path, "[[rule]]\nclients = [\"job\"]\nread_only = true\n").unwrap();
-        access.reload().unwrap();
-        let after = svc.grant_capability(client("job", InoRequest { ino })).await.unwrap().into_inner();
-        assert_eq!(after.ops, capability::READ);
-        assert_ne!(after.key_id, before.key_id, "signed with a new key");
-        let keys = svc.signer().keys();
-        let old = keys.iter().find(|k| k.id == before.key_id).expect("the revoked key is announced");
-        assert!(old.retire <= cairn_common::time::unix_secs(), "retired at the revocation");
-        chunkserver.learn(&keys);
-        assert_eq!(chunkserver.check(Some(&after), ino, capability::READ, "job"), Ok(()));
-    }
-}
+mod access_rules;

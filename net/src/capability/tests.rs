@@ -126,15 +126,27 @@ fn only_callers_with_nothing_but_the_client_role_need_one() {
 fn a_client_renews_before_expiry_and_after_a_refusal() {
     let signer = Signer::new();
     let held = Held::default();
-    held.keep(Some(signer.grant(7, READ | WRITE, "c")));
+    let asked = |ino, access| CapabilityRequest { ino, access, caller: None };
+    held.keep(Some(signer.grant(7, READ | WRITE, "c")), asked(7, 6));
     assert!(held.fresh(7).is_some());
     assert!(held.fresh(8).is_none());
     let mut old = signer.grant(8, READ, "c");
     old.expires = unix_secs() + RENEW_BEFORE.as_secs() as i64 - 1;
-    held.keep(Some(old));
+    held.keep(Some(old), asked(8, 4));
     assert!(held.fresh(8).is_none(), "about to expire: renewed");
+    // A read-only grant does not replace a fresh one that also writes, nor what renews it.
+    held.keep(Some(signer.grant(7, READ, "c")), asked(7, 4));
+    assert_eq!(held.fresh(7).unwrap().ops, READ | WRITE);
+    assert_eq!(held.renewal(7).access, 6);
     held.forget(7);
     assert!(held.fresh(7).is_none());
+    assert_eq!(held.renewal(7).access, 6, "a refused token is renewed as it was got");
+    // Once that one is gone, the narrower grant is kept; a wider one replaces it.
+    held.keep(Some(signer.grant(7, READ, "c")), asked(7, 4));
+    assert_eq!((held.fresh(7).unwrap().ops, held.renewal(7).access), (READ, 4));
+    held.keep(Some(signer.grant(7, READ | WRITE, "c")), asked(7, 2));
+    assert_eq!((held.fresh(7).unwrap().ops, held.renewal(7).access), (READ | WRITE, 2));
+    assert_eq!(held.renewal(9), asked(9, 0), "nothing held: read and write, no caller");
     let e = refused("read", 7, Refusal::Expired);
     assert_eq!(e.kind(), ErrorKind::CapabilityRefused);
     assert!(is_refusal(&e), "{e}");

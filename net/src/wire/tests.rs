@@ -430,7 +430,8 @@ async fn frames_are_checked_as_the_fuzz_target_reads_them() {
         f.extend_from_slice(bulk);
         f
     };
-    let lookup = prost::Message::encode_to_vec(&p::LookupRequest { parent: 1, name: b"a".to_vec() });
+    let lookup =
+        prost::Message::encode_to_vec(&p::LookupRequest { parent: 1, name: b"a".to_vec(), caller: None });
     let write = prost::Message::encode_to_vec(&p::WriteShardRequest {
         id: None,
         data: Bytes::from_static(b"in body"),
