@@ -32,6 +32,14 @@ def counts():
 
 root = os.path.join(mnt, "rpcs")
 os.makedirs(root)
+# RPCS_AS_UID=N: the file operations run as that user (no groups; root only to drop caches),
+# so the metaserver's per-user checks read the inodes they check.
+as_uid = int(os.environ.get("RPCS_AS_UID", "0"))
+if as_uid:
+    os.chown(root, as_uid, as_uid)
+    os.setgroups([])
+    os.setresgid(as_uid, as_uid, 0)
+    os.setresuid(as_uid, as_uid, 0)
 names = [os.path.join(root, f"f{i:07d}") for i in range(n)]
 blob = os.urandom(4096)
 
@@ -77,8 +85,12 @@ for name, fn in phases:
         time.sleep(1.5)
     if name == "read4k":
         os.sync()
+        if as_uid:
+            os.seteuid(0)
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3")
+        if as_uid:
+            os.seteuid(as_uid)
     before = counts()
     start = time.perf_counter()
     fn()

@@ -5,7 +5,8 @@
 # mount, and prints for each phase its rate and the
 # requests per operation the metaserver counted (`cairn_rpc_requests_total`) and the FUSE
 # requests the client counted (`cairn_client_fuse_ops_total`). CAIRN_BIN=PATH runs another build
-# (an older one, to compare). With replicated metaservers it also prints the mean Raft commit
+# (an older one, to compare); RPCS_AS_UID=N runs the file operations as that user (the
+# metaserver then checks each request as that user). With replicated metaservers it also prints the mean Raft commit
 # time on the first replica.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)

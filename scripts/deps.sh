@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the system packages Cairn builds and tests with (Debian 12), if any is missing.
 set -euo pipefail
-pkgs=(fuse3 libfuse3-dev librocksdb-dev libclang-dev clang protobuf-compiler pkg-config fio python3 tar diffutils git sqlite3 python3-venv e2fsprogs)
+pkgs=(fuse3 libfuse3-dev librocksdb-dev libclang-dev clang protobuf-compiler pkg-config fio python3 tar diffutils git sqlite3 python3-venv e2fsprogs curl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

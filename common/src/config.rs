@@ -90,7 +90,8 @@ pub struct MetaConfig {
     /// by client certificate name; `docs/operations.md`, "Access rules"). Unset: none. A
     /// file missing or invalid at start is an error; re-read on SIGHUP and when it changes.
     pub access_file: Option<PathBuf>,
-    /// Serve Prometheus metrics at `http://ADDR/metrics` (unset: no metrics endpoint).
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (unset: no metrics endpoint);
+    /// `https://ADDR`: over TLS, to certificates with the monitor or admin role.
     pub metrics_listen: Option<String>,
     /// The metaservers of a replicated namespace, each as `ID=HOST:PORT`, this one included
     /// (3 or 5 of them; see `raft_id`). Empty: this metaserver runs alone.
@@ -166,7 +167,7 @@ impl MetaConfig {
         self.layout()?;
         check_addr("listen", &self.listen)?;
         if let Some(m) = &self.metrics_listen {
-            check_addr("metrics_listen", m)?;
+            check_metrics_addr(m)?;
         }
         let replicas = self.replica_addrs()?;
         if !replicas.is_empty() && !replicas.contains_key(&self.raft_id) {
@@ -294,7 +295,8 @@ pub struct ChunkConfig {
     /// dropped from the page cache once on disk. The chunkserver refuses to start if the
     /// directory's filesystem cannot do O_DIRECT.
     pub hdd_direct_io: bool,
-    /// Serve Prometheus metrics at `http://ADDR/metrics` (unset: no metrics endpoint).
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (unset: no metrics endpoint);
+    /// `https://ADDR`: over TLS, to certificates with the monitor or admin role.
     pub metrics_listen: Option<String>,
     /// The TLS directory (`ca.pem`, `cert.pem`, `key.pem`; `cairn cert issue` makes one): every
     /// connection, to and from this server, is mutual TLS with it. Re-read on SIGHUP and when
@@ -355,7 +357,7 @@ impl ChunkConfig {
             check_peer("meta", &addr)?;
         }
         if let Some(m) = &self.metrics_listen {
-            check_addr("metrics_listen", m)?;
+            check_metrics_addr(m)?;
         }
         if self.ssd_dirs.is_empty() && self.hdd_dirs.is_empty() {
             return Err(CairnError::invalid("config: at least one of ssd_dirs or hdd_dirs is needed"));
@@ -411,6 +413,13 @@ fn check_peer(field: &str, addr: &str) -> Result<()> {
         return Err(bad("no host"));
     }
     Ok(())
+}
+
+/// A metrics address: `host:port`, `http://host:port`, or `https://host:port` (served over TLS
+/// to monitor and admin certificates).
+fn check_metrics_addr(addr: &str) -> Result<()> {
+    let bare = addr.strip_prefix("https://").or_else(|| addr.strip_prefix("http://")).unwrap_or(addr);
+    check_addr("metrics_listen", bare)
 }
 
 fn check_addr(field: &str, addr: &str) -> Result<()> {

@@ -42,24 +42,111 @@ const LATENCY_BUCKETS: [f64; 16] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
 ];
 
-/// Serve every metric of this process at `http://LISTEN/metrics` (Prometheus text format).
-/// Must run inside a tokio runtime (the listener is a task on it).
+/// Serve every metric of this process at `http://LISTEN/metrics` (Prometheus text format), or
+/// with `https://ADDR`, over TLS with this process's certificate to callers whose certificate
+/// of the cluster CA has the `monitor` or `admin` role (others get 403, callers without one
+/// fail the handshake). Must run inside a tokio runtime (the listener is a task on it).
 pub fn serve(listen: &str) -> Result<SocketAddr> {
+    let (tls, addr) = match listen.strip_prefix("https://") {
+        Some(addr) => (true, addr),
+        None => (false, listen.strip_prefix("http://").unwrap_or(listen)),
+    };
     let addr: SocketAddr =
-        listen.parse().map_err(|e| CairnError::invalid(format!("metrics listen address {listen:?}: {e}")))?;
+        addr.parse().map_err(|e| CairnError::invalid(format!("metrics listen address {listen:?}: {e}")))?;
     // Bind first, so a taken port is a clear error here and port 0 can be reported.
-    let probe = std::net::TcpListener::bind(addr)
+    let listener = std::net::TcpListener::bind(addr)
         .map_err(|e| CairnError::from_io(&format!("cannot serve metrics on {listen}"), &e))?;
-    let bound = probe.local_addr().map_err(|e| CairnError::from_io("metrics address", &e))?;
-    drop(probe);
-    PrometheusBuilder::new()
-        .with_http_listener(bound)
+    let bound = listener.local_addr().map_err(|e| CairnError::from_io("metrics address", &e))?;
+    let builder = PrometheusBuilder::new()
         .set_buckets(&LATENCY_BUCKETS)
-        .map_err(|e| CairnError::internal(format!("metrics buckets: {e}")))?
-        .install()
+        .map_err(|e| CairnError::internal(format!("metrics buckets: {e}")))?;
+    if !tls {
+        drop(listener);
+        builder
+            .with_http_listener(bound)
+            .install()
+            .map_err(|e| CairnError::io(format!("cannot serve metrics on {bound}: {e}")))?;
+        tracing::info!(addr = %bound, "serving Prometheus metrics at /metrics");
+        return Ok(bound);
+    }
+    if crate::tls::identity().is_none() {
+        return Err(CairnError::invalid(format!(
+            "metrics on {listen}: serving them over TLS needs this process's certificate, and it runs plaintext"
+        )));
+    }
+    let handle = builder
+        .install_recorder()
         .map_err(|e| CairnError::io(format!("cannot serve metrics on {bound}: {e}")))?;
-    tracing::info!(addr = %bound, "serving Prometheus metrics at /metrics");
+    listener.set_nonblocking(true).map_err(|e| CairnError::from_io("metrics listener", &e))?;
+    let listener = tokio::net::TcpListener::from_std(listener)
+        .map_err(|e| CairnError::from_io("metrics listener", &e))?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    tokio::spawn(async move {
+        loop {
+            let Ok((conn, _)) = listener.accept().await else { continue };
+            let handle = handle.clone();
+            tokio::spawn(async move {
+                let scrape = scrape_over_tls(conn, &handle);
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(30), scrape).await;
+            });
+        }
+    });
+    tracing::info!(addr = %bound, "serving Prometheus metrics at /metrics over TLS (monitor and admin certificates)");
     Ok(bound)
+}
+
+/// Answer one scrape over TLS: the request head (at most 8 KiB) is read, `GET /metrics` is
+/// answered with the metrics to a monitor or admin certificate, and the connection closed.
+async fn scrape_over_tls(
+    conn: tokio::net::TcpStream,
+    handle: &metrics_exporter_prometheus::PrometheusHandle,
+) -> std::io::Result<()> {
+    use crate::tls::Role;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // The identity in force now: a rotated certificate is served from the next scrape on.
+    let Some(identity) = crate::tls::identity() else { return Ok(()) };
+    let (mut stream, peer) = crate::tls::accept_metrics(conn, &identity).await?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 || head.len() + n > 8192 {
+            return Ok(());
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+    let mut words = line.split(|&b| b == b' ');
+    let (method, path) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
+    let path = path.split(|&b| b == b'?').next().unwrap_or_default();
+    let may = peer.roles.contains(Role::Monitor) || peer.roles.contains(Role::Admin);
+    let (status, body) = if !may {
+        (
+            "403 Forbidden",
+            format!(
+                "certificate {:?} ({}) may not read metrics: monitor or admin only\n",
+                peer.name, peer.roles
+            ),
+        )
+    } else if method != b"GET" || path != b"/metrics" {
+        ("404 Not Found", "GET /metrics\n".to_string())
+    } else {
+        ("200 OK", handle.render())
+    };
+    let reply = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(reply.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.shutdown().await
 }
 
 /// Requests this process answered, leaving out [`BACKGROUND_METHODS`].

@@ -43,10 +43,12 @@ pub enum Role {
     Chunk,
     Client,
     Admin,
+    /// May scrape metrics served over TLS (`https://` in `metrics_listen`), and nothing else.
+    Monitor,
 }
 
 impl Role {
-    pub const ALL: [Role; 4] = [Role::Meta, Role::Chunk, Role::Client, Role::Admin];
+    pub const ALL: [Role; 5] = [Role::Meta, Role::Chunk, Role::Client, Role::Admin, Role::Monitor];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -54,6 +56,7 @@ impl Role {
             Role::Chunk => "chunk",
             Role::Client => "client",
             Role::Admin => "admin",
+            Role::Monitor => "monitor",
         }
     }
 
@@ -65,12 +68,13 @@ impl Role {
             Role::Chunk => "chunk.cairn",
             Role::Client => "client.cairn",
             Role::Admin => "admin.cairn",
+            Role::Monitor => "monitor.cairn",
         }
     }
 
     pub fn parse(s: &str) -> Result<Role> {
         Role::ALL.into_iter().find(|r| r.name() == s).ok_or_else(|| {
-            CairnError::invalid(format!("role {s:?}: expected one of meta, chunk, client, admin"))
+            CairnError::invalid(format!("role {s:?}: expected one of meta, chunk, client, admin, monitor"))
         })
     }
 
@@ -91,7 +95,7 @@ pub struct Roles(u8);
 
 impl Roles {
     /// Every role: what a peer has on a plaintext server (which checks nothing).
-    pub const ALL: Roles = Roles(0b1111);
+    pub const ALL: Roles = Roles(0b11111);
     pub const NONE: Roles = Roles(0);
 
     pub fn of(roles: &[Role]) -> Roles {
@@ -203,6 +207,8 @@ pub struct Identity {
     pub cert: CertInfo,
     pub ca: CertInfo,
     server: Arc<rustls::ServerConfig>,
+    /// The same, for scrapes of metrics served over TLS (HTTP/1.1).
+    metrics: Arc<rustls::ServerConfig>,
     client_wire: Arc<rustls::ClientConfig>,
     client_h2: Arc<rustls::ClientConfig>,
     /// What the files held when read, to tell a changed directory from an unchanged one.
@@ -270,7 +276,7 @@ impl Identity {
             return Err(tls_error(
                 CERT,
                 dir,
-                "the certificate holds no Cairn role (meta.cairn, chunk.cairn, client.cairn or admin.cairn)",
+                "the certificate holds no Cairn role (meta.cairn, chunk.cairn, client.cairn, admin.cairn or monitor.cairn)",
             ));
         }
         let mut roots = rustls::RootCertStore::empty();
@@ -300,6 +306,8 @@ impl Identity {
         // and every connection proves its certificate afresh.
         server.send_tls13_tickets = 0;
         server.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+        let mut metrics = server.clone();
+        metrics.alpn_protocols = vec![b"http/1.1".to_vec()];
 
         let client = |alpn: &[u8]| -> Result<Arc<rustls::ClientConfig>> {
             let mut c = rustls::ClientConfig::builder_with_provider(provider())
@@ -317,6 +325,7 @@ impl Identity {
             cert,
             ca,
             server: Arc::new(server),
+            metrics: Arc::new(metrics),
             client_wire: client(ALPN_WIRE)?,
             client_h2: client(ALPN_H2)?,
             stamp,
@@ -522,6 +531,20 @@ pub async fn accept(tcp: TcpStream, identity: &Identity) -> std::io::Result<(Ser
     let info = CertInfo::parse(leaf)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
     Ok((stream, alpn, Peer { addr, roles: info.roles, name: info.name }))
+}
+
+/// Accept a metrics scrape over TLS: the peer must show a certificate of the cluster CA (its
+/// roles are returned; the caller decides whether they may scrape).
+pub async fn accept_metrics(tcp: TcpStream, identity: &Identity) -> std::io::Result<(ServerStream, Peer)> {
+    let addr = tcp.peer_addr().ok();
+    let stream = tokio_rustls::TlsAcceptor::from(identity.metrics.clone()).accept(tcp).await?;
+    let leaf =
+        stream.get_ref().1.peer_certificates().and_then(|c| c.first()).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::PermissionDenied, "no client certificate")
+        })?;
+    let info = CertInfo::parse(leaf)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+    Ok((stream, Peer { addr, roles: info.roles, name: info.name }))
 }
 
 /// What a new certificate is for.

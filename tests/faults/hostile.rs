@@ -671,3 +671,58 @@ fn a_mount_names_each_requests_user_and_groups() {
     assert!(!stranger.status.success(), "not in the group: {stranger:?}");
     assert!(String::from_utf8_lossy(&stranger.stderr).contains("Permission denied"), "{stranger:?}");
 }
+
+/// Metrics served over TLS (`https://` in the listen address) answer monitor and admin
+/// certificates of the cluster's CA; a client certificate is refused with 403, a caller
+/// without a certificate at the handshake, a plaintext scrape gets nothing.
+#[test]
+fn metrics_over_tls_are_for_monitor_and_admin_certificates() {
+    let cluster = Cluster::start(6, "4+2", 64);
+    let port = support::free_addr().rsplit(':').next().unwrap().to_string();
+    let listen = format!("https://127.0.0.1:{port}");
+    let _mount = Mount::with_env(&cluster, "scraped", &["--metrics", &listen], &[]);
+    let monitor = cluster.root.path().join("tls-prometheus");
+    let made = Command::new(support::CAIRN)
+        .args(["cert", "issue", "--role", "monitor", "--name", "prometheus", "--ca"])
+        .arg(cluster.tls("ca"))
+        .arg(&monitor)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    // The mount's certificate names its role, not an address: reach it by that name.
+    let resolve = format!("client.cairn:{port}:127.0.0.1");
+    let url = format!("https://client.cairn:{port}/metrics");
+    let scrape = |cert: Option<&Path>| {
+        let mut curl = Command::new("curl");
+        curl.args(["-sS", "--max-time", "10", "-w", "\n%{http_code}", "--resolve", &resolve, "--cacert"])
+            .arg(cluster.tls("client").join("ca.pem"));
+        if let Some(dir) = cert {
+            curl.arg("--cert").arg(dir.join("cert.pem")).arg("--key").arg(dir.join("key.pem"));
+        }
+        let out = curl.arg(&url).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let eventually_up = Instant::now() + Duration::from_secs(20);
+    let (ok, body) = loop {
+        // Up, and past the first recording of the certificate's expiry (2 s after start).
+        let (ok, body) = scrape(Some(&monitor));
+        let recorded = body.contains("cairn_tls_certificate_expiry_timestamp_seconds");
+        if (ok && recorded) || Instant::now() > eventually_up {
+            break (ok, body);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(ok && body.ends_with("\n200"), "{body}");
+    assert!(body.contains("cairn_tls_certificate_expiry_timestamp_seconds"), "{body}");
+    let (ok, body) = scrape(Some(&cluster.tls("admin")));
+    assert!(ok && body.ends_with("\n200"), "an admin certificate: {body}");
+    let (ok, body) = scrape(Some(&cluster.tls("client")));
+    assert!(ok && body.ends_with("\n403") && body.contains("monitor or admin only"), "{body}");
+    let (ok, body) = scrape(None);
+    assert!(!ok, "no certificate: refused at the handshake: {body}");
+    let plain = Command::new("curl")
+        .args(["-sS", "--max-time", "10", &format!("http://127.0.0.1:{port}/metrics")])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&plain.stdout).contains("cairn_"), "{plain:?}");
+}

@@ -31,13 +31,17 @@ impl MetaService {
     }
 
     /// The user a request acts for, where it is checked (`permissions.rs`): a caller whose
-    /// certificate has the client role only; `None` for servers, admins and plaintext callers.
+    /// certificate has the client role only. `None` for servers, admins and plaintext callers,
+    /// and for root (after its rule's squash and ranges), whom every check would let through
+    /// (root may read and write anything; execute permission, which it lacks on a file with no
+    /// execute bit, its own kernel checks): no inode is read for it.
     pub(super) fn who<T>(&self, req: &Request<T>, caller: Option<&Caller>) -> Result<Option<Who>> {
         let peer = req.extensions().get::<cairn_net::tls::Peer>();
         if !cairn_net::capability::required_of(peer) {
             return Ok(None);
         }
-        Who::of(caller, self.access.rule_for(peer).as_ref()).map(Some)
+        let who = Who::of(caller, self.access.rule_for(peer).as_ref())?;
+        Ok((!who.is_root()).then_some(who))
     }
 
     /// The caller's access rule, after refusing `what` (a namespace change) to a read-only
