@@ -36,6 +36,7 @@ os.makedirs(root)
 # so the metaserver's per-user checks read the inodes they check.
 as_uid = int(os.environ.get("RPCS_AS_UID", "0"))
 if as_uid:
+    "localhost".encode("idna")  # loaded now: the metrics scrapes need it later
     os.chown(root, as_uid, as_uid)
     os.setgroups([])
     os.setresgid(as_uid, as_uid, 0)
