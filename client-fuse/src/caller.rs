@@ -4,7 +4,8 @@
 //! header carries the uid, gid and pid but no groups, so they are read from
 //! `/proc/<pid>/status` and remembered per pid for a second: a busy process costs one read a
 //! second, and a process that drops a group keeps it here for at most that second (the client
-//! kernel's own check, which comes first, uses its exact credentials).
+//! kernel's own check, which comes first, uses its exact credentials). Also what an open asks
+//! of its file, from its flags.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -53,6 +54,26 @@ impl Callers {
     }
 }
 
+/// The kernel marks the open an `execve` makes with this flag (`__FMODE_EXEC`).
+const FMODE_EXEC: i32 = 0x20;
+
+/// What an open with `flags` asks of the file (`OpenRequest.access`): read 4, write 2 (also for
+/// `O_TRUNC`), and for an `execve`'s open, execute 1 instead of read.
+pub fn access_of(flags: i32) -> u32 {
+    let mut access = match flags & libc::O_ACCMODE {
+        libc::O_WRONLY => 2,
+        libc::O_RDWR => 6,
+        _ => 4,
+    };
+    if flags & libc::O_TRUNC != 0 {
+        access |= 2;
+    }
+    if flags & FMODE_EXEC != 0 {
+        access = (access & !4) | 1;
+    }
+    access
+}
+
 /// The supplementary groups on the `Groups:` line of a `/proc/<pid>/status`.
 fn groups_of(status: &str) -> Vec<u32> {
     status
@@ -73,6 +94,15 @@ pub fn this_process() -> p::Caller {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_open_asks_what_its_flags_say() {
+        assert_eq!(access_of(libc::O_RDONLY), 4);
+        assert_eq!(access_of(libc::O_WRONLY), 2);
+        assert_eq!(access_of(libc::O_RDWR | libc::O_APPEND), 6);
+        assert_eq!(access_of(libc::O_RDONLY | libc::O_TRUNC), 6, "truncating writes");
+        assert_eq!(access_of(libc::O_RDONLY | FMODE_EXEC), 1, "an execve: execute, not read");
+    }
 
     #[test]
     fn groups_come_from_the_status_file() {

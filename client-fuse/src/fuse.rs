@@ -20,7 +20,7 @@ use fuser::{
     Request, TimeOrNow, WriteFlags,
 };
 
-use crate::caller::Callers;
+use crate::caller::{access_of, Callers};
 use crate::{connect_meta, Client, ClientOptions};
 
 /// How to mount.
@@ -166,26 +166,6 @@ impl CairnFs {
     fn caller(&self, req: &Request) -> p::Caller {
         self.callers.of(req.uid(), req.gid(), req.pid())
     }
-}
-
-/// The kernel marks the open an `execve` makes with this flag (`__FMODE_EXEC`).
-const FMODE_EXEC: i32 = 0x20;
-
-/// What an open with `flags` asks of the file (`OpenRequest.access`): read 4, write 2 (also for
-/// `O_TRUNC`), and for an `execve`'s open, execute 1 instead of read.
-fn access_of(flags: i32) -> u32 {
-    let mut access = match flags & libc::O_ACCMODE {
-        libc::O_WRONLY => 2,
-        libc::O_RDWR => 6,
-        _ => 4,
-    };
-    if flags & libc::O_TRUNC != 0 {
-        access |= 2;
-    }
-    if flags & FMODE_EXEC != 0 {
-        access = (access & !4) | 1;
-    }
-    access
 }
 
 fn errno(e: &CairnError) -> Errno {

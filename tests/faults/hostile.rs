@@ -445,14 +445,7 @@ fn shard_access_needs_the_metaservers_capability_for_that_file() {
     // Another client certificate cannot pose as the mount's client id: its renewals,
     // releases and locks under the mount's id are refused (the mount registered first in this
     // fresh cluster, so its id is among the first few).
-    let intruder = cluster.root.path().join("intruder");
-    let made = Command::new(support::CAIRN)
-        .args(["cert", "issue", "--role", "client", "--name", "intruder", "--ca"])
-        .arg(cluster.tls("ca"))
-        .arg(&intruder)
-        .output()
-        .unwrap();
-    assert!(made.status.success(), "{made:?}");
+    let intruder = client_cert(&cluster, "intruder");
     tls::install(Some(tls::Identity::load(&intruder).unwrap()));
     rt.block_on(async {
         let timeout = Duration::from_secs(10);
@@ -510,9 +503,14 @@ fn as_root(ino: u64) -> cairn_proto::CapabilityRequest {
 
 /// A client certificate `name` of `cluster`'s CA, in a TLS directory of its own.
 fn client_cert(cluster: &Cluster, name: &str) -> PathBuf {
+    certificate(cluster, "client", name)
+}
+
+/// A certificate `name` with `role` of `cluster`'s CA, in a TLS directory of its own.
+fn certificate(cluster: &Cluster, role: &str, name: &str) -> PathBuf {
     let dir = cluster.root.path().join(format!("tls-{name}"));
     let made = Command::new(support::CAIRN)
-        .args(["cert", "issue", "--role", "client", "--name", name, "--ca"])
+        .args(["cert", "issue", "--role", role, "--name", name, "--ca"])
         .arg(cluster.tls("ca"))
         .arg(&dir)
         .output()
@@ -681,14 +679,7 @@ fn metrics_over_tls_are_for_monitor_and_admin_certificates() {
     let port = support::free_addr().rsplit(':').next().unwrap().to_string();
     let listen = format!("https://127.0.0.1:{port}");
     let _mount = Mount::with_env(&cluster, "scraped", &["--metrics", &listen], &[]);
-    let monitor = cluster.root.path().join("tls-prometheus");
-    let made = Command::new(support::CAIRN)
-        .args(["cert", "issue", "--role", "monitor", "--name", "prometheus", "--ca"])
-        .arg(cluster.tls("ca"))
-        .arg(&monitor)
-        .output()
-        .unwrap();
-    assert!(made.status.success(), "{made:?}");
+    let monitor = certificate(&cluster, "monitor", "prometheus");
     // The mount's certificate names its role, not an address: reach it by that name.
     let resolve = format!("client.cairn:{port}:127.0.0.1");
     let url = format!("https://client.cairn:{port}/metrics");

@@ -555,26 +555,21 @@ async fn a_client_acts_only_as_the_user_it_names_may() {
     // A sticky directory keeps others' entries.
     let remove = |name: &str| RemoveRequest { parent: tmp, name: name.into(), ..Default::default() };
     assert_eq!(errno(svc.unlink(bob(remove("alices"))).await.unwrap_err()), libc::EPERM);
-    let steal = RenameRequest {
-        parent: tmp,
-        name: "alices".into(),
-        new_parent: tmp,
-        new_name: "bobs".into(),
+    let rename = |parent, name: &str, new_parent, new_name: &str| RenameRequest {
+        parent,
+        name: name.into(),
+        new_parent,
+        new_name: new_name.into(),
         ..Default::default()
     };
+    let steal = rename(tmp, "alices", tmp, "bobs");
     assert_eq!(errno(svc.rename(bob(steal.clone())).await.unwrap_err()), libc::EPERM);
     svc.rename(alice(steal)).await.unwrap();
     svc.unlink(alice(remove("bobs"))).await.unwrap();
 
     // A directory moved to another parent needs write on itself (its `..` changes).
     svc.mkdir(bob(mkdir(ROOT_INO, "bobs-dir", 0o755, 2000))).await.unwrap();
-    let move_out = RenameRequest {
-        parent: ROOT_INO,
-        name: "bobs-dir".into(),
-        new_parent: tmp,
-        new_name: "moved".into(),
-        ..Default::default()
-    };
+    let move_out = rename(ROOT_INO, "bobs-dir", tmp, "moved");
     assert_eq!(errno(svc.rename(alice(move_out.clone())).await.unwrap_err()), libc::EACCES);
     svc.rename(bob(move_out)).await.unwrap();
 
