@@ -378,7 +378,8 @@ impl Held {
         let now = unix_secs();
         let mut caps = self.caps.lock();
         if caps.len() >= HELD_MAX {
-            caps.retain(|_, (c, _)| c.as_ref().is_some_and(|c| c.expires > now));
+            // A forgotten token's request stays: the next renewal needs it.
+            caps.retain(|_, (c, _)| c.as_ref().is_none_or(|c| c.expires > now));
             if caps.len() >= HELD_MAX {
                 caps.clear();
             }

@@ -88,19 +88,27 @@ pub fn serve(listen: &str) -> Result<SocketAddr> {
             upkeep.run_upkeep();
         }
     });
+    // A scraper needs one connection at a time: a few dozen at once are plenty, and whoever
+    // opens more (handshakes cost CPU) has the excess closed at once.
+    let scrapes = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
     tokio::spawn(async move {
         loop {
             let Ok((conn, _)) = listener.accept().await else { continue };
+            let Ok(permit) = scrapes.clone().try_acquire_owned() else { continue };
             let handle = handle.clone();
             tokio::spawn(async move {
                 let scrape = scrape_over_tls(conn, &handle);
                 let _ = tokio::time::timeout(std::time::Duration::from_secs(30), scrape).await;
+                drop(permit);
             });
         }
     });
     tracing::info!(addr = %bound, "serving Prometheus metrics at /metrics over TLS (monitor and admin certificates)");
     Ok(bound)
 }
+
+/// Scrapes over TLS served at once; connections beyond are closed as they are accepted.
+const MAX_SCRAPES: usize = 32;
 
 /// Answer one scrape over TLS: the request head (at most 8 KiB) is read, `GET /metrics` is
 /// answered with the metrics to a monitor or admin certificate, and the connection closed.
