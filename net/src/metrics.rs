@@ -93,7 +93,14 @@ pub fn serve(listen: &str) -> Result<SocketAddr> {
     let scrapes = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
     tokio::spawn(async move {
         loop {
-            let Ok((conn, _)) = listener.accept().await else { continue };
+            let conn = match listener.accept().await {
+                Ok((conn, _)) => conn,
+                Err(_) => {
+                    // Out of descriptors, say: wait rather than spin.
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
             let Ok(permit) = scrapes.clone().try_acquire_owned() else { continue };
             let handle = handle.clone();
             tokio::spawn(async move {
