@@ -75,6 +75,23 @@ fn nobody() -> u32 {
     NOBODY
 }
 
+/// What a `[[rule]]` with only `clients` means (the serde defaults above), naming every client.
+impl Default for Rule {
+    fn default() -> Rule {
+        Rule {
+            clients: vec!["*".into()],
+            read_only: false,
+            squash: Squash::None,
+            anon_uid: NOBODY,
+            anon_gid: NOBODY,
+            setuid: false,
+            devices: false,
+            uids: None,
+            gids: None,
+        }
+    }
+}
+
 fn in_range(range: Option<[u32; 2]>, id: u32) -> bool {
     range.is_none_or(|[first, last]| (first..=last).contains(&id))
 }
@@ -488,17 +505,7 @@ mod tests {
 
     #[test]
     fn squash_maps_owners() {
-        let rule = |squash| Rule {
-            clients: vec!["*".into()],
-            read_only: false,
-            squash,
-            anon_uid: 500,
-            anon_gid: 600,
-            setuid: false,
-            devices: false,
-            uids: None,
-            gids: None,
-        };
+        let rule = |squash| Rule { squash, anon_uid: 500, anon_gid: 600, ..Rule::default() };
         let none = rule(Squash::None);
         assert_eq!((none.uid(0), none.gid(0), none.uid(7)), (0, 0, 7));
         let root = rule(Squash::Root);
@@ -515,17 +522,7 @@ mod tests {
 
     #[test]
     fn setuid_bits_and_devices_only_where_allowed() {
-        let strict = Rule {
-            clients: vec!["*".into()],
-            read_only: false,
-            squash: Squash::None,
-            anon_uid: NOBODY,
-            anon_gid: NOBODY,
-            setuid: false,
-            devices: false,
-            uids: None,
-            gids: None,
-        };
+        let strict = Rule::default();
         assert_eq!(strict.mode(0o100000 | 0o6755, false).unwrap(), 0o100000 | 0o755, "file: both cleared");
         assert_eq!(strict.mode(0o6755, false).unwrap(), 0o755, "a chmod of a file");
         assert_eq!(

@@ -12,20 +12,6 @@ fn who(uid: u32, gid: u32, groups: &[u32]) -> Who {
     Who::of(Some(&Caller { uid, gid, groups: groups.to_vec() }), None).unwrap()
 }
 
-fn rule() -> Rule {
-    Rule {
-        clients: vec!["*".into()],
-        read_only: false,
-        squash: Squash::None,
-        anon_uid: 65534,
-        anon_gid: 65534,
-        setuid: false,
-        devices: false,
-        uids: None,
-        gids: None,
-    }
-}
-
 #[test]
 fn the_mode_class_of_the_caller_decides() {
     let f = inode(FILE | 0o640, 1000, 100);
@@ -53,7 +39,7 @@ fn a_rule_bounds_the_caller() {
     let e = Who::of(None, None).unwrap_err();
     assert_eq!(e.kind().errno(), libc::EACCES);
     assert!(e.message().contains("names no caller"), "{e}");
-    let ranged = Rule { uids: Some([1000, 1999]), gids: Some([100, 199]), ..rule() };
+    let ranged = Rule { uids: Some([1000, 1999]), gids: Some([100, 199]), ..Rule::default() };
     let caller = |uid, gid, groups: &[u32]| Caller { uid, gid, groups: groups.to_vec() };
     let e = Who::of(Some(&caller(0, 0, &[])), Some(&ranged)).unwrap_err();
     assert_eq!(e.kind().errno(), libc::EACCES, "root is outside the range: {e}");
@@ -62,7 +48,7 @@ fn a_rule_bounds_the_caller() {
     assert!(w.may(&f(100), MAY_READ), "a group in the range counts");
     assert!(!w.may(&f(0), MAY_READ) && !w.may(&f(300), MAY_READ), "groups outside do not");
     // Squashed: root acts as the anonymous owner, and is no longer root.
-    let squashed = Rule { squash: Squash::Root, ..rule() };
+    let squashed = Rule { squash: Squash::Root, ..Rule::default() };
     let w = Who::of(Some(&caller(0, 0, &[])), Some(&squashed)).unwrap();
     assert!(!w.is_root() && w.uid == 65534);
     assert!(!w.may(&inode(FILE | 0o600, 0, 0), MAY_READ), "root's private file");

@@ -284,13 +284,11 @@ impl Meta for MetaService {
         self.may_change(&req, "rename")?;
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let r = req.into_inner();
+        let (parent, new_parent) = (check_ino(r.parent)?, check_ino(r.new_parent)?);
         if let Some(who) = who {
-            check_ino(r.parent)?;
-            check_ino(r.new_parent)?;
             self.check_rename(&who, &r)?;
         }
         let once = once_of(&r.once);
-        let (parent, new_parent) = (check_ino(r.parent)?, check_ino(r.new_parent)?);
         let (parent, new_parent) = self
             .once_change(
                 once,

@@ -90,14 +90,9 @@ fn namespace() -> Fixture {
 fn service() -> MetaService {
     let rule = |clients: &[&str]| Rule {
         clients: clients.iter().map(|c| c.to_string()).collect(),
-        read_only: false,
-        squash: Squash::None,
         anon_uid: 500,
         anon_gid: 600,
-        setuid: false,
-        devices: false,
-        uids: None,
-        gids: None,
+        ..Rule::default()
     };
     let access = Access::of(vec![
         Rule { read_only: true, ..rule(&["reader", "eval-*"]) },
