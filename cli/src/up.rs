@@ -207,6 +207,7 @@ const ACCESS_TEMPLATE: &str = r#"# Per-client access rules (docs/operations.md, 
 # devices = false          # no device nodes
 # uids = [1000, 1999]       # owners it may give entries (EACCES outside) and act as (EPERM)
 # gids = [1000, 1999]
+# subtree = "/projects/a"  # the only directory it reaches, mounted as its root (EACCES outside)
 "#;
 
 /// The cluster's certificates under `DATA/tls` (see [`crate::cert::cluster`]), and the admin

@@ -126,6 +126,9 @@ pub struct Client {
     pub meta: Arc<dyn MetaApi>,
     /// The metaserver's access rules let this client change nothing.
     pub read_only: bool,
+    /// The directory the metaserver's access rules limit this client to, shown as the mount's
+    /// root (0: the namespace's root).
+    pub root: u64,
     nodes: Arc<Nodes>,
     pub options: ClientOptions,
     readahead: Arc<Readahead>,
@@ -190,7 +193,7 @@ impl Client {
         options: ClientOptions,
     ) -> Result<Arc<Client>> {
         let registered = meta.register_client(p::Empty {}).await?;
-        let (client_id, read_only) = (registered.client_id, registered.read_only);
+        let (client_id, read_only, root) = (registered.client_id, registered.read_only, registered.root);
         meta.set_client(client_id.into());
         let nodes = Arc::new(nodes.with_wait(options.write_wait).with_durability(options.durability));
         nodes.refresh().await?;
@@ -202,6 +205,7 @@ impl Client {
         let client = Arc::new(Client {
             meta,
             read_only,
+            root,
             nodes,
             readahead: Readahead::new(options.readahead_bytes),
             cache: AttrCache::new(options.attr_ttl),

@@ -98,6 +98,7 @@ pub fn mount(opts: MountOptions) -> Result<()> {
         rt: rt.handle().clone(),
         ttl: opts.attr_ttl,
         callers: Callers::default(),
+        root: client.root,
     };
     let mut config = fuser::Config::default();
     config.mount_options = vec![
@@ -159,9 +160,21 @@ struct CairnFs {
     ttl: Duration,
     /// The groups of the processes behind requests (the kernel sends none).
     callers: Callers,
+    /// The metaserver's inode shown as this mount's root (0: its root): the subtree its
+    /// access rule limits this client to.
+    root: u64,
 }
 
 impl CairnFs {
+    /// The metaserver's inode for the kernel's `ino` (the mount's root is the subtree's).
+    fn meta(&self, ino: INodeNo) -> INodeNo {
+        if ino == INodeNo::ROOT && self.root != 0 {
+            INodeNo(self.root)
+        } else {
+            ino
+        }
+    }
+
     /// Who `req` is made for, as the metaserver checks it.
     fn caller(&self, req: &Request) -> p::Caller {
         self.callers.of(req.uid(), req.gid(), req.pid())
@@ -246,6 +259,14 @@ impl CairnFs {
 }
 
 /// Reply helpers usable from spawned tasks.
+/// Attributes of the metaserver's `root` (the mount's subtree) are the mount root's, inode 1.
+fn as_mounted(root: u64, mut attr: FileAttr) -> FileAttr {
+    if attr.ino.0 == root {
+        attr.ino = INodeNo::ROOT;
+    }
+    attr
+}
+
 fn reply_entry(ttl: Duration, reply: ReplyEntry, r: Result<p::Attr>) {
     match r {
         Ok(a) => reply.entry(&ttl, &to_fuse(&a), Generation(0)),
@@ -287,6 +308,7 @@ impl Filesystem for CairnFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let parent = self.meta(parent);
         let name = name.as_bytes().to_vec();
         let ttl = self.ttl;
         let caller = self.caller(req);
@@ -297,10 +319,11 @@ impl Filesystem for CairnFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let ttl = self.ttl;
+        let ino = self.meta(ino);
+        let (ttl, root) = (self.ttl, self.root);
         self.spawn("getattr", |c| async move {
             match c.getattr(ino.0).await {
-                Ok(a) => reply.attr(&ttl, &to_fuse(&a)),
+                Ok(a) => reply.attr(&ttl, &as_mounted(root, to_fuse(&a))),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -324,6 +347,7 @@ impl Filesystem for CairnFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let ino = self.meta(ino);
         let (atime, atime_now) = time_arg(atime);
         let (mtime, mtime_now) = time_arg(mtime);
         let req = p::SetAttrRequest {
@@ -341,16 +365,17 @@ impl Filesystem for CairnFs {
             caller: Some(self.caller(req)),
             once: None,
         };
-        let ttl = self.ttl;
+        let (ttl, root) = (self.ttl, self.root);
         self.spawn("setattr", |c| async move {
             match c.setattr(req).await {
-                Ok(a) => reply.attr(&ttl, &to_fuse(&a)),
+                Ok(a) => reply.attr(&ttl, &as_mounted(root, to_fuse(&a))),
                 Err(e) => reply.error(errno(&e)),
             }
         });
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let ino = self.meta(ino);
         self.spawn("readlink", |c| async move {
             match c.readlink(ino.0).await {
                 Ok(t) => reply.data(&t),
@@ -369,6 +394,7 @@ impl Filesystem for CairnFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let parent = self.meta(parent);
         let req = p::CreateRequest {
             parent: parent.0,
             name: name.as_bytes().to_vec(),
@@ -387,6 +413,7 @@ impl Filesystem for CairnFs {
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let parent = self.meta(parent);
         let req = p::MkdirRequest {
             parent: parent.0,
             name: name.as_bytes().to_vec(),
@@ -401,18 +428,21 @@ impl Filesystem for CairnFs {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let parent = self.meta(parent);
         let name = name.as_bytes().to_vec();
         let caller = self.caller(req);
         self.spawn("unlink", |c| async move { reply_empty(reply, c.unlink(parent.0, &name, &caller).await) });
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let parent = self.meta(parent);
         let name = name.as_bytes().to_vec();
         let caller = self.caller(req);
         self.spawn("rmdir", |c| async move { reply_empty(reply, c.rmdir(parent.0, &name, &caller).await) });
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let parent = self.meta(parent);
         let req = p::SymlinkRequest {
             parent: parent.0,
             name: link_name.as_bytes().to_vec(),
@@ -436,6 +466,8 @@ impl Filesystem for CairnFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let parent = self.meta(parent);
+        let newparent = self.meta(newparent);
         let req = p::RenameRequest {
             parent: parent.0,
             name: name.as_bytes().to_vec(),
@@ -449,6 +481,8 @@ impl Filesystem for CairnFs {
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let ino = self.meta(ino);
+        let newparent = self.meta(newparent);
         let name = newname.as_bytes().to_vec();
         let ttl = self.ttl;
         let caller = self.caller(req);
@@ -458,6 +492,7 @@ impl Filesystem for CairnFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let ino = self.meta(ino);
         let truncate = flags.0 & libc::O_TRUNC != 0;
         let notifier = self.notifier.clone();
         let caller = self.caller(req);
@@ -526,6 +561,7 @@ impl Filesystem for CairnFs {
     }
 
     fn flush(&self, _req: &Request, ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
+        let ino = self.meta(ino);
         self.spawn("flush", |c| async move {
             // close(2) of any descriptor drops the process's POSIX locks on the file.
             let unlocked = c.unlock_owner(ino.0, lock_owner.0).await;
@@ -543,6 +579,7 @@ impl Filesystem for CairnFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let ino = self.meta(ino);
         self.spawn("release", |c| async move {
             // The last close of an open file description drops its flock lock.
             let unlocked = match lock_owner {
@@ -563,6 +600,7 @@ impl Filesystem for CairnFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        let ino = self.meta(ino);
         let caller = self.caller(req);
         self.spawn("fallocate", |c| async move {
             reply_empty(reply, c.fallocate(ino.0, offset, length, mode, &caller).await)
@@ -581,6 +619,7 @@ impl Filesystem for CairnFs {
         pid: u32,
         reply: ReplyLock,
     ) {
+        let ino = self.meta(ino);
         self.spawn("getlk", |c| async move {
             match c.getlk(ino.0, lock_owner.0, (start, end), typ as u32, pid).await {
                 Ok(None) => reply.locked(start, end, libc::F_UNLCK, pid),
@@ -603,6 +642,7 @@ impl Filesystem for CairnFs {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
+        let ino = self.meta(ino);
         self.spawn("setlk", |c| async move {
             reply_empty(reply, c.setlk(ino.0, lock_owner.0, (start, end), typ as u32, pid, sleep).await)
         });
@@ -617,6 +657,7 @@ impl Filesystem for CairnFs {
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let ino = self.meta(ino);
         reply.opened(FileHandle(self.client.opendir(ino.0, self.caller(req))), FopenFlags::empty());
     }
 
@@ -694,6 +735,7 @@ impl Filesystem for CairnFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let ino = self.meta(ino);
         let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
         let caller = self.caller(req);
         self.spawn("setxattr", |c| async move {
@@ -702,6 +744,7 @@ impl Filesystem for CairnFs {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let ino = self.meta(ino);
         let name = name.as_bytes().to_vec();
         let caller = self.caller(req);
         self.spawn("getxattr", |c| async move {
@@ -710,6 +753,7 @@ impl Filesystem for CairnFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let ino = self.meta(ino);
         self.spawn("listxattr", |c| async move {
             let list = c.listxattr(ino.0).await.map(|names| {
                 let mut buf = Vec::new();
@@ -724,6 +768,7 @@ impl Filesystem for CairnFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let ino = self.meta(ino);
         let name = name.as_bytes().to_vec();
         let caller = self.caller(req);
         self.spawn("removexattr", |c| async move {
@@ -741,6 +786,7 @@ impl Filesystem for CairnFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let parent = self.meta(parent);
         let req = p::CreateRequest {
             parent: parent.0,
             name: name.as_bytes().to_vec(),

@@ -69,6 +69,11 @@ pub struct Rule {
     pub uids: Option<[u32; 2]>,
     #[serde(default)]
     pub gids: Option<[u32; 2]>,
+    /// The directory (an absolute path) the client is limited to: its mount shows it as `/`,
+    /// and every request naming an inode outside is refused (`EACCES`). None: the whole
+    /// namespace.
+    #[serde(default)]
+    pub subtree: Option<String>,
 }
 
 fn nobody() -> u32 {
@@ -88,6 +93,7 @@ impl Default for Rule {
             devices: false,
             uids: None,
             gids: None,
+            subtree: None,
         }
     }
 }
@@ -142,6 +148,15 @@ impl Rule {
                 }
             }
         }
+        if let Some(path) = self.subtree.as_deref().filter(|p| *p != "/") {
+            let plain = |c: &str| !c.is_empty() && c != "." && c != "..";
+            if !path.strip_prefix('/').is_some_and(|rest| rest.split('/').all(plain)) {
+                return bad(format!(
+                    "`subtree = {path:?}`: an absolute path of a directory (`/projects/a`), without \
+                     `.`, `..`, empty or trailing components"
+                ));
+            }
+        }
         if self.squash != Squash::None {
             let (uid, gid) = (self.anon_uid, self.anon_gid);
             if !in_range(self.uids, uid) || !in_range(self.gids, gid) {
@@ -172,6 +187,9 @@ impl Rule {
         }
         if let Some([first, last]) = self.gids {
             what.push(format!("gids {first}-{last}"));
+        }
+        if let Some(path) = &self.subtree {
+            what.push(format!("subtree {path}"));
         }
         format!("{}: {}", self.clients.join(", "), what.join(", "))
     }
@@ -300,6 +318,8 @@ pub struct Access {
     /// Counts the reloads that changed the rules (shard capabilities signed before one are
     /// revoked: what they grant may have changed).
     generation: AtomicU64,
+    /// Subtree paths resolved to their directories since the rules last changed.
+    roots: Mutex<(u64, std::collections::HashMap<String, u64>)>,
 }
 
 impl Access {
@@ -314,6 +334,7 @@ impl Access {
             rules: RwLock::new(Arc::new(rules)),
             seen: Mutex::new(None),
             generation: AtomicU64::new(0),
+            roots: Mutex::new((0, std::collections::HashMap::new())),
         }
     }
 
@@ -400,6 +421,33 @@ impl Access {
                 }
             }
         });
+    }
+
+    /// The directory subtree `path` names: resolved by `resolve` at its first use since the
+    /// rules last changed, then held by inode number (a rename of the directory moves the
+    /// export with it until the rules change). A path that does not resolve is not kept.
+    pub fn subtree_root(&self, path: &str, resolve: impl FnOnce(&str) -> Result<u64>) -> Result<u64> {
+        let generation = self.generation();
+        {
+            let roots = self.roots.lock();
+            if roots.0 == generation {
+                if let Some(ino) = roots.1.get(path) {
+                    return Ok(*ino);
+                }
+            }
+        }
+        let ino = resolve(path).map_err(|e| {
+            CairnError::new(
+                ErrorKind::PermissionDenied,
+                format!("this client is limited to the subtree {path}, which does not resolve: {e}"),
+            )
+        })?;
+        let mut roots = self.roots.lock();
+        if roots.0 != generation {
+            *roots = (generation, Default::default());
+        }
+        roots.1.insert(path.to_string(), ino);
+        Ok(ino)
     }
 
     /// The rule `peer` is held to: the first that matches its certificate's name, for a

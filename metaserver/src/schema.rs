@@ -149,9 +149,16 @@ pub struct Inode {
     /// Ordered chunkserver ids (regular files only); stripe s uses it rotated left by s.
     #[prost(uint32, repeated, tag = "19")]
     pub placement: Vec<u32>,
-    /// Parent directory (directories only; used by the rename cycle check).
+    /// Parent directory: of a directory, its one parent (the rename cycle check); of anything
+    /// else, the directory of one of its names (of its last name once it has none), 0 where
+    /// unknown (written before names were tracked). Subtree rules read it
+    /// (`docs/ARCHITECTURE.md`, "Subtree rules").
     #[prost(uint64, tag = "20")]
     pub parent: u64,
+    /// A non-directory's other names' directories, one element per name: with `parent`, the
+    /// multiset of directories holding its `nlink` names.
+    #[prost(uint64, repeated, tag = "21")]
+    pub links: Vec<u64>,
 }
 
 pub const S_IFMT: u32 = libc_consts::S_IFMT;
@@ -208,6 +215,68 @@ impl Inode {
     }
     pub fn set_ctime(&mut self, t: &Timespec) {
         (self.ctime_sec, self.ctime_nsec) = (t.sec, t.nsec);
+    }
+
+    /// Whether the directories of this non-directory's names are known (they are for every
+    /// inode made since they are tracked, and after `cairn fsck --repair`).
+    pub fn names_known(&self) -> bool {
+        self.is_dir() || self.parent != 0
+    }
+
+    /// A new name of this non-directory in directory `dir` (a link).
+    pub fn add_name(&mut self, dir: u64) {
+        if !self.is_dir() && self.names_known() {
+            self.links.push(dir);
+        }
+    }
+
+    /// One name of this non-directory in `dir` removed (unlink, or replaced by a rename). The
+    /// last name's directory stays in `parent`. A `dir` the record does not hold makes the
+    /// names unknown (for fsck to report and repair) rather than wrong.
+    pub fn drop_name(&mut self, dir: u64) {
+        if self.is_dir() || !self.names_known() {
+            return;
+        }
+        if self.parent == dir {
+            if let Some(other) = self.links.pop() {
+                self.parent = other;
+            }
+        } else if let Some(at) = self.links.iter().position(|d| *d == dir) {
+            self.links.swap_remove(at);
+        } else {
+            self.forget_names();
+        }
+    }
+
+    /// One name of this non-directory moved from directory `from` to `to` (a rename). A file
+    /// whose names were unknown and that has one learns it.
+    pub fn move_name(&mut self, from: u64, to: u64) {
+        if self.is_dir() {
+            return;
+        }
+        if !self.names_known() {
+            if self.nlink == 1 {
+                self.parent = to;
+            }
+            return;
+        }
+        if self.parent == from {
+            self.parent = to;
+        } else if let Some(at) = self.links.iter().position(|d| *d == from) {
+            self.links[at] = to;
+        } else {
+            self.forget_names();
+        }
+    }
+
+    fn forget_names(&mut self) {
+        self.parent = 0;
+        self.links.clear();
+    }
+
+    /// The directories of this non-directory's names (with repeats), as recorded.
+    pub fn name_dirs(&self) -> impl Iterator<Item = u64> + '_ {
+        std::iter::once(self.parent).chain(self.links.iter().copied())
     }
 
     /// A fresh inode with every time set to `now`.

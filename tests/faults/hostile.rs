@@ -554,13 +554,18 @@ fn access_rules_make_a_client_read_only_and_squash_its_root() {
         "cairn up writes a file with no rules"
     );
     let (reader, squashed) = (client_cert(&cluster, "reader-1"), client_cert(&cluster, "squashed"));
-    let ranged = client_cert(&cluster, "ranged");
+    let (ranged, project) = (client_cert(&cluster, "ranged"), client_cert(&cluster, "project-a"));
+    fs::create_dir_all(cluster.mnt.join("projects/a/sub")).unwrap();
+    fs::create_dir_all(cluster.mnt.join("projects/b")).unwrap();
+    fs::write(cluster.mnt.join("projects/a/sub/sample"), b"inside").unwrap();
+    fs::write(cluster.mnt.join("projects/b/secret"), b"outside").unwrap();
     set_access_rules(
         &cluster,
         "[[rule]]\nclients = [\"reader-*\"]\nread_only = true\n\n\
          [[rule]]\nclients = [\"squashed\"]\nsquash = \"root\"\n\n\
-         [[rule]]\nclients = [\"ranged\"]\nuids = [1000, 1999]\ngids = [1000, 1999]\n",
-        Some(3),
+         [[rule]]\nclients = [\"ranged\"]\nuids = [1000, 1999]\ngids = [1000, 1999]\n\n\
+         [[rule]]\nclients = [\"project-a\"]\nsubtree = \"/projects/a\"\n",
+        Some(4),
     );
 
     let status = cluster.cairn().arg("status").output().unwrap();
@@ -568,6 +573,17 @@ fn access_rules_make_a_client_read_only_and_squash_its_root() {
     assert!(text.contains("  reader-*: read-only, no setuid, no devices"), "{text}");
     assert!(text.contains("  squashed: squash root to 65534:65534, no setuid, no devices"), "{text}");
     assert!(text.contains("  ranged: no setuid, no devices, uids 1000-1999, gids 1000-1999"), "{text}");
+    assert!(text.contains("  project-a: no setuid, no devices, subtree /projects/a"), "{text}");
+
+    // A client limited to a subtree mounts it as its root, and reaches nothing above it.
+    let pa = Mount::with_env(&cluster, "pa", &[], &[("CAIRN_TLS", project.to_str().unwrap())]);
+    let names: Vec<_> = fs::read_dir(&pa.dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["sub"]);
+    assert_eq!(fs::metadata(&pa.dir).unwrap().ino(), 1, "the subtree is the mount's root");
+    assert_eq!(fs::read(pa.dir.join("sub/sample")).unwrap(), b"inside");
+    fs::write(pa.dir.join("made-by-project"), b"new").unwrap();
+    assert_eq!(fs::read(cluster.mnt.join("projects/a/made-by-project")).unwrap(), b"new");
+    assert!(!pa.dir.join("projects").exists() && !pa.dir.join("secret").exists());
 
     // A read-only client reads, and its mount is read-only: the kernel refuses every change.
     let ro = Mount::with_env(&cluster, "ro", &[], &[("CAIRN_TLS", reader.to_str().unwrap())]);
@@ -625,7 +641,7 @@ fn access_rules_make_a_client_read_only_and_squash_its_root() {
     drop(ro);
     let ro = Mount::with_env(&cluster, "ro2", &[], &[("CAIRN_TLS", reader.to_str().unwrap())]);
     assert_eq!(fs::write(ro.dir.join("new"), b"x").unwrap_err().raw_os_error(), Some(libc::EROFS));
-    drop((ro, sq, rg));
+    drop((ro, sq, rg, pa));
     cluster.stop();
 }
 

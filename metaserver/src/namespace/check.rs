@@ -7,6 +7,8 @@
 //! - a regular file, symlink or special file whose link count differs from its entries → fixed;
 //! - a directory whose link count is not 2 + its subdirectories, or whose parent pointer is not
 //!   the directory holding its entry → fixed;
+//! - a non-directory whose recorded name directories (`parent`, `links`) differ from the
+//!   directories of its entries (or are unknown: made before they were tracked) → rewritten;
 //! - an inode no entry names (and not an open unlinked file) → linked into `/lost+found` as
 //!   `#INO`, so no data is thrown away;
 //! - stripe records, xattrs or symlink targets of missing inodes, orphan marks of linked or
@@ -32,14 +34,48 @@ pub const LOST_FOUND: &[u8] = b"lost+found";
 /// One inconsistency, with what is needed to repair it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Problem {
-    EntryInNonDirectory { parent: u64, name: Vec<u8> },
-    DanglingEntry { parent: u64, name: Vec<u8>, ino: u64 },
-    EntryKind { parent: u64, name: Vec<u8>, ino: u64, kind: u32 },
-    LinkCount { ino: u64, nlink: u32, want: u32 },
-    DirParent { ino: u64, parent: u64, want: u64 },
-    Unreachable { ino: u64 },
-    StrayRecord { cf: &'static str, key: Vec<u8> },
-    Stats { stored: StatsView, counted: StatsView },
+    EntryInNonDirectory {
+        parent: u64,
+        name: Vec<u8>,
+    },
+    DanglingEntry {
+        parent: u64,
+        name: Vec<u8>,
+        ino: u64,
+    },
+    EntryKind {
+        parent: u64,
+        name: Vec<u8>,
+        ino: u64,
+        kind: u32,
+    },
+    LinkCount {
+        ino: u64,
+        nlink: u32,
+        want: u32,
+    },
+    DirParent {
+        ino: u64,
+        parent: u64,
+        want: u64,
+    },
+    /// `dirs`: as recorded (empty: unknown); `want`: from the entries; both sorted.
+    NameDirs {
+        ino: u64,
+        dirs: Vec<u64>,
+        want: Vec<u64>,
+    },
+    Unreachable {
+        ino: u64,
+    },
+    StrayRecord {
+        cf: &'static str,
+        key: Vec<u8>,
+    },
+    Stats {
+        stored: StatsView,
+        counted: StatsView,
+    },
 }
 
 /// Statistics as plain numbers (comparable, printable).
@@ -82,6 +118,14 @@ impl std::fmt::Display for Problem {
             }
             Problem::DirParent { ino, parent, want } => {
                 write!(f, "directory {ino} points to parent {parent}, but its entry is in {want}")
+            }
+            Problem::NameDirs { ino, dirs, want } if dirs.is_empty() => write!(
+                f,
+                "inode {ino} does not record the directories of its names (made before they were \
+                 tracked; subtree-limited clients are refused it), its entries are in {want:?}"
+            ),
+            Problem::NameDirs { ino, dirs, want } => {
+                write!(f, "inode {ino} records names in directories {dirs:?}, its entries are in {want:?}")
             }
             Problem::Unreachable { ino } => write!(f, "inode {ino} is not named by any entry"),
             Problem::StrayRecord { cf, key } => write!(f, "{cf} record {} has no inode", hex(key)),
@@ -157,6 +201,7 @@ impl Namespace {
         let mut refs: HashMap<u64, u32> = HashMap::new();
         let mut subdirs: HashMap<u64, u32> = HashMap::new();
         let mut dir_entry_parent: HashMap<u64, u64> = HashMap::new();
+        let mut name_dirs: HashMap<u64, Vec<u64>> = HashMap::new();
         for (key, value) in view.scan(Cf::Dentries, &[], &[], usize::MAX)? {
             report.dentries += 1;
             let parent = u64::from_be_bytes(key[..8].try_into().expect("dentry keys have 8-byte prefixes"));
@@ -177,6 +222,8 @@ impl Namespace {
             if child.is_dir() {
                 *subdirs.entry(parent).or_default() += 1;
                 dir_entry_parent.insert(dentry.ino, parent);
+            } else {
+                name_dirs.entry(dentry.ino).or_default().push(parent);
             }
         }
 
@@ -212,6 +259,15 @@ impl Namespace {
                 problems.push(Problem::Unreachable { ino });
             } else if inode.nlink != named {
                 problems.push(Problem::LinkCount { ino, nlink: inode.nlink, want: named });
+            }
+            if let Some(want) = name_dirs.get_mut(&ino) {
+                want.sort_unstable();
+                let mut dirs: Vec<u64> =
+                    if inode.names_known() { inode.name_dirs().collect() } else { Vec::new() };
+                dirs.sort_unstable();
+                if dirs != *want {
+                    problems.push(Problem::NameDirs { ino, dirs, want: want.clone() });
+                }
             }
         }
         for ino in &orphans {
@@ -288,6 +344,17 @@ impl Namespace {
                     tx.commit()
                 },
             ),
+            Problem::NameDirs { ino, want, .. } => self.locked(
+                || vec![*ino],
+                || {
+                    let mut tx = self.tx();
+                    let inode = tx.get(*ino)?;
+                    if let Some((first, rest)) = want.split_first() {
+                        (inode.parent, inode.links) = (*first, rest.to_vec());
+                    }
+                    tx.commit()
+                },
+            ),
             Problem::Unreachable { ino } => self.link_lost(*ino),
             Problem::StrayRecord { cf, key } => {
                 let cf = crate::store::Cf::named(cf).expect("a known family");
@@ -342,6 +409,7 @@ impl Namespace {
                     tx.get(lost)?.nlink += 1;
                 } else {
                     inode.nlink = 1;
+                    (inode.parent, inode.links) = (lost, Vec::new());
                     tx.batch.delete(Cf::Orphans, schema::ino_key(ino));
                 }
                 tx.put_dentry(lost, &name, ino, kind);

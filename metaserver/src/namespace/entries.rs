@@ -59,6 +59,7 @@ impl Namespace {
         }
         let ino = self.alloc_ino()?;
         let mut inode = Inode::new(ino, new.mode, new.uid, new.gid, &now);
+        inode.parent = new.parent;
         inode.set_layout(parent_copy.layout());
         if parent_copy.mode & S_ISGID != 0 {
             inode.gid = parent_copy.gid;
@@ -155,19 +156,7 @@ impl Namespace {
     pub fn mkdir(&self, new: &NewEntry<'_>) -> Result<Inode> {
         check_name(new.name)?;
         let entry = NewEntry { mode: S_IFDIR | (new.mode & 0o7777), ..*new };
-        self.locked(
-            || vec![new.parent],
-            || {
-                self.add_entry(
-                    &entry,
-                    |inode, parent| {
-                        inode.nlink = 2;
-                        inode.parent = parent.ino;
-                    },
-                    |_, _| {},
-                )
-            },
-        )
+        self.locked(|| vec![new.parent], || self.add_entry(&entry, |inode, _| inode.nlink = 2, |_, _| {}))
     }
 
     pub fn symlink(&self, new: &NewEntry<'_>, target: &[u8]) -> Result<Inode> {
@@ -228,6 +217,7 @@ impl Namespace {
                     return Err(CairnError::new(ErrorKind::TooBig, "too many links"));
                 }
                 inode.nlink += 1;
+                inode.add_name(new_parent);
                 inode.set_ctime(&now);
                 let kind = inode.kind();
                 let parent = tx.get(new_parent)?;
@@ -283,7 +273,7 @@ impl Namespace {
                     _ => {}
                 }
                 tx.delete_dentry(parent, name);
-                tx.drop_link(d.ino, &now)?;
+                tx.drop_link(d.ino, parent, &now)?;
                 let p = tx.get(parent)?;
                 if dir {
                     p.nlink = p.nlink.saturating_sub(1).max(2);

@@ -20,10 +20,13 @@ mod files;
 mod heal;
 pub mod once;
 mod rename;
+mod subtree;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_files;
+#[cfg(test)]
+mod tests_names;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -562,12 +565,14 @@ impl Tx<'_> {
         self.gc.extend(stripe_shards(inode, stripe, record));
     }
 
-    /// Drop one link of `ino` (ctime = `now`); at zero links the inode goes with everything it owns.
-    fn drop_link(&mut self, ino: u64, now: &Timespec) -> Result<()> {
+    /// Drop `ino`'s name in directory `dir` (ctime = `now`); at zero links the inode goes with
+    /// everything it owns.
+    fn drop_link(&mut self, ino: u64, dir: u64, now: &Timespec) -> Result<()> {
         let inode = self.get(ino)?;
         if inode.is_dir() {
             return self.destroy(ino);
         }
+        inode.drop_name(dir);
         inode.nlink = inode.nlink.saturating_sub(1);
         inode.set_ctime(now);
         if inode.nlink == 0 {

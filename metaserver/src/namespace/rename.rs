@@ -62,7 +62,7 @@ impl Namespace {
     }
 
     /// Is `ino` equal to `dir` or one of its ancestors?
-    fn is_ancestor(&self, ino: u64, dir: u64) -> Result<bool> {
+    pub(super) fn is_ancestor(&self, ino: u64, dir: u64) -> Result<bool> {
         let mut cur = dir;
         for _ in 0..MAX_DEPTH {
             if cur == ino {
@@ -136,6 +136,7 @@ impl Namespace {
                     p.nlink = p.nlink.saturating_add(1);
                 }
             }
+            tx.get(dst.ino)?.move_name(new_parent, parent);
             tx.get(dst.ino)?.set_ctime(&now);
         } else {
             if let Some(dst) = &dst {
@@ -160,7 +161,7 @@ impl Namespace {
                     }
                     _ => {}
                 }
-                tx.drop_link(dst.ino, &now)?;
+                tx.drop_link(dst.ino, new_parent, &now)?;
                 if dst_dir {
                     let np = tx.get(new_parent)?;
                     np.nlink = np.nlink.saturating_sub(1).max(2);
@@ -176,7 +177,9 @@ impl Namespace {
                 np.nlink = np.nlink.saturating_add(1);
             }
         }
-        tx.get(src.ino)?.set_ctime(&now);
+        let moved = tx.get(src.ino)?;
+        moved.move_name(parent, new_parent);
+        moved.set_ctime(&now);
         for dir in [parent, new_parent] {
             let d = tx.get(dir)?;
             d.set_mtime(&now);

@@ -7,7 +7,7 @@ use cairn_net::capability::{Signer, READ, WRITE};
 use cairn_proto::{Caller, RenameRequest, SetAttrRequest};
 use tonic::{Request, Status};
 
-use super::MetaService;
+use super::{check_ino, MetaService};
 use crate::access::Rule;
 use crate::namespace::RENAME_EXCHANGE;
 use crate::permissions::{Who, MAY_EXEC, MAY_WRITE};
@@ -28,6 +28,36 @@ impl MetaService {
     /// The access rule the caller of `req` is held to, if any.
     pub(super) fn rule<T>(&self, req: &Request<T>) -> Option<Rule> {
         self.access.rule_for(req.extensions().get::<cairn_net::tls::Peer>())
+    }
+
+    /// The directory the caller of `req` is limited to by its rule's `subtree` (`None`: the
+    /// whole namespace).
+    pub(super) fn subtree<T>(&self, req: &Request<T>) -> Result<Option<u64>, Status> {
+        let Some(path) = self.rule(req).and_then(|r| r.subtree).filter(|p| p != "/") else {
+            return Ok(None);
+        };
+        let ns = self.ns()?;
+        Ok(Some(self.access.subtree_root(&path, |p| ns.resolve_dir(p))?))
+    }
+
+    /// Refuse `req` where its caller is limited to a subtree and any of `inos` lies outside
+    /// (`docs/ARCHITECTURE.md`, "Subtree rules"). Nothing is read for other callers.
+    pub(super) fn within<T>(&self, req: &Request<T>, inos: &[u64]) -> Result<(), Status> {
+        let Some(top) = self.subtree(req)? else { return Ok(()) };
+        let ns = self.ns()?;
+        for &ino in inos {
+            if !ns.inside(check_ino(ino)?, top)? {
+                return Err(CairnError::new(
+                    ErrorKind::PermissionDenied,
+                    format!(
+                        "inode {ino} is outside the subtree this client's certificate is limited to \
+                         by the metaserver's access rules"
+                    ),
+                )
+                .into());
+            }
+        }
+        Ok(())
     }
 
     /// The user a request acts for, where it is checked (`permissions.rs`): a caller whose

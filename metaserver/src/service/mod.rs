@@ -118,6 +118,7 @@ fn dir_after(ns: &Namespace, ino: u64) -> Option<Attr> {
 #[tonic::async_trait]
 impl Meta for MetaService {
     async fn lookup(&self, req: Request<LookupRequest>) -> Result<Response<AttrReply>, Status> {
+        self.within(&req, &[req.get_ref().parent])?;
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let r = req.into_inner();
         let inode = self.read(|ns| {
@@ -131,12 +132,14 @@ impl Meta for MetaService {
     }
 
     async fn get_attr(&self, req: Request<InoRequest>) -> Result<Response<AttrReply>, Status> {
+        self.within(&req, &[req.get_ref().ino])?;
         let ino = req.into_inner().ino;
         let inode = self.read(|ns| ns.getattr(check_ino(ino)?))?;
         Ok(Response::new(attr_reply(inode)))
     }
 
     async fn set_attr(&self, req: Request<SetAttrRequest>) -> Result<Response<AttrReply>, Status> {
+        self.within(&req, &[req.get_ref().ino])?;
         let rule = self.may_change(&req, "setattr")?;
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let mut r = req.into_inner();
@@ -181,6 +184,7 @@ impl Meta for MetaService {
     }
 
     async fn create(&self, req: Request<CreateRequest>) -> Result<Response<CreateReply>, Status> {
+        self.within(&req, &[req.get_ref().parent])?;
         let holder = cert_name(&req);
         let rule = self.may_change(&req, "create")?;
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
@@ -238,6 +242,7 @@ impl Meta for MetaService {
     }
 
     async fn mkdir(&self, req: Request<MkdirRequest>) -> Result<Response<AttrReply>, Status> {
+        self.within(&req, &[req.get_ref().parent])?;
         let rule = self.may_change(&req, "mkdir")?;
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let mut r = req.into_inner();
@@ -265,6 +270,7 @@ impl Meta for MetaService {
     }
 
     async fn unlink(&self, req: Request<RemoveRequest>) -> Result<Response<RemoveReply>, Status> {
+        self.within(&req, &[req.get_ref().parent])?;
         self.may_change(&req, "unlink")?;
         if let Some(who) = self.who(&req, req.get_ref().caller.as_ref())? {
             self.check_remove(&who, check_ino(req.get_ref().parent)?, &req.get_ref().name, "unlink")?;
@@ -273,6 +279,7 @@ impl Meta for MetaService {
     }
 
     async fn rmdir(&self, req: Request<RemoveRequest>) -> Result<Response<RemoveReply>, Status> {
+        self.within(&req, &[req.get_ref().parent])?;
         self.may_change(&req, "rmdir")?;
         if let Some(who) = self.who(&req, req.get_ref().caller.as_ref())? {
             self.check_remove(&who, check_ino(req.get_ref().parent)?, &req.get_ref().name, "rmdir")?;
@@ -281,6 +288,7 @@ impl Meta for MetaService {
     }
 
     async fn rename(&self, req: Request<RenameRequest>) -> Result<Response<RenameReply>, Status> {
+        self.within(&req, &[req.get_ref().parent, req.get_ref().new_parent])?;
         self.may_change(&req, "rename")?;
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let r = req.into_inner();
@@ -303,6 +311,7 @@ impl Meta for MetaService {
     }
 
     async fn link(&self, req: Request<LinkRequest>) -> Result<Response<AttrReply>, Status> {
+        self.within(&req, &[req.get_ref().ino, req.get_ref().new_parent])?;
         self.may_change(&req, "link")?;
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let r = req.into_inner();
@@ -325,6 +334,7 @@ impl Meta for MetaService {
     }
 
     async fn symlink(&self, req: Request<SymlinkRequest>) -> Result<Response<AttrReply>, Status> {
+        self.within(&req, &[req.get_ref().parent])?;
         let rule = self.may_change(&req, "symlink")?;
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let mut r = req.into_inner();
@@ -351,12 +361,14 @@ impl Meta for MetaService {
     }
 
     async fn readlink(&self, req: Request<InoRequest>) -> Result<Response<ReadlinkReply>, Status> {
+        self.within(&req, &[req.get_ref().ino])?;
         let ino = req.into_inner().ino;
         let target = self.run(move |ns| ns.readlink(check_ino(ino)?)).await?;
         Ok(Response::new(ReadlinkReply { target }))
     }
 
     async fn read_dir(&self, req: Request<ReadDirRequest>) -> Result<Response<ReadDirReply>, Status> {
+        self.within(&req, &[req.get_ref().ino])?;
         // Checked at the first page (an opendir); later pages belong to the open directory.
         let who = self.who(&req, req.get_ref().caller.as_ref())?.filter(|_| req.get_ref().after.is_empty());
         let r = req.into_inner();
@@ -377,6 +389,7 @@ impl Meta for MetaService {
     }
 
     async fn get_xattr(&self, req: Request<XattrRequest>) -> Result<Response<XattrReply>, Status> {
+        self.within(&req, &[req.get_ref().ino])?;
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let r = req.into_inner();
         let value = self.read(|ns| {
@@ -390,6 +403,7 @@ impl Meta for MetaService {
     }
 
     async fn set_xattr(&self, req: Request<SetXattrRequest>) -> Result<Response<Empty>, Status> {
+        self.within(&req, &[req.get_ref().ino])?;
         let rule = self.may_change(&req, "setxattr")?;
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let r = req.into_inner();
@@ -404,12 +418,14 @@ impl Meta for MetaService {
     }
 
     async fn list_xattr(&self, req: Request<InoRequest>) -> Result<Response<ListXattrReply>, Status> {
+        self.within(&req, &[req.get_ref().ino])?;
         let ino = req.into_inner().ino;
         let names = self.run(move |ns| ns.list_xattr(check_ino(ino)?)).await?;
         Ok(Response::new(ListXattrReply { names }))
     }
 
     async fn remove_xattr(&self, req: Request<XattrRequest>) -> Result<Response<Empty>, Status> {
+        self.within(&req, &[req.get_ref().ino])?;
         let rule = self.may_change(&req, "removexattr")?;
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let r = req.into_inner();
@@ -424,6 +440,7 @@ impl Meta for MetaService {
     }
 
     async fn open(&self, req: Request<OpenRequest>) -> Result<Response<OpenReply>, Status> {
+        self.within(&req, &[req.get_ref().ino])?;
         let holder = cert_name(&req);
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let ops = self.cap_ops(&req, who.as_ref(), open_want(req.get_ref().access));
@@ -492,6 +509,7 @@ impl Meta for MetaService {
     }
 
     async fn lock(&self, req: Request<LockRequest>) -> Result<Response<LockReply>, Status> {
+        self.within(&req, &[req.get_ref().ino])?;
         let holder = cert_name(&req);
         let r = req.into_inner();
         check_ino(r.ino)?;
@@ -520,12 +538,14 @@ impl Meta for MetaService {
         &self,
         req: Request<ListStripesRequest>,
     ) -> Result<Response<ListStripesReply>, Status> {
+        self.within(&req, &[req.get_ref().ino])?;
         let r = req.into_inner();
         let (stripes, more) = self.run(move |ns| ns.list_stripes(check_ino(r.ino)?, r.from, r.limit)).await?;
         Ok(Response::new(ListStripesReply { stripes, more }))
     }
 
     async fn commit(&self, req: Request<CommitRequest>) -> Result<Response<AttrReply>, Status> {
+        self.within(&req, &[req.get_ref().ino])?;
         let rule = self.may_change(&req, "commit")?;
         let r = req.into_inner();
         if let Some(rule) = rule {
@@ -555,9 +575,11 @@ impl Meta for MetaService {
     async fn register_client(&self, req: Request<Empty>) -> Result<Response<RegisterClientReply>, Status> {
         let holder = cert_name(&req);
         let read_only = self.rule(&req).is_some_and(|rule| rule.read_only);
+        // Before a session is made: a subtree that does not resolve refuses the mount.
+        let root = self.subtree(&req)?.unwrap_or(0);
         let client_id = self.run_serving(|s| s.cluster.register_client()).await?;
         self.cluster()?.sessions().bind(client_id, &holder);
-        Ok(Response::new(RegisterClientReply { client_id, read_only }))
+        Ok(Response::new(RegisterClientReply { client_id, read_only, root }))
     }
 
     async fn register_chunk(
@@ -680,6 +702,7 @@ impl Meta for MetaService {
     }
 
     async fn get_layout(&self, req: Request<InoRequest>) -> Result<Response<LayoutReply>, Status> {
+        self.within(&req, &[req.get_ref().ino])?;
         let ino = req.into_inner().ino;
         let layout = self.run(move |ns| ns.get_layout(check_ino(ino)?)).await?;
         Ok(Response::new(LayoutReply { layout: Some(layout.into()) }))
@@ -689,6 +712,7 @@ impl Meta for MetaService {
         &self,
         req: Request<CapabilityRequest>,
     ) -> Result<Response<Capability>, Status> {
+        self.within(&req, &[req.get_ref().ino])?;
         let holder = cert_name(&req);
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let want = open_want(req.get_ref().access);

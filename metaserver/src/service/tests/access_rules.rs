@@ -51,7 +51,7 @@ macro_rules! uncalled {
         fn caller(&mut self) -> Option<&mut Option<Caller>> { None }
     })* };
 }
-uncalled!(Empty, InoRequest, CommitRequest, LockRequest);
+uncalled!(Empty, InoRequest, CommitRequest, LockRequest, ListStripesRequest);
 
 fn user(uid: u32, gid: u32, groups: &[u32]) -> Caller {
     Caller { uid, gid, groups: groups.to_vec() }
@@ -99,6 +99,8 @@ fn service() -> MetaService {
         Rule { squash: Squash::All, ..rule(&["squashed"]) },
         Rule { squash: Squash::Root, ..rule(&["root-squashed"]) },
         Rule { uids: Some([1000, 1999]), gids: Some([1000, 1999]), ..rule(&["ranged"]) },
+        Rule { subtree: Some("/projects/a".into()), ..rule(&["project-a"]) },
+        Rule { subtree: Some("/nowhere".into()), ..rule(&["lost"]) },
     ])
     .unwrap();
     let f = namespace();
@@ -601,3 +603,5 @@ fn bob<T: Called>(msg: T) -> Request<T> {
 fn client_as_nobody<T>(msg: T) -> Request<T> {
     from("someone", &[Role::Client], msg)
 }
+
+mod subtree;

@@ -1,0 +1,53 @@
+//! Whether an inode lies inside a subtree: what access rules with a `subtree` ask of every
+//! inode a limited client names (`docs/ARCHITECTURE.md`, "Subtree rules").
+
+use cairn_common::{CairnError, ErrorKind, Result, ROOT_INO};
+
+use super::Namespace;
+
+impl Namespace {
+    /// Whether inode `ino` is directory `top` or lies below it: a directory through its parent
+    /// chain, anything else through the directories of its names (any one inside will do). A
+    /// non-directory whose names' directories were never recorded cannot be placed: refused,
+    /// with what to do about it.
+    pub fn inside(&self, ino: u64, top: u64) -> Result<bool> {
+        if ino == top || top == ROOT_INO {
+            return Ok(true);
+        }
+        let inode = self.inode(ino)?;
+        if inode.is_dir() {
+            return self.is_ancestor(top, ino);
+        }
+        if !inode.names_known() {
+            return Err(CairnError::new(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "inode {ino} was made before the metaserver recorded where files are named, so \
+                     it cannot tell whether it lies in this client's subtree; `cairn fsck --repair` \
+                     records it"
+                ),
+            ));
+        }
+        let mut dirs: Vec<u64> = inode.name_dirs().collect();
+        dirs.sort_unstable();
+        dirs.dedup();
+        for dir in dirs {
+            if self.is_ancestor(top, dir)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The directory at absolute `path` (`/a/b`), by lookups from the root.
+    pub fn resolve_dir(&self, path: &str) -> Result<u64> {
+        let mut ino = ROOT_INO;
+        for name in path.split('/').filter(|c| !c.is_empty()) {
+            ino = self.lookup(ino, name.as_bytes())?.ino;
+        }
+        if !self.inode(ino)?.is_dir() {
+            return Err(CairnError::new(ErrorKind::NotDir, format!("{path} is not a directory")));
+        }
+        Ok(ino)
+    }
+}
