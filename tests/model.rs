@@ -544,8 +544,21 @@ fn random_operations_match_a_local_filesystem() {
         }
         if step % CLIENT_CHECK_EVERY == CLIENT_CHECK_EVERY - 1 {
             check_second_client(&mut local, &mut cairn, &other, &history, step);
+            check_namespace(&cluster, &history, step);
         }
     }
     println!("operations (ok, failed): {tallies:?}");
     check_second_client(&mut local, &mut cairn, &other, &history, steps);
+    check_namespace(&cluster, &history, steps);
+}
+
+/// The namespace agrees with itself too (`cairn fsck`'s namespace check): entries, link
+/// counts, the directories each file records for its names (what subtree rules read).
+fn check_namespace(cluster: &Cluster, history: &[String], step: usize) {
+    let out = cluster.cli(&["fsck", "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let problems = &report["namespace"]["problems"];
+    if problems.as_array().is_none_or(|p| !p.is_empty()) {
+        fail(seed(), history, step, format!("cairn fsck finds namespace problems: {problems}"));
+    }
 }
