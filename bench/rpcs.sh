@@ -6,7 +6,10 @@
 # requests per operation the metaserver counted (`cairn_rpc_requests_total`) and the FUSE
 # requests the client counted (`cairn_client_fuse_ops_total`). CAIRN_BIN=PATH runs another build
 # (an older one, to compare); RPCS_AS_UID=N runs the file operations as that user (the
-# metaserver then checks each request as that user). With replicated metaservers it also prints the mean Raft commit
+# metaserver then checks each request as that user); RPCS_SUBTREE=D runs them on a second mount whose
+# client certificate an access rule limits to a directory D levels deep (the metaserver then
+# checks every inode it names against that subtree; with RPCS_SUBTREE_OFF=1 the same mount and
+# directory, the rule's subtree "/": the baseline). With replicated metaservers it also prints the mean Raft commit
 # time on the first replica.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,7 +27,25 @@ trap 'kill -INT $pid; wait $pid || true; rm -rf "$work"' EXIT
 for _ in $(seq 600); do grep -q "^ready" "$work/up.log" && break; sleep 0.1; done
 meta=$(awk '/^meta /{print $5; exit}' "$work/up.log")  # the first replica's metrics
 mount=$(awk '/^mount /{print $5}' "$work/up.log")
-python3 bench/rpcs.py "$work/mnt" "$meta" "$mount" "$n"
+target="$work/mnt"
+if [ -n "${RPCS_SUBTREE:-}" ]; then
+  sub=$(seq -s / "$RPCS_SUBTREE" | sed 's|[0-9][0-9]*|d&|g')
+  mkdir -p "$work/mnt/$sub"; chmod 777 "$work/mnt/$sub"
+  "$bin" cert issue --role client --name limited --ca "$work/data/tls/ca" "$work/tls-limited" >/dev/null
+  top="/$sub"; [ -z "${RPCS_SUBTREE_OFF:-}" ] || top=/
+  printf '[[rule]]\nclients = ["limited"]\nsubtree = "%s"\n' "$top" > "$work/data/access.toml.new"
+  mv "$work/data/access.toml.new" "$work/data/access.toml"
+  pkill -HUP -f "cairn meta .*$work/data" || true; sleep 6  # re-read (at once on SIGHUP, else within 5 s)
+  mkdir -p "$work/sub"; port=$((20000 + RANDOM % 10000))
+  CAIRN_TLS="$work/tls-limited" "$bin" mount --meta "$(awk '/^meta /{printf "%s%s", s, $3; s=","}' "$work/up.log")" \
+    --metrics "127.0.0.1:$port" "$work/sub" > "$work/sub.log" 2>&1 &
+  for _ in $(seq 300); do mountpoint -q "$work/sub" && break; sleep 0.1; done
+  trap 'umount "$work/sub" 2>/dev/null; kill -INT $pid; wait $pid || true; rm -rf "$work"' EXIT
+  target="$work/sub"; [ "$top" != / ] || target="$work/sub/$sub"
+  mount="127.0.0.1:$port"
+  [ "$(ls "$target")" = "" ] || { echo "the limited mount does not show its subtree" >&2; exit 1; }
+fi
+python3 bench/rpcs.py "$target" "$meta" "$mount" "$n"
 # With replicated metaservers: how long the first replica (the founder, which usually leads) took
 # from proposing a change to having it applied, against the creates' rate above.
 python3 - "$meta" <<'PY'
