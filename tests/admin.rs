@@ -334,21 +334,37 @@ fn servers_take_every_setting_from_env_and_flags_and_name_bad_ones() {
     assert!(!out.status.success() && err.contains("CAIRN_CHUNK_QUEUE_DEPTH=deep"), "{err}");
 
     // A metaserver with no config file at all: address and data dir from flags, the layout
-    // from the environment; then it serves, with that layout.
+    // from the environment. It refuses a data directory without its data until `cairn meta
+    // init` made one; then it serves, with that layout.
     let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let addr = format!("127.0.0.1:{port}");
-    let meta = Command::new(CAIRN)
-        .args(["meta", "--set", &format!("listen={addr}"), "--set"])
-        .arg(format!("data_dir={}", dir.path().join("meta").display()))
-        .env("CAIRN_META_EC", "2+1")
-        .env("CAIRN_META_UNIT", "65536")
-        .env("CAIRN_META_PLAINTEXT", "true")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+    let meta_cmd = |args: &[&str]| {
+        let mut cmd = Command::new(CAIRN);
+        cmd.args(["meta"])
+            .args(args)
+            .args(["--set", &format!("listen={addr}"), "--set"])
+            .arg(format!("data_dir={}", dir.path().join("meta").display()))
+            .env("CAIRN_META_EC", "2+1")
+            .env("CAIRN_META_UNIT", "65536")
+            .env("CAIRN_META_PLAINTEXT", "true");
+        cmd
+    };
+    let out = meta_cmd(&[]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("holds no namespace") && err.contains("cairn meta init"),
+        "{err}"
+    );
+    assert!(!dir.path().join("meta").exists(), "nothing was made");
+    let out = meta_cmd(&["init"]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && said.contains("made a new, empty namespace"), "{said} {out:?}");
+    let out = meta_cmd(&["init"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("is not empty"), "init twice: {err}");
+    let meta =
+        meta_cmd(&[]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit()).spawn().unwrap();
     let _guard = support::KillOnDrop(Some(meta));
     let mut status = serde_json::Value::Null;
     eventually(30, "the metaserver answers", || {

@@ -683,10 +683,11 @@ fn every_process_serves_metrics_that_move_with_io_and_repair() {
     });
 }
 
-/// A metaserver started on the wrong (empty) data directory makes a new, empty namespace of
-/// another cluster. With an orphan grace of 0 its reconciliation would delete every shard of a
-/// chunkserver that joined it at once; the chunkservers refuse to join it instead. Started again
-/// on its own data directory, the metaserver finds every chunkserver and every byte.
+/// A metaserver started on the wrong (empty) data directory refuses to start. Made to serve
+/// there anyway (`cairn meta init`), it has a new, empty namespace of another cluster: with an
+/// orphan grace of 0 its reconciliation would delete every shard of a chunkserver that joined
+/// it at once; the chunkservers refuse to join it instead. Started again on its own data
+/// directory, the metaserver finds every chunkserver and every byte.
 #[test]
 fn a_metaserver_on_the_wrong_data_directory_is_not_joined() {
     let cluster = Cluster::start(6, "4+2", 64);
@@ -708,6 +709,20 @@ fn a_metaserver_on_the_wrong_data_directory_is_not_joined() {
     let wrong_config = cluster.data.join("meta/wrong.toml");
     fs::write(&wrong_config, toml::to_string(&cfg).unwrap()).unwrap();
     kill9(cluster.pid_of("meta"));
+
+    // A data directory without the namespace: the metaserver refuses to start, naming it and
+    // what to do, and makes nothing there.
+    let out = std::process::Command::new(support::CAIRN)
+        .args(["meta", "--config", wrong_config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a metaserver started on the mistyped data_dir: {err}");
+    assert!(err.contains("meta/typo holds no namespace") && err.contains("cairn meta init"), "{err}");
+    assert!(!cluster.data.join("meta/typo").exists(), "nothing was made");
+    // Made anyway (`cairn meta init`): a new cluster, which the chunkservers do not join.
+    let out = cluster.cli(&["meta", "init", "--config", wrong_config.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
 
     let log = cluster.data.join("logs/meta-wrong.log");
     // Killed when dropped, also when an assertion below fails.

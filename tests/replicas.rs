@@ -155,6 +155,13 @@ fn a_replica_whose_data_was_lost_catches_up_from_a_snapshot() {
     let lead = wait_for_leader(&cluster);
     assert_ne!(lead, lost);
     fs::remove_dir_all(cluster.data.join(format!("meta-{lost}/db"))).unwrap();
+    // Without its data the replica refuses to start, and says what to do; told to join
+    // (`cairn meta init --join`), it is caught up by the running group.
+    let mut refused = restart_server(&cluster, "meta", &format!("meta-{lost}"));
+    let status = refused.wait().unwrap();
+    let said = fs::read_to_string(cluster.data.join(format!("logs/meta-{lost}-restarted.log"))).unwrap();
+    assert!(!status.success() && said.contains("holds no replica data") && said.contains("--join"), "{said}");
+    support::meta_init(&cluster, &format!("meta-{lost}"), true);
     let mut back = KillOnDrop(Some(restart_server(&cluster, "meta", &format!("meta-{lost}"))));
     eventually(60, "the replica with new data catches up from a snapshot", || {
         let me = replica(&cluster, lost);
@@ -284,6 +291,7 @@ fn a_lost_replica_is_replaced_and_a_backup_restores_the_namespace_into_a_new_gro
     let mut odd = config.clone();
     odd.insert("raft_election_ms".into(), toml::Value::Integer(900));
     fs::write(dir.join("meta.toml"), toml::to_string(&odd).unwrap()).unwrap();
+    support::meta_init(&cluster, "meta-4", true);
     let mut fourth = KillOnDrop(Some(restart_server(&cluster, "meta", "meta-4")));
     eventually(30, "the new replica listens", || std::net::TcpStream::connect(&addr).is_ok());
     let (code, out) = cli_on(&cluster, &cluster.meta_addr, &["meta", "add", "4", &addr]);

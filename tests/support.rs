@@ -529,6 +529,19 @@ pub fn restart_server(cluster: &Cluster, role: &str, dir: &str) -> std::process:
         .expect("spawn a cairn server")
 }
 
+/// `cairn meta init` for the metaserver whose config is `DATA/{dir}/meta.toml` (with `--join`:
+/// a replica the running group catches up), asserting it made the data directory.
+pub fn meta_init(cluster: &Cluster, dir: &str, join: bool) {
+    let config = cluster.data.join(format!("{dir}/meta.toml"));
+    let out = Command::new(CAIRN)
+        .args(["meta", "init", "--config", config.to_str().expect("utf8")])
+        .args(join.then_some("--join"))
+        .envs(cluster.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .output()
+        .expect("run cairn meta init");
+    assert!(out.status.success(), "cairn meta init for {dir}: {out:?}");
+}
+
 /// A free port below the kernel's ephemeral range, as `cairn up` picks them: a port from the
 /// range (what binding port 0 gives) can be taken meanwhile by the local end of any outgoing
 /// connection, and the test's connections are many.

@@ -52,8 +52,8 @@ enum MetaAction {
         json: bool,
     },
     /// Make a new replica a voting member of the group, once it has caught up. Start it first
-    /// with an empty data directory, this cluster's `cluster`, a new `raft_id`, and `replicas`
-    /// listing the running members and itself.
+    /// on a data directory made with `cairn meta init --join`, with this cluster's `cluster`, a
+    /// new `raft_id`, and `replicas` listing the running members and itself.
     Add {
         /// The new replica's raft_id.
         id: u64,
@@ -79,9 +79,23 @@ enum MetaAction {
         #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
         meta: String,
     },
+    /// Make the data directory of a new metaserver (the config file and --set flags as for
+    /// `cairn meta`), which must be empty or absent: a new, empty namespace (a new cluster), or
+    /// a replica of one. A metaserver refuses to start on a data directory without its data, so
+    /// a mistyped data_dir never starts an empty cluster.
+    Init {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// A replica that the running group catches up (one replacing a lost replica, or for
+        /// `cairn meta add`): it never founds a group.
+        #[arg(long)]
+        join: bool,
+    },
     /// Make a backup the data of a stopped metaserver whose data directory is empty (the
     /// metaserver's config file and --set flags as for `cairn meta`). For a replicated
-    /// metaserver, restore into one replica and start the others with empty data directories.
+    /// metaserver, restore into one replica and make the others with `cairn meta init --join`.
     Restore {
         backup: PathBuf,
         #[arg(long)]
@@ -103,6 +117,11 @@ enum Command {
         /// Override one setting, e.g. --set listen=0.0.0.0:9400 (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
+        /// Make the data directory first if it is empty or absent, as `cairn meta init` does
+        /// (for orchestrators that bind a volume there; without it, a metaserver refuses a
+        /// data directory that holds none of its data).
+        #[arg(long)]
+        init_if_empty: bool,
     },
     /// Run a chunkserver. Settings: the TOML file, then CAIRN_CHUNK_<KEY> environment
     /// variables, then --set flags (deploy/config/chunk.toml lists every key with its default).
@@ -406,7 +425,7 @@ fn main() -> ExitCode {
     // with their config's; the rest connect nowhere (or, `cairn up`, make their own).
     let connects = !matches!(
         cli.command,
-        Command::Meta { action: None | Some(MetaAction::Restore { .. }), .. }
+        Command::Meta { action: None | Some(MetaAction::Restore { .. } | MetaAction::Init { .. }), .. }
             | Command::Chunk { .. }
             | Command::Bench(_)
             | Command::Umount { .. }
@@ -449,10 +468,18 @@ fn main() -> ExitCode {
             println!("restored {} (applied index {index}) into {}", backup.display(), c.data_dir.display());
             Ok(())
         }),
-        Command::Meta { action: None, config, set } => {
+        Command::Meta { action: Some(MetaAction::Init { config, set, join }), .. } => {
+            load(config, cairn_common::config::META_ENV_PREFIX, &set)
+                .and_then(|c: cairn_common::config::MetaConfig| cairn_meta::init(&c, join))
+                .map(|made| println!("{made}"))
+        }
+        Command::Meta { action: None, config, set, init_if_empty } => {
             load(config, cairn_common::config::META_ENV_PREFIX, &set).and_then(
                 |c: cairn_common::config::MetaConfig| {
                     c.validate()?;
+                    if init_if_empty && cairn_meta::is_new(&c.data_dir)? {
+                        eprintln!("{}", cairn_meta::init(&c, false)?);
+                    }
                     cairn_net::tls::install_from(&c.tls_source(), "metaserver", true)?;
                     cairn_net::tls::watch();
                     runtime()?.block_on(cairn_meta::run(c))

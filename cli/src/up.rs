@@ -433,7 +433,9 @@ async fn up(args: UpArgs, plaintext: bool) -> Result<()> {
         let meta_toml = meta_dir.join("meta.toml");
         write_toml(&meta_toml, &meta_cfg)?;
         let log = logs.join(format!("{name}.log"));
-        let child = spawn(&["meta", "--config", meta_toml.to_str().unwrap_or_default()], &log)?;
+        // A new data directory is made by the metaserver itself (`cairn up` is the init).
+        let child =
+            spawn(&["meta", "--config", meta_toml.to_str().unwrap_or_default(), "--init-if-empty"], &log)?;
         procs.push(Proc {
             role: "meta".into(),
             id: if replicas.is_empty() { "-".into() } else { (i + 1).to_string() },

@@ -64,6 +64,90 @@ pub fn open_namespace(config: &MetaConfig) -> Result<(Namespace, Arc<Cluster>)> 
     )
 }
 
+/// Whether `dir` is absent or empty (where `cairn meta init` and `restore` may make data).
+pub fn is_new(dir: &std::path::Path) -> Result<bool> {
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => Ok(entries.next().is_none()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(CairnError::from_io(&format!("cannot read {}", dir.display()), &e)),
+    }
+}
+
+/// Refuse to serve from a data directory that holds no metadata of this metaserver: a typo in
+/// `data_dir` must not start a new, empty cluster (`docs/ARCHITECTURE.md`, "Cluster identity").
+fn check_initialized(config: &MetaConfig) -> Result<()> {
+    let dir = config.data_dir.display();
+    if config.replicas.is_empty() {
+        if config.data_dir.join("CURRENT").exists() || config.data_dir.join("raft").exists() {
+            return Ok(());
+        }
+        return Err(CairnError::invalid(format!(
+            "{dir} holds no namespace: for a new cluster, `cairn meta init` with this config makes \
+             an empty one; for this cluster's, point data_dir at its data (or restore a backup \
+             into it with `cairn meta restore`)"
+        )));
+    }
+    if config.data_dir.join("raft").join(raft::node::CLUSTER_FILE).exists()
+        || config.data_dir.join("CURRENT").exists()
+    {
+        return Ok(());
+    }
+    Err(CairnError::invalid(format!(
+        "{dir} holds no replica data: `cairn meta init` with this config makes a replica of a new \
+         cluster (founded with the others at their first start), `cairn meta init --join` one \
+         that the running group catches up (replacing a lost replica, or for `cairn meta add`); \
+         for this replica's own data, point data_dir at it"
+    )))
+}
+
+/// Make the data directory of a new metaserver (`cairn meta init`), which must be empty or
+/// absent: a lone metaserver's new, empty namespace (its cluster id drawn now), or a
+/// replica's Raft directory stamped with its cluster — with `join`, one that waits for the
+/// running group to catch it up instead of founding one. Returns what was made.
+pub fn init(config: &MetaConfig, join: bool) -> Result<String> {
+    config.validate()?;
+    let dir = &config.data_dir;
+    if !is_new(dir)? {
+        return Err(CairnError::invalid(format!(
+            "{} is not empty: `cairn meta init` makes only new data directories (a metaserver \
+             whose data is there starts without it)",
+            dir.display()
+        )));
+    }
+    if config.replicas.is_empty() {
+        if join {
+            return Err(CairnError::invalid(
+                "--join makes a replica of a replicated metaserver: this config has no replicas",
+            ));
+        }
+        let (ns, _) = open_namespace(config)?;
+        return Ok(format!(
+            "made a new, empty namespace in {} (cluster id {})",
+            dir.display(),
+            ns.cluster_id()
+        ));
+    }
+    let raft_dir = dir.join("raft");
+    raft::node::stamp_cluster_dir(&raft_dir, &config.cluster)?;
+    if !join {
+        return Ok(format!(
+            "made replica {} of cluster {:?} in {}: it founds the group with the others at their first start",
+            config.raft_id,
+            config.cluster,
+            dir.display()
+        ));
+    }
+    let marker = raft_dir.join(raft::node::JOIN_FILE);
+    std::fs::write(&marker, b"")
+        .map_err(|e| CairnError::from_io(&format!("cannot write {}", marker.display()), &e))?;
+    Ok(format!(
+        "made replica {} of cluster {:?} in {}: it waits for the running group to catch it up",
+        config.raft_id,
+        config.cluster,
+        dir.display()
+    ))
+}
+
 /// Restore the metadata backup `file` (`cairn meta backup`) as the data of the metaserver
 /// `config` describes, whose data directory must be empty or absent: a replica's data for a
 /// new group of `config.replicas` (start this replica and the others, with empty data
@@ -72,12 +156,7 @@ pub fn open_namespace(config: &MetaConfig) -> Result<(Namespace, Arc<Cluster>)> 
 pub fn restore(config: &MetaConfig, file: &std::path::Path) -> Result<u64> {
     config.validate()?;
     let dir = &config.data_dir;
-    let empty = match std::fs::read_dir(dir) {
-        Ok(mut entries) => entries.next().is_none(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
-        Err(e) => return Err(CairnError::from_io(&format!("cannot read {}", dir.display()), &e)),
-    };
-    if !empty {
+    if !is_new(dir)? {
         return Err(CairnError::invalid(format!(
             "{} is not empty: a backup is restored only into an empty data directory",
             dir.display()
@@ -159,6 +238,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    check_initialized(&config)?;
     let access = match &config.access_file {
         Some(path) => {
             if config.plaintext {

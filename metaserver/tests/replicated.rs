@@ -29,7 +29,11 @@ fn config(dir: &Path, id: u64, addrs: &[String]) -> MetaConfig {
     }
 }
 
+/// Start a replica; a new one is made first (`cairn meta init`), as a founding member.
 async fn start(config: MetaConfig) -> Replica {
+    if cairn_meta::is_new(&config.data_dir).unwrap() {
+        cairn_meta::init(&config, false).unwrap();
+    }
     let listener = tokio::net::TcpListener::bind(&config.listen).await.unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(cairn_meta::serve(config, listener, async move {
@@ -195,4 +199,33 @@ async fn a_data_directory_of_another_cluster_or_a_lone_metaserver_is_refused() {
     alone.replicas.clear();
     let e = cairn_meta::open_namespace(&alone).err().expect("refused");
     assert!(e.message().contains("replicated namespace"), "{}", e.message());
+}
+
+/// A replica starts only on data `cairn meta init` made; one made to join waits to be caught
+/// up and never founds a group, even as the only (lowest) member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_needs_its_data_made_and_one_made_to_join_never_founds() {
+    let dir = TempDir::new().unwrap();
+    let addrs = free_addrs(1);
+    let one = config(dir.path(), 1, &addrs);
+    let listener = tokio::net::TcpListener::bind(&one.listen).await.unwrap();
+    let e = cairn_meta::serve(one.clone(), listener, async {}).await.unwrap_err();
+    assert!(e.message().contains("holds no replica data"), "{}", e.message());
+    assert!(!one.data_dir.exists(), "nothing was made");
+
+    let made = cairn_meta::init(&one, true).unwrap();
+    assert!(made.contains("waits for the running group"), "{made}");
+    let again = cairn_meta::init(&one, true).unwrap_err();
+    assert!(again.message().contains("not empty"), "{}", again.message());
+    let mut replica = start(one.clone()).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let s = status(&addrs[0]).await.expect("the replica answers");
+    assert_eq!((s.leader, s.term, s.members.len()), (0, 0, 0), "no group was founded: {s:?}");
+    replica.stop().await;
+
+    // The same member made to found: it leads its one-replica group.
+    std::fs::remove_dir_all(&one.data_dir).unwrap();
+    let mut replica = start(one.clone()).await;
+    serving_leader(&addrs, 30).await;
+    replica.stop().await;
 }

@@ -241,6 +241,8 @@ fn compose_metaservers_are_one_raft_group_with_their_own_volumes_and_health_chec
     for (name, cfg) in &members {
         let svc = &compose.services[name];
         assert_eq!(svc.argv[1], "meta", "{name}");
+        // A new volume holds no data: without this the replica would refuse to start on it.
+        assert!(svc.argv.iter().any(|a| a == "--init-if-empty"), "{name}: {:?}", svc.argv);
         let data_dir = cfg.data_dir.to_str().unwrap();
         let volume =
             svc.volumes.get(data_dir).unwrap_or_else(|| panic!("{name}: no named volume at {data_dir}"));

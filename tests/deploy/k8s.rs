@@ -272,6 +272,8 @@ fn k8s_metaservers_are_one_raft_group() {
         assert!(ok, "{pod_name}: the start command failed");
         check_cairn_flags(&pod_name, call);
         assert_eq!(call[1], "meta", "{pod_name}: {call:?}");
+        // A new (or replaced) volume holds no data: without this the pod would refuse to start.
+        assert!(call.iter().any(|a| a == "--init-if-empty"), "{pod_name}: {call:?}");
         let config = flag_value(&pod_name, call, "--config");
         let file =
             Path::new(&config).strip_prefix(config_dir).expect("--config outside the ConfigMap's mount");

@@ -40,7 +40,11 @@ pub struct RaftSettings {
 }
 
 /// The file naming the cluster a data directory belongs to.
-const CLUSTER_FILE: &str = "cluster";
+pub const CLUSTER_FILE: &str = "cluster";
+
+/// Present in a replica's Raft directory made by `cairn meta init --join`: it never founds a
+/// group, it waits for the running one to catch it up.
+pub const JOIN_FILE: &str = "join";
 
 /// Refuse a data directory of another cluster; stamp a new one with `cluster`.
 pub fn stamp_cluster_dir(dir: &Path, cluster: &str) -> Result<()> {
@@ -210,6 +214,10 @@ impl RaftNode {
             let lowest = *node.settings.members.keys().next().expect("members include this one");
             let initialized = node.raft.is_initialized().await.unwrap_or(true);
             if lowest != node.settings.id || initialized {
+                return;
+            }
+            if node.settings.dir.join(JOIN_FILE).exists() {
+                tracing::info!("made to join a running group: waiting to be caught up, never founding one");
                 return;
             }
             match node.others(&channels).await {
