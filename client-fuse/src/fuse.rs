@@ -258,7 +258,6 @@ impl CairnFs {
     }
 }
 
-/// Reply helpers usable from spawned tasks.
 /// Attributes of the metaserver's `root` (the mount's subtree) are the mount root's, inode 1.
 fn as_mounted(root: u64, mut attr: FileAttr) -> FileAttr {
     if attr.ino.0 == root {
@@ -267,6 +266,7 @@ fn as_mounted(root: u64, mut attr: FileAttr) -> FileAttr {
     attr
 }
 
+/// Reply helpers usable from spawned tasks.
 fn reply_entry(ttl: Duration, reply: ReplyEntry, r: Result<p::Attr>) {
     match r {
         Ok(a) => reply.entry(&ttl, &to_fuse(&a), Generation(0)),

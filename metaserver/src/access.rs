@@ -650,4 +650,32 @@ mod tests {
             assert!(e.contains(says), "{text:?}: {e}");
         }
     }
+
+    #[test]
+    fn a_subtree_is_an_absolute_path_and_is_resolved_once_per_change_of_the_rules() {
+        for bad in ["projects/a", "/projects/", "/projects//a", "/projects/./a", "/projects/../etc", ""] {
+            let e = parse(&format!("[[rule]]\nclients = [\"a\"]\nsubtree = {bad:?}\n")).unwrap_err();
+            assert!(e.to_string().contains("an absolute path of a directory"), "{bad:?}: {e}");
+        }
+        let access = parse("[[rule]]\nclients = [\"a\"]\nsubtree = \"/projects/a\"\n").unwrap();
+        let rule = access.rule_for(Some(&peer("a", &[Role::Client]))).unwrap();
+        assert_eq!(rule.describe(), "a: no setuid, no devices, subtree /projects/a");
+        assert!(parse("[[rule]]\nclients = [\"a\"]\nsubtree = \"/\"\n").is_ok());
+        // Resolved at the first use, then held (a rename does not move it); a path that does
+        // not resolve is refused, and asked again next time.
+        let resolved = std::cell::Cell::new(0);
+        let resolve = |path: &str| {
+            resolved.set(resolved.get() + 1);
+            assert_eq!(path, "/projects/a");
+            Ok(42)
+        };
+        assert_eq!(access.subtree_root("/projects/a", resolve).unwrap(), 42);
+        assert_eq!(access.subtree_root("/projects/a", resolve).unwrap(), 42);
+        assert_eq!(resolved.get(), 1);
+        let missing = |_: &str| Err(CairnError::not_found("no entry"));
+        let e = access.subtree_root("/elsewhere", missing).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::PermissionDenied);
+        assert!(e.message().contains("/elsewhere, which does not resolve"), "{e}");
+        assert!(access.subtree_root("/elsewhere", |_| Ok(7)).is_ok_and(|ino| ino == 7));
+    }
 }
