@@ -12,6 +12,10 @@ async fn start(
     config: MetaConfig,
 ) -> (MetaClient<Channel>, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<cairn_common::Result<()>>)
 {
+    // A new data directory is made first, as `cairn meta init` makes it.
+    if crate::is_new(&config.data_dir).unwrap() {
+        crate::init(&config, false).unwrap();
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
