@@ -109,6 +109,10 @@ fn service() -> MetaService {
     MetaService::new(f.ns.clone(), f.cluster.clone()).with_access(access)
 }
 
+fn rename(parent: u64, name: &str, new_parent: u64, new_name: &str) -> RenameRequest {
+    RenameRequest { parent, name: name.into(), new_parent, new_name: new_name.into(), ..Default::default() }
+}
+
 fn set_xattr(ino: u64, name: &str) -> SetXattrRequest {
     SetXattrRequest { ino, name: name.into(), value: vec![1], ..Default::default() }
 }
@@ -552,13 +556,6 @@ async fn a_client_acts_only_as_the_user_it_names_may() {
     // A sticky directory keeps others' entries.
     let remove = |name: &str| RemoveRequest { parent: tmp, name: name.into(), ..Default::default() };
     assert_eq!(errno(svc.unlink(bob(remove("alices"))).await.unwrap_err()), libc::EPERM);
-    let rename = |parent, name: &str, new_parent, new_name: &str| RenameRequest {
-        parent,
-        name: name.into(),
-        new_parent,
-        new_name: new_name.into(),
-        ..Default::default()
-    };
     let steal = rename(tmp, "alices", tmp, "bobs");
     assert_eq!(errno(svc.rename(bob(steal.clone())).await.unwrap_err()), libc::EPERM);
     svc.rename(alice(steal)).await.unwrap();

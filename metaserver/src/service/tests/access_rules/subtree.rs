@@ -41,13 +41,6 @@ async fn a_client_limited_to_a_subtree_names_nothing_outside() {
     let open = |ino| OpenRequest { ino, client_id: session.client_id, access: 6, ..Default::default() };
     svc.open(limited(open(inside))).await.unwrap();
     let sub = dir(svc.mkdir(limited(mkdir(a, "sub"))).await.unwrap());
-    let rename = |parent, name: &str, new_parent, new_name: &str| RenameRequest {
-        parent,
-        name: name.into(),
-        new_parent,
-        new_name: new_name.into(),
-        ..Default::default()
-    };
     svc.rename(limited(rename(a, "in", sub, "in"))).await.unwrap();
 
     // Outside: refused, whatever the request.
