@@ -47,20 +47,28 @@ if [ -n "${RPCS_SUBTREE:-}" ]; then
 fi
 python3 bench/rpcs.py "$target" "$meta" "$mount" "$n"
 # With replicated metaservers: how long the first replica (the founder, which usually leads) took
-# from proposing a change to having it applied, against the creates' rate above.
+# from proposing a change to having it applied, against the creates' rate above, and what that
+# is made of: its own log appends (write and fsync) and its appends' round trips to followers.
 python3 - "$meta" <<'PY'
 import sys, urllib.request
 try:
     text = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics", timeout=5).read().decode()
 except OSError as e:
     sys.exit(f"no metrics from {sys.argv[1]}: {e}")
-vals = {}
+sums, counts = {}, {}
 for line in text.splitlines():
-    for name in ("cairn_meta_raft_commit_seconds_sum", "cairn_meta_raft_commit_seconds_count"):
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            vals[name] = float(line.split()[-1])
-count = vals.get("cairn_meta_raft_commit_seconds_count", 0)
-if count:
-    mean = vals["cairn_meta_raft_commit_seconds_sum"] / count * 1000
-    print(f"raft commits on the first replica: {int(count)}, mean {mean:.3f} ms from proposal to applied")
+    name = line.split("{")[0].split(" ")[0]
+    for part, into in (("_sum", sums), ("_count", counts)):
+        if name.endswith(part):
+            base = name[: -len(part)]
+            into[base] = into.get(base, 0) + float(line.split()[-1])  # summed over labels
+what = [
+    ("cairn_meta_raft_commit_seconds", "raft commits", "from proposal to applied"),
+    ("cairn_meta_raft_log_append_seconds", "its log appends", "written and fsynced"),
+    ("cairn_meta_raft_append_rpc_seconds", "its appends to followers", "from sending to the answer"),
+]
+for name, label, meaning in what:
+    if counts.get(name):
+        mean = sums[name] / counts[name] * 1000
+        print(f"first replica, {label}: {int(counts[name])}, mean {mean:.3f} ms {meaning}")
 PY

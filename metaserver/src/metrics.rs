@@ -76,6 +76,13 @@ pub const RAFT_QUORUM_ACK_AGE: &str = "cairn_meta_raft_quorum_ack_age_ms";
 /// the changes that failed to commit (counter).
 pub const RAFT_COMMIT_SECONDS: &str = "cairn_meta_raft_commit_seconds";
 pub const RAFT_COMMIT_FAILURES: &str = "cairn_meta_raft_commit_failures_total";
+/// What a commit is made of (histograms, seconds): a log append written and fsynced on this
+/// replica (leader or follower; a commit waits for the leader's and then a follower's, one
+/// after the other), and on the leader, an append carrying entries sent to a follower until its
+/// answer, by `member` (the follower's fsync included). The Raft counterparts of etcd's WAL
+/// fsync and peer round-trip times: a slow disk or a slow follower shows here first.
+pub const RAFT_LOG_APPEND_SECONDS: &str = "cairn_meta_raft_log_append_seconds";
+pub const RAFT_APPEND_RPC_SECONDS: &str = "cairn_meta_raft_append_rpc_seconds";
 /// Log entries the leader proposed for namespace changes, and the changes they carried
 /// (counters): changes proposed while earlier ones are committed share an entry
 /// (`raft/proposals.rs`), so the second over the first is the changes per entry.

@@ -183,10 +183,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             batch.put_cf(self.cf(LOG), key(entry.log_id.index), codec::encode(&entry));
         }
         let db = self.db.clone();
+        let started = std::time::Instant::now();
         let result = tokio::task::spawn_blocking(move || db.write_opt(batch, &synced()))
             .await
             .map_err(std::io::Error::other)
             .and_then(|r| r.map_err(std::io::Error::other));
+        metrics::histogram!(crate::metrics::RAFT_LOG_APPEND_SECONDS).record(started.elapsed().as_secs_f64());
         match result {
             Ok(()) => {
                 callback.log_io_completed(Ok(()));
