@@ -90,3 +90,50 @@ drop_caches() {
   sync
   echo 3 > /proc/sys/vm/drop_caches
 }
+
+# cpu_cage NAME FRACTION PID...: puts each PID (with all its threads) into a CPU cgroup of its
+# own, NAME-1, NAME-2, …, each allowed FRACTION of one core (cgroup v2 `cpu.max` where the
+# unified hierarchy has the cpu controller, else v1 `cpu.cfs_quota_us`): one small node each,
+# as if each process had a machine of its own. cpu_cage_free NAME removes them.
+cpu_cage() {
+  local name=$1 fraction=$2 i=0 pid dir quota
+  shift 2
+  quota=$(awk -v f="$fraction" 'BEGIN { printf "%d", f * 100000 }')
+  for pid in "$@"; do
+    i=$((i + 1))
+    if grep -qw cpu /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+      dir=/sys/fs/cgroup/$name-$i
+      mkdir -p "$dir"
+      echo "$quota 100000" > "$dir/cpu.max"
+    elif [ -d /sys/fs/cgroup/cpu ]; then
+      dir=/sys/fs/cgroup/cpu/$name-$i
+      mkdir -p "$dir"
+      echo 100000 > "$dir/cpu.cfs_period_us"
+      echo "$quota" > "$dir/cpu.cfs_quota_us"
+    else
+      echo "cpu_cage: no cgroup cpu controller here" >&2
+      return 1
+    fi
+    echo "$pid" > "$dir/cgroup.procs"
+  done
+}
+
+cpu_cage_free() {
+  local dir
+  for dir in /sys/fs/cgroup/"$1"-* /sys/fs/cgroup/cpu/"$1"-*; do
+    [ -d "$dir" ] || continue
+    # Whatever is still inside goes back to the root group first.
+    while read -r pid; do echo "$pid" > "$(dirname "$dir")/cgroup.procs" 2>/dev/null || true; done < "$dir/cgroup.procs"
+    rmdir "$dir" 2>/dev/null || true
+  done
+}
+
+# cpu_seconds PID...: the CPU time (user + system) the processes used so far, in seconds.
+cpu_seconds() {
+  local pid total=0 ticks
+  ticks=$(getconf CLK_TCK)
+  for pid in "$@"; do
+    total=$((total + $(awk '{ print $14 + $15 }' "/proc/$pid/stat")))
+  done
+  awk -v t="$total" -v k="$ticks" 'BEGIN { printf "%.2f", t / k }'
+}

@@ -6,6 +6,13 @@
 # N = 8000 / PROCS); then, with the largest PROCS, `bench/meta_load.py` (creates, stats once the
 # kernel's entries expired, unlinks, 4 KiB file writes). Prints one line per run and the
 # 3-replica / 1-replica ratios. CAIRN_BIN=PATH runs another build.
+#
+# NODE_CPU=FRACTION (e.g. 0.25) emulates one small machine per metaserver on this one host: each
+# metaserver process runs in a CPU cgroup of its own allowed FRACTION of a core (the lone one
+# too), so three replicas have three times the CPU one has, as on three machines; the
+# chunkservers, the mount and the load run outside, on what is left. Every run also prints
+# the metaservers' CPU time per change (the busiest one's, which is the leader's, and all of
+# theirs together), read from /proc, with or without NODE_CPU.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 procs=("${@:-1 4 16}"); read -r -a procs <<< "${procs[*]}"
@@ -15,12 +22,25 @@ cd "$repo"
 if [ -z "${CAIRN_BIN:-}" ]; then cargo build --release -q -p cairn; fi
 source bench/lib.sh
 rm -rf "$work"; mkdir -p "$work"
+cpu_cage_free cairn-bench-meta  # left by an interrupted run
 declare -A rate
 for replicas in 1 3; do
   cairn_start "$work/mnt" --meta-replicas "$replicas"
+  mapfile -t metas < <(pgrep -f -- "meta --config $work/cairn/")
+  [ "${#metas[@]}" -eq "$replicas" ] || { echo "found ${#metas[@]} metaservers, not $replicas" >&2; exit 1; }
+  if [ -n "${NODE_CPU:-}" ]; then cpu_cage cairn-bench-meta "$NODE_CPU" "${metas[@]}"; fi
   for p in "${procs[@]}"; do
+    declare -a before=()
+    for pid in "${metas[@]}"; do before+=("$(cpu_seconds "$pid")"); done
     line=$(python3 bench/creates.py "$work/mnt" "$p" $((8000 / p)))
-    echo "replicas $replicas: $line"
+    busiest=0 all=0
+    for i in "${!metas[@]}"; do
+      used=$(awk -v a="${before[$i]}" -v b="$(cpu_seconds "${metas[$i]}")" 'BEGIN { print b - a }')
+      all=$(awk -v a="$all" -v u="$used" 'BEGIN { print a + u }')
+      busiest=$(awk -v a="$busiest" -v u="$used" 'BEGIN { print (u > a ? u : a) }')
+    done
+    n=$(( (8000 / p) * p ))
+    echo "replicas $replicas: $line; metaserver CPU per create: leader $(awk -v c="$busiest" -v n="$n" 'BEGIN { printf "%.0f", c * 1e6 / n }') µs, all $(awk -v c="$all" -v n="$n" 'BEGIN { printf "%.0f", c * 1e6 / n }') µs"
     rate[$replicas,$p]=$(awk '{print $3}' <<< "$line")
   done
   most=${procs[-1]}
@@ -29,6 +49,7 @@ for replicas in 1 3; do
     rate[$replicas,$op]=${r%/s}
   done < <(python3 bench/meta_load.py "$work/mnt" "$most" $((8000 / most)))
   cairn_stop
+  cpu_cage_free cairn-bench-meta
   rm -rf "$work/cairn"
 done
 for p in "${procs[@]}"; do
