@@ -1,6 +1,7 @@
 //! The namespace replicated over three metaservers (`cairn up --meta-replicas 3`): a frozen
 //! leader is replaced and comes back as a follower, a replica whose data was lost catches up
-//! from a snapshot, and with a majority gone changes fail with `EIO` and resume when it returns.
+//! from a snapshot, and with a majority gone changes fail with `EIO` and resume when it returns;
+//! every replica times its commits' parts (log appends, appends to followers).
 //! The leader killed again and again under load is in `tests/faults.rs`; the in-process
 //! failover, restart and refusal tests in `metaserver/tests/replicated.rs`.
 
@@ -80,6 +81,28 @@ impl Drop for Frozen {
     }
 }
 
+/// What a commit is made of is exported: every replica times its log appends, and the leader
+/// each append's round trip to each follower.
+fn commits_are_timed(cluster: &Cluster, leader: u64) {
+    let metrics = |id: u64| {
+        let node =
+            cluster.nodes.iter().find(|n| n.role == "meta" && n.id == id.to_string()).expect("replica");
+        support::scrape(node.metrics.as_deref().expect("the replica serves metrics"))
+    };
+    for id in 1..=3u64 {
+        let text = metrics(id);
+        let appends = support::metric(&text, "cairn_meta_raft_log_append_seconds_count", &[]);
+        assert!(appends.unwrap_or(0.0) > 0.0, "replica {id} timed no log append");
+        if id == leader {
+            for member in (1..=3u64).filter(|m| *m != leader) {
+                let label = format!("member=\"{member}\"");
+                let sent = support::metric(&text, "cairn_meta_raft_append_rpc_seconds_count", &[&label]);
+                assert!(sent.unwrap_or(0.0) > 0.0, "the leader timed no append to replica {member}");
+            }
+        }
+    }
+}
+
 #[test]
 fn a_frozen_leader_is_replaced_and_comes_back_as_a_follower() {
     let cluster = three(&[]);
@@ -87,6 +110,7 @@ fn a_frozen_leader_is_replaced_and_comes_back_as_a_follower() {
         fs::write(cluster.mnt.join(format!("before-{i}")), format!("file {i}")).unwrap();
     }
     let old = wait_for_leader(&cluster);
+    commits_are_timed(&cluster, old);
     // Every chunkserver has heard the leader's namespace epoch, below which it refuses deletes.
     let fences = || -> Vec<u64> {
         (1..=6)
