@@ -82,7 +82,7 @@ impl Drop for Frozen {
 }
 
 /// What a commit is made of is exported: every replica times its log appends, and the leader
-/// each append's round trip to each follower.
+/// each append's round trip to each follower; appends travel over the wire protocol.
 fn commits_are_timed(cluster: &Cluster, leader: u64) {
     let metrics = |id: u64| {
         let node =
@@ -93,6 +93,15 @@ fn commits_are_timed(cluster: &Cluster, leader: u64) {
         let text = metrics(id);
         let appends = support::metric(&text, "cairn_meta_raft_log_append_seconds_count", &[]);
         assert!(appends.unwrap_or(0.0) > 0.0, "replica {id} timed no log append");
+        if id != leader {
+            // Appends come over the wire protocol (fewer hand-offs than gRPC), none over gRPC.
+            let over = |transport: &str| {
+                let labels = ["method=\"RaftAppend\"", transport];
+                support::metric(&text, "cairn_rpc_requests_total", &labels).unwrap_or(0.0)
+            };
+            assert!(over("transport=\"wire\"") > 0.0, "replica {id} got no append over the wire");
+            assert_eq!(over("transport=\"grpc\""), 0.0, "replica {id} got appends over gRPC");
+        }
         if id == leader {
             for member in (1..=3u64).filter(|m| *m != leader) {
                 let label = format!("member=\"{member}\"");

@@ -132,6 +132,7 @@ plain_messages!(
     SyncShardsRequest,
     PromoteReply,
     PromoteRequest,
+    RaftMessage,
     ReadDirReply,
     ReadDirRequest,
     ReadShardRequest,
@@ -351,6 +352,8 @@ service!(meta, "meta", cairn_proto::meta_server::Meta,
     37 set_layout "SetLayout" (SetLayoutRequest) -> LayoutReply;
     38 sync "Sync" (Empty) -> Empty;
     39 grant_capability "GrantCapability" (CapabilityRequest) -> Capability;
+    40 raft_vote "RaftVote" (RaftMessage) -> RaftMessage;
+    41 raft_append "RaftAppend" (RaftMessage) -> RaftMessage;
 );
 
 service!(chunk, "chunk", cairn_proto::chunk_server::Chunk,

@@ -1,13 +1,17 @@
-//! Raft messages between metaservers, over the `Meta` gRPC service (`RaftVote`, `RaftAppend`,
-//! `RaftSnapshot`). A [`RaftMessage`](cairn_proto::RaftMessage) carries openraft's request
-//! or reply as JSON in `header`, log entries in the log's own format ([`super::codec`]), a
-//! snapshot chunk in `data`, and the sender's cluster id, which the receiver checks: a replica
-//! of another cluster is refused, never joined.
+//! Raft messages between metaservers, as the `Meta` service's `RaftVote`, `RaftAppend` (over
+//! the wire protocol) and `RaftSnapshot` (over gRPC). A [`RaftMessage`](cairn_proto::RaftMessage)
+//! carries openraft's request or reply as JSON in `header`, log entries in the log's own format
+//! ([`super::codec`]), a snapshot chunk in `data`, and the sender's cluster id, which the
+//! receiver checks: a replica of another cluster is refused, never joined.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use cairn_common::{CairnError, Result};
 use cairn_net::channels::Channels;
+use cairn_net::wire::WireClient;
 use cairn_proto::RaftMessage;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
@@ -124,16 +128,33 @@ pub fn check_cluster(msg: &RaftMessage, cluster: &str) -> Result<()> {
     Ok(())
 }
 
-/// Makes the connections to the other replicas (one gRPC channel per address, shared).
+/// Makes the connections to the other replicas. Votes and appends (every commit's round trip)
+/// go over the framed wire protocol, whose caller writes and reads its connection itself, with
+/// no task between it and the socket (gRPC hands each call to a buffer task and a connection
+/// task: two more thread wake-ups a message on each side, `bench/RESULTS.md`); snapshots,
+/// rare and long, over gRPC. One wire client (a pool of connections) and one gRPC channel per
+/// address, shared by every leadership's replication streams.
 #[derive(Clone)]
 pub struct Network {
     channels: Arc<Channels>,
+    links: Arc<parking_lot::Mutex<HashMap<String, Arc<Link>>>>,
     cluster: Arc<str>,
 }
 
+/// The wire connections to one replica, and whether it answered that it has no wire Raft
+/// methods (a metaserver of an earlier version, during a rolling upgrade): from then on its
+/// votes and appends go over gRPC.
+struct Link {
+    wire: WireClient,
+    grpc_only: AtomicBool,
+}
+
+/// How long a wire connection to another replica may take to open (as its gRPC channel).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
 impl Network {
     pub fn new(channels: Arc<Channels>, cluster: &str) -> Network {
-        Network { channels, cluster: cluster.into() }
+        Network { channels, links: Default::default(), cluster: cluster.into() }
     }
 }
 
@@ -142,6 +163,7 @@ pub struct Peer {
     target: NodeId,
     addr: String,
     channels: Arc<Channels>,
+    link: Arc<Link>,
     cluster: Arc<str>,
 }
 
@@ -149,10 +171,26 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+        let link = self
+            .links
+            .lock()
+            .entry(node.addr.clone())
+            .or_insert_with(|| {
+                // Each message is bounded by openraft's own time (`RPCOption`), below this.
+                let wire = WireClient::new(
+                    &node.addr,
+                    cairn_net::tls::Role::Meta,
+                    CONNECT_TIMEOUT,
+                    Duration::from_secs(60),
+                );
+                Arc::new(Link { wire, grpc_only: AtomicBool::new(false) })
+            })
+            .clone();
         Peer {
             target,
             addr: node.addr.clone(),
             channels: self.channels.clone(),
+            link,
             cluster: self.cluster.clone(),
         }
     }
@@ -182,37 +220,76 @@ fn entries_within(entries: &[super::Entry], budget: usize) -> usize {
     entries.len()
 }
 
+/// The Raft methods a message goes by: over the wire protocol where the replica has them,
+/// else over gRPC.
+#[derive(Clone, Copy)]
+enum Method {
+    Vote,
+    Append,
+    Snapshot,
+}
+
 impl Peer {
-    /// Send `msg` with `call` and decode the reply, a `Result` of openraft's as JSON.
-    async fn send<T, E, F, Fut>(
+    /// Send `msg` as `method` and decode the reply, a `Result` of openraft's as JSON.
+    async fn send<T, E>(
         &self,
         msg: Result<RaftMessage>,
         option: &RPCOption,
-        call: F,
+        method: Method,
     ) -> Result<T, RpcError<E>>
     where
         T: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
-        F: FnOnce(cairn_proto::meta_client::MetaClient<tonic::transport::Channel>, RaftMessage) -> Fut,
-        Fut: std::future::Future<Output = std::result::Result<tonic::Response<RaftMessage>, tonic::Status>>,
     {
         let msg = msg.map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let client =
-            self.channels.meta(&self.addr).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
-        let reply = match tokio::time::timeout(option.hard_ttl(), call(client, msg)).await {
+        let reply = match tokio::time::timeout(option.hard_ttl(), self.exchange(msg, method)).await {
             Err(elapsed) => return Err(RPCError::Unreachable(Unreachable::new(&elapsed))),
-            Ok(Err(status)) => {
-                let e = CairnError::from(status);
+            Ok(Err(e)) => {
                 return Err(match e.kind() {
                     cairn_common::ErrorKind::Unavailable => RPCError::Unreachable(Unreachable::new(&e)),
                     _ => RPCError::Network(NetworkError::new(&e)),
                 });
             }
-            Ok(Ok(reply)) => reply.into_inner(),
+            Ok(Ok(reply)) => reply,
         };
         let result: std::result::Result<T, RaftError<NodeId, E>> =
             decode_plain(&reply).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+
+    /// `msg` over the wire protocol where it can go there, else over gRPC.
+    async fn exchange(&self, msg: RaftMessage, method: Method) -> Result<RaftMessage> {
+        use cairn_net::wire::meta;
+        let wire = &self.link.wire;
+        let answer = match method {
+            Method::Snapshot => return self.over_grpc(msg, method).await,
+            _ if self.link.grpc_only.load(Ordering::Relaxed) => return self.over_grpc(msg, method).await,
+            Method::Vote => meta::raft_vote(wire, msg).await,
+            Method::Append => meta::raft_append(wire, msg).await,
+        };
+        match answer {
+            // A replica of an earlier version (or one not replicated, which gRPC will refuse
+            // alike): this message is lost, openraft sends it again, and the next go over gRPC.
+            Err(e) if e.kind() == cairn_common::ErrorKind::NotSupported => {
+                tracing::warn!(replica = %self.addr, "{}: sending it Raft messages over gRPC", e.message());
+                self.link.grpc_only.store(true, Ordering::Relaxed);
+                Err(CairnError::unavailable(format!("{}: {}", self.addr, e.message())))
+            }
+            answer => answer,
+        }
+    }
+
+    async fn over_grpc(&self, msg: RaftMessage, method: Method) -> Result<RaftMessage> {
+        let mut client = self
+            .channels
+            .meta(&self.addr)
+            .map_err(|e| CairnError::unavailable(format!("{}: {}", self.addr, e.message())))?;
+        let reply = match method {
+            Method::Vote => client.raft_vote(msg).await,
+            Method::Append => client.raft_append(msg).await,
+            Method::Snapshot => client.raft_snapshot(msg).await,
+        };
+        reply.map(tonic::Response::into_inner).map_err(CairnError::from)
     }
 }
 
@@ -232,7 +309,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         let carries_entries = !rpc.entries.is_empty();
         let started = std::time::Instant::now();
         let msg = encode_append(&rpc, &self.cluster);
-        let answer = self.send(msg, &option, |mut c, m| async move { c.raft_append(m).await }).await;
+        let answer = self.send(msg, &option, Method::Append).await;
         // Heartbeats and commit notices (no entries) would hide the appends' time among theirs.
         if carries_entries && answer.is_ok() {
             metrics::histogram!(crate::metrics::RAFT_APPEND_RPC_SECONDS, "member" => self.target.to_string())
@@ -247,7 +324,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         option: RPCOption,
     ) -> std::result::Result<InstallSnapshotResponse<NodeId>, RpcError<InstallSnapshotError>> {
         let msg = encode_snapshot(&rpc, &self.cluster);
-        self.send(msg, &option, |mut c, m| async move { c.raft_snapshot(m).await }).await
+        self.send(msg, &option, Method::Snapshot).await
     }
 
     async fn vote(
@@ -256,7 +333,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         option: RPCOption,
     ) -> std::result::Result<VoteResponse<NodeId>, RpcError> {
         let msg = encode_plain(&rpc, &self.cluster);
-        self.send(msg, &option, |mut c, m| async move { c.raft_vote(m).await }).await
+        self.send(msg, &option, Method::Vote).await
     }
 }
 
@@ -293,6 +370,53 @@ mod tests {
         assert!(decode_append(&bad).unwrap_err().message().contains("malformed Raft entry"));
         bad.header = b"{".to_vec();
         assert!(decode_append(&bad).unwrap_err().message().contains("malformed Raft message"));
+    }
+
+    /// A wire server that knows no Raft methods (a metaserver of an earlier version).
+    struct Older;
+
+    impl cairn_net::wire::Handler for Older {
+        fn service(&self) -> &'static str {
+            "meta"
+        }
+        fn method_name(&self, _method: u16) -> Option<&'static str> {
+            None
+        }
+        fn answer(
+            &self,
+            _method: u16,
+            _body: bytes::Bytes,
+            _bulk: bytes::Bytes,
+            _peer: &cairn_net::tls::Peer,
+        ) -> cairn_net::wire::AnswerFuture<'_> {
+            unreachable!("the server answers unknown methods itself")
+        }
+    }
+
+    /// A replica without the wire protocol's Raft methods is sent the next messages over gRPC.
+    #[tokio::test]
+    async fn a_replica_without_wire_raft_methods_gets_grpc() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (_stop, stopped) = tokio::sync::watch::channel(false);
+        let (_grpc, _accepting) = cairn_net::server::serve(listener, Arc::new(Older), stopped);
+        let mut network =
+            Network::new(Arc::new(Channels::new(Duration::from_secs(1), Duration::from_secs(1))), "c1");
+        let mut peer = network.new_client(2, &BasicNode::new(&addr)).await;
+        let append = AppendEntriesRequest::<TypeConfig> {
+            vote: Vote::new_committed(1, 1),
+            prev_log_id: None,
+            leader_commit: None,
+            entries: Vec::new(),
+        };
+        let option = RPCOption::new(Duration::from_millis(500));
+        assert!(!peer.link.grpc_only.load(Ordering::Relaxed));
+        let first = peer.append_entries(append.clone(), option.clone()).await;
+        assert!(matches!(first, Err(RPCError::Unreachable(_))), "{first:?}");
+        assert!(peer.link.grpc_only.load(Ordering::Relaxed), "the next messages go over gRPC");
+        // Every stream to that address from now on: the link is shared.
+        let again = network.new_client(2, &BasicNode::new(&addr)).await;
+        assert!(again.link.grpc_only.load(Ordering::Relaxed));
     }
 
     /// Entries for a lagging follower are sent in messages the transport takes: as many as fit
