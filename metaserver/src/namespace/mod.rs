@@ -501,21 +501,41 @@ impl Namespace {
     /// Run `body` holding the locks of every inode `involved` names. `involved` is evaluated
     /// without locks, then again under them; if the set grew (a concurrent change), the locks
     /// are retaken for the larger set.
+    ///
+    /// All of it is one *change* of the store ([`MetaStore::begin_change`]): a replicated store
+    /// answers the body's writes once they are proposed, so the locks are let go then, and its
+    /// reads see what earlier changes proposed; the answer waits, after the locks, until
+    /// everything the change wrote or read is committed.
     fn locked<R>(&self, involved: impl Fn() -> Vec<u64>, body: impl FnOnce() -> Result<R>) -> Result<R> {
+        /// Closes the change without waiting if `body` or `involved` unwinds.
+        struct Change<'a>(&'a dyn MetaStore, bool);
+        impl Drop for Change<'_> {
+            fn drop(&mut self) {
+                if !self.1 {
+                    self.0.abandon_change();
+                }
+            }
+        }
+        self.store.begin_change();
+        let mut change = Change(&*self.store, false);
         let mut set = involved();
-        loop {
+        let out = loop {
             let guards = self.locks.lock(&set);
             let again = involved();
             if again.iter().all(|i| set.contains(i)) {
                 let out = body();
                 drop(guards);
-                return out;
+                break out;
             }
             drop(guards);
             set.extend(again);
             set.sort_unstable();
             set.dedup();
-        }
+        };
+        change.1 = true;
+        // What the body answered holds only if what it wrote and read is committed.
+        self.store.end_change()?;
+        out
     }
 
     fn tx(&self) -> Tx<'_> {

@@ -22,6 +22,7 @@ pub mod codec;
 pub mod log;
 pub mod network;
 pub mod node;
+mod overlay;
 mod proposals;
 pub mod state;
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,9 +15,11 @@ use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy};
 
 use super::log::LogStore;
 use super::network::{self, Network};
+use super::overlay::Overlay;
+use super::proposals::{Gate, Pending};
 use super::state::{SmStore, StateMachine};
 use super::{NodeId, TypeConfig};
-use crate::store::{Batch, Cf, MetaStore, StoreView};
+use crate::store::{Batch, Cf, MetaStore, Op, StoreView};
 
 /// How one replica runs.
 #[derive(Clone, Debug)]
@@ -83,18 +85,13 @@ pub struct RaftNode {
     _runtime: RaftRuntime,
     raft_handle: tokio::runtime::Handle,
     /// Changes to propose, grouped into entries by the task of `proposals.rs`.
-    proposals: tokio::sync::mpsc::UnboundedSender<super::proposals::Pending>,
-    /// Set when a write failed: what the leader's namespace holds in memory may be ahead of or
-    /// behind the store, so it is opened again before serving more.
-    poisoned: AtomicBool,
-    /// The generation of the stores that may still write: each namespace opened as leader
-    /// writes through a store of one generation; retiring it ([`RaftNode::retire_stores`])
-    /// waits for that store's writes in flight and refuses any later one, so two namespaces
-    /// (each with its own locks and counters in memory) never write side by side.
-    fence: parking_lot::RwLock<u64>,
-    /// The newest generation one of whose writes failed: it writes no more (its namespace's
-    /// memory may not match the store), even before the leadership task retires it.
-    failed: std::sync::atomic::AtomicU64,
+    proposals: tokio::sync::mpsc::UnboundedSender<Pending>,
+    /// Which store may still write: each namespace opened as leader writes through a store of
+    /// one generation; retiring it ([`RaftNode::retire_stores`]) refuses its later writes and
+    /// waits for those in flight, so two namespaces (each with its own locks and counters in
+    /// memory) never write side by side. A generation one of whose writes failed writes no
+    /// more (its namespace's memory may not match the store), and the namespace is reopened.
+    gate: Arc<Gate>,
     /// Until when (nanoseconds after `started`) this replica may answer as leader without
     /// asking the others: see [`RaftNode::holds_lease`].
     lease_until: std::sync::atomic::AtomicU64,
@@ -176,7 +173,14 @@ impl RaftNode {
             .map_err(|e| CairnError::internal(format!("starting Raft: {e}")))?
             .map_err(|e| CairnError::internal(format!("starting Raft: {e}")))?;
         let (proposals, queue) = tokio::sync::mpsc::unbounded_channel();
-        handle.spawn(super::proposals::run(raft.clone(), queue, settings.write_timeout, not_leader));
+        let gate = Arc::new(Gate::default());
+        handle.spawn(super::proposals::run(
+            raft.clone(),
+            queue,
+            settings.write_timeout,
+            gate.clone(),
+            not_leader,
+        ));
         let node = Arc::new(RaftNode {
             raft,
             settings,
@@ -184,9 +188,7 @@ impl RaftNode {
             raft_handle: handle,
             proposals,
             _runtime: runtime,
-            poisoned: AtomicBool::new(false),
-            fence: parking_lot::RwLock::new(0),
-            failed: std::sync::atomic::AtomicU64::new(u64::MAX),
+            gate,
             lease_until: std::sync::atomic::AtomicU64::new(0),
             started: std::time::Instant::now(),
             lease: Duration::from_millis(election.max(heartbeat * 3)),
@@ -320,7 +322,7 @@ impl RaftNode {
 
     /// Take (and clear) the mark a failed write left.
     pub fn take_poisoned(&self) -> bool {
-        self.poisoned.swap(false, Ordering::AcqRel)
+        self.gate.take_poisoned()
     }
 
     /// A store for a namespace opened now: it reads this replica's state machine and writes
@@ -330,18 +332,24 @@ impl RaftNode {
     /// their writes in flight), including one whose namespace failed to open after a write of
     /// it failed. Blocks: call off the async threads.
     pub fn store(self: &Arc<Self>) -> Arc<RaftStore> {
-        let generation = {
-            let mut fence = self.fence.write();
-            *fence += 1;
-            *fence
-        };
-        Arc::new(RaftStore { node: self.clone(), generation })
+        let generation = self.gate.next_generation();
+        self.drain();
+        Arc::new(RaftStore { node: self.clone(), generation, overlay: Arc::new(Overlay::default()) })
     }
 
     /// Let no store handed out so far write again, once the writes they have in flight are
     /// done (blocks: call off the async threads).
     pub fn retire_stores(&self) {
-        *self.fence.write() += 1;
+        self.gate.next_generation();
+        self.drain();
+    }
+
+    /// Wait for every change proposed so far to be answered: each is within its write
+    /// timeout of reaching the proposer, and the proposer answers a retired store's at once.
+    fn drain(&self) {
+        if !self.gate.wait_drained(self.settings.write_timeout * 3) {
+            tracing::warn!("changes of a retired namespace are still unanswered after three write timeouts");
+        }
     }
 
     pub fn status(&self) -> RaftStatusReply {
@@ -561,47 +569,35 @@ impl RaftNode {
         }
     }
 
-    /// Propose `batch` for a store of `generation` and wait until it is applied here.
-    fn propose(&self, generation: u64, batch: Batch) -> Result<()> {
-        let fence = self.fence.read();
-        let failed = self.failed.load(Ordering::Acquire);
-        if *fence != generation || (failed != u64::MAX && failed >= generation) {
+    /// Propose `ops` for a store of `generation` through its `overlay`; the proposal's number
+    /// there, which [`Overlay::wait`] waits for.
+    fn propose(&self, generation: u64, overlay: &Arc<Overlay>, ops: Vec<Op>) -> Result<u64> {
+        if self.gate.refuses(generation) {
             return Err(CairnError::new(
                 ErrorKind::NotLeader,
                 "this namespace was closed (leadership changed or a write failed); ask again",
             ));
         }
         let proposed = std::time::Instant::now();
-        let (pending, answer) = super::proposals::Pending::new(batch.into_ops());
-        let write = async {
-            self.proposals
-                .send(pending)
-                .map_err(|_| CairnError::unavailable("this metaserver's Raft node is stopping"))?;
-            // Bounded here too: queued behind an entry that cannot commit, a change would
-            // otherwise wait for that entry's time and then its own.
-            match tokio::time::timeout(self.settings.write_timeout, answer).await {
-                Err(_) => Err(CairnError::unavailable(format!(
-                    "a metadata change was not committed within {:?}: fewer than a majority of metaservers answer",
-                    self.settings.write_timeout
-                ))),
-                Ok(answer) => answer
-                    .unwrap_or_else(|_| Err(CairnError::unavailable("this metaserver's Raft node is stopping"))),
-            }
-        };
-        let result = tokio::task::block_in_place(|| self.raft_handle.block_on(write));
-        if result.is_ok() {
-            metrics::histogram!(crate::metrics::RAFT_COMMIT_SECONDS).record(proposed.elapsed().as_secs_f64());
-        } else {
-            metrics::counter!(crate::metrics::RAFT_COMMIT_FAILURES).increment(1);
-            // Another write of this namespace may be waiting for the locks this one held, and
-            // would compute from a store this one's entry may still change: refuse it.
-            let _ = self.failed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| {
-                Some(if f == u64::MAX { generation } else { f.max(generation) })
+        let sent = overlay.propose(ops, |seq, ops| {
+            let (gate, overlay) = (self.gate.clone(), overlay.clone());
+            let pending = Pending::new(ops, generation, &self.gate, move |result: Result<()>| {
+                match &result {
+                    Ok(()) => metrics::histogram!(crate::metrics::RAFT_COMMIT_SECONDS)
+                        .record(proposed.elapsed().as_secs_f64()),
+                    Err(_) => {
+                        metrics::counter!(crate::metrics::RAFT_COMMIT_FAILURES).increment(1);
+                        // Later changes of this namespace may have been computed from this
+                        // one (under the locks it held, or through the overlay): refuse them.
+                        gate.fail(generation);
+                    }
+                }
+                overlay.settle(seq, result);
             });
-            self.poisoned.store(true, Ordering::Release);
-        }
-        drop(fence);
-        result
+            self.proposals.send(pending)
+        })?;
+        // A change the proposer never got is answered (as failed) when it is dropped here.
+        sent.map_err(|_| CairnError::unavailable("this metaserver's Raft node is stopping"))
     }
 }
 
@@ -696,6 +692,17 @@ fn publish(
 pub struct RaftStore {
     node: Arc<RaftNode>,
     generation: u64,
+    /// Changes proposed and not yet applied, read through by the namespace's later changes.
+    overlay: Arc<Overlay>,
+}
+
+impl RaftStore {
+    fn wait_error(&self, e: CairnError) -> CairnError {
+        // The caller stops waiting: whatever this namespace proposes after might be computed
+        // from a change that is never committed.
+        self.node.gate.fail(self.generation);
+        e
+    }
 }
 
 impl MetaStore for RaftStore {
@@ -704,11 +711,14 @@ impl MetaStore for RaftStore {
     }
 
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        if let Some(proposed) = self.overlay.get(cf, key)? {
+            return Ok(proposed);
+        }
         self.node.sm.current().get(cf, key)
     }
 
     fn scan(&self, cf: Cf, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        self.node.sm.current().scan(cf, start, end, limit)
+        self.overlay.scan(cf, start, end, limit, |limit| self.node.sm.current().scan(cf, start, end, limit))
     }
 
     fn write(&self, batch: Batch) -> Result<()> {
@@ -723,7 +733,26 @@ impl MetaStore for RaftStore {
         }) {
             return Err(CairnError::internal("a namespace write names the Raft state's column family"));
         }
-        self.node.propose(self.generation, batch)
+        let seq = self.node.propose(self.generation, &self.overlay, batch.into_ops())?;
+        if self.overlay.in_change() {
+            // Waited for when the change ends, after its locks are let go.
+            return Ok(());
+        }
+        let wait = || self.overlay.wait(seq, self.node.settings.write_timeout);
+        tokio::task::block_in_place(wait).map_err(|e| self.wait_error(e))
+    }
+
+    fn begin_change(&self) {
+        self.overlay.begin();
+    }
+
+    fn end_change(&self) -> Result<()> {
+        let wait = || self.overlay.end(self.node.settings.write_timeout);
+        tokio::task::block_in_place(wait).map_err(|e| self.wait_error(e))
+    }
+
+    fn abandon_change(&self) {
+        self.overlay.abandon();
     }
 
     fn sync(&self) -> Result<()> {

@@ -9,17 +9,20 @@
 //!
 //! Why putting several changes in one entry is sound: an entry is applied as one `WriteBatch`,
 //! so each change still lands whole or not at all, in the order proposed; two changes that touch
-//! one key are never pending together (an operation holds its inode locks, and its statistics
-//! shard, until its entry is applied); and an entry that fails fails every change in it, each of
-//! whose callers sees the error as it would have for an entry of its own.
+//! one key are proposed in the order they were made (the second read the first's proposed value
+//! through the leader overlay, `overlay.rs`), so the later one's value is the one left; and an
+//! entry that fails fails every change in it, each of whose callers sees the error as it would
+//! have for an entry of its own, and no later change of that namespace is proposed ([`Gate`]).
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_common::{CairnError, Result};
+use cairn_common::{CairnError, ErrorKind, Result};
 use openraft::error::ClientWriteError;
 use openraft::{BasicNode, Raft};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use parking_lot::{Condvar, Mutex};
+use tokio::sync::{mpsc, Semaphore};
 
 use super::{Command, TypeConfig};
 use crate::store::Op;
@@ -35,16 +38,107 @@ pub const IN_FLIGHT: usize = 1;
 const GROUP_BYTES: usize = 4 << 20;
 const GROUP_CHANGES: usize = 4096;
 
-/// One change waiting to be proposed, and where its outcome goes.
+/// Which namespace may still have its changes proposed, shared by the stores and the
+/// proposer. Each namespace opened as leader writes through a store of one *generation*.
+#[derive(Default)]
+pub struct Gate {
+    /// The newest generation handed out: an older one's changes are not proposed.
+    current: AtomicU64,
+    /// The newest generation one of whose changes failed (0: none): its later changes may have
+    /// been computed from the failed one, so none of them is proposed.
+    failed: AtomicU64,
+    /// Set by a failed change: the leader's namespace is opened again before serving more.
+    poisoned: AtomicBool,
+    /// Changes proposed and not yet answered.
+    in_flight: Mutex<usize>,
+    drained: Condvar,
+}
+
+impl Gate {
+    /// Whether changes of `generation` may no longer be proposed.
+    pub fn refuses(&self, generation: u64) -> bool {
+        generation < self.current.load(Ordering::Acquire) || self.failed.load(Ordering::Acquire) >= generation
+    }
+
+    /// Hand out the next generation (every earlier one is refused from now on).
+    pub fn next_generation(&self) -> u64 {
+        self.current.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// A change of `generation` failed: refuse its later ones and, if it is the namespace
+    /// serving now, have it reopened.
+    pub fn fail(&self, generation: u64) {
+        self.failed.fetch_max(generation, Ordering::AcqRel);
+        if generation >= self.current.load(Ordering::Acquire) {
+            self.poisoned.store(true, Ordering::Release);
+        }
+    }
+
+    /// Take (and clear) the mark a failed change left.
+    pub fn take_poisoned(&self) -> bool {
+        self.poisoned.swap(false, Ordering::AcqRel)
+    }
+
+    /// Wait (at most `timeout`) until every change proposed so far is answered; false if
+    /// some still were not.
+    pub fn wait_drained(&self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut n = self.in_flight.lock();
+        while *n > 0 {
+            if self.drained.wait_until(&mut n, deadline).timed_out() {
+                return *n == 0;
+            }
+        }
+        true
+    }
+}
+
+/// One change waiting to be proposed, and who is told its outcome.
 pub struct Pending {
     ops: Vec<Op>,
-    done: oneshot::Sender<Result<()>>,
+    generation: u64,
+    answer: Answer,
+}
+
+/// Called with a change's outcome exactly once: when its entry is applied here or failed, or
+/// with an error when the change is dropped unanswered (the proposer stopping).
+struct Answer {
+    settled: Option<Box<dyn FnOnce(Result<()>) + Send>>,
+    gate: Arc<Gate>,
+}
+
+impl Answer {
+    fn send(mut self, result: Result<()>) {
+        if let Some(settled) = self.settled.take() {
+            settled(result);
+        }
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        if let Some(settled) = self.settled.take() {
+            settled(Err(CairnError::unavailable("this metaserver's Raft node is stopping")));
+        }
+        let mut n = self.gate.in_flight.lock();
+        *n -= 1;
+        if *n == 0 {
+            self.gate.drained.notify_all();
+        }
+    }
 }
 
 impl Pending {
-    pub fn new(ops: Vec<Op>) -> (Pending, oneshot::Receiver<Result<()>>) {
-        let (done, rx) = oneshot::channel();
-        (Pending { ops, done }, rx)
+    /// A change of `generation`; `settled` is told its outcome (once). Counted in flight until
+    /// then.
+    pub fn new(
+        ops: Vec<Op>,
+        generation: u64,
+        gate: &Arc<Gate>,
+        settled: impl FnOnce(Result<()>) + Send + 'static,
+    ) -> Pending {
+        *gate.in_flight.lock() += 1;
+        Pending { ops, generation, answer: Answer { settled: Some(Box::new(settled)), gate: gate.clone() } }
     }
 
     fn bytes(&self) -> usize {
@@ -54,30 +148,48 @@ impl Pending {
 
 /// Propose what arrives on `queue` through `raft`, in groups (see the module's comment); each
 /// change is answered once its entry is applied here, or fails after `timeout` without a
-/// majority (its caller also stops waiting after `timeout`, counted from when it proposed). `not_leader` turns openraft's forward-to-leader answer into the client's error.
+/// majority. A change of a generation the gate refuses is answered `NotLeader` unproposed, and
+/// an entry that fails makes the gate refuse its generation before the next entry is sent.
+/// `not_leader` turns openraft's forward-to-leader answer into the client's error.
 pub async fn run(
     raft: Raft<TypeConfig>,
     mut queue: mpsc::UnboundedReceiver<Pending>,
     timeout: Duration,
+    gate: Arc<Gate>,
     not_leader: fn(Option<&BasicNode>) -> CairnError,
 ) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    // A change whose namespace was retired, or one of whose earlier changes failed (its caller
+    // may have stopped waiting and answered that it failed), is not proposed.
+    let admit = |pending: Pending| -> Option<Pending> {
+        if gate.refuses(pending.generation) {
+            pending.answer.send(Err(CairnError::new(
+                ErrorKind::NotLeader,
+                "this namespace was closed (leadership changed or a write failed); ask again",
+            )));
+            return None;
+        }
+        Some(pending)
+    };
     while let Some(first) = queue.recv().await {
         let Ok(slot) = slots.clone().acquire_owned().await else { return };
-        let mut bytes = first.bytes();
-        let mut group = vec![first];
+        let mut bytes = 0;
+        let mut group = Vec::new();
+        if let Some(first) = admit(first) {
+            bytes += first.bytes();
+            group.push(first);
+        }
         while bytes < GROUP_BYTES && group.len() < GROUP_CHANGES {
             match queue.try_recv() {
                 Ok(next) => {
-                    bytes += next.bytes();
-                    group.push(next);
+                    if let Some(next) = admit(next) {
+                        bytes += next.bytes();
+                        group.push(next);
+                    }
                 }
                 Err(_) => break,
             }
         }
-        // A change whose caller stopped waiting (its time ran out while earlier entries could
-        // not commit) is not proposed: the caller already answered that it failed.
-        group.retain(|pending| !pending.done.is_closed());
         if group.is_empty() {
             continue;
         }
@@ -85,10 +197,13 @@ pub async fn run(
         metrics::counter!(crate::metrics::RAFT_CHANGES_PROPOSED).increment(group.len() as u64);
         let mut ops = Vec::with_capacity(group.iter().map(|p| p.ops.len()).sum());
         let mut answers = Vec::with_capacity(group.len());
+        let mut newest = 0;
         for pending in group {
             ops.extend(pending.ops);
-            answers.push(pending.done);
+            newest = newest.max(pending.generation);
+            answers.push(pending.answer);
         }
+        let gate = gate.clone();
         // Sent here, in arrival order; waited for in a task of its own, so the next group can
         // be sent while this one commits.
         let deadline = tokio::time::Instant::now() + timeout;
@@ -113,9 +228,14 @@ pub async fn run(
                     }
                 },
             };
+            if result.is_err() {
+                // Before the next entry may be sent: changes queued behind this one may have
+                // been computed from it (the leader overlay).
+                gate.fail(newest);
+            }
             drop(slot);
             for answer in answers {
-                let _ = answer.send(result.clone());
+                answer.send(result.clone());
             }
         });
     }

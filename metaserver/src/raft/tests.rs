@@ -292,24 +292,20 @@ fn a_backup_restores_as_a_new_group_or_a_lone_namespace_and_nothing_is_overwritt
     assert!(!other.exists() && !other.with_extension("restoring").exists());
 }
 
-/// Changes written at once by many threads through a one-replica group: every one lands whole,
-/// and they share log entries (group commit, `proposals.rs`) instead of one entry each.
-#[test]
-fn concurrent_changes_share_entries_and_each_lands_whole() {
+/// A one-replica group in `dir`, leading and caught up.
+fn lone_leader(rt: &tokio::runtime::Runtime, dir: &std::path::Path) -> std::sync::Arc<super::node::RaftNode> {
     use super::node::{RaftNode, RaftSettings};
-    let dir = tempfile::tempdir().unwrap();
-    let rt = runtime();
     let settings = RaftSettings {
         id: 1,
         members: BTreeMap::from([(1, "127.0.0.1:9".to_string())]),
         cluster: "test".into(),
-        dir: dir.path().join("raft"),
+        dir: dir.join("raft"),
         heartbeat: std::time::Duration::from_millis(50),
         election: std::time::Duration::from_millis(300),
         write_timeout: std::time::Duration::from_secs(10),
         snapshot_every: 100_000,
     };
-    let node = rt.block_on(async {
+    rt.block_on(async {
         let node = RaftNode::start(settings).await.unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while !node.is_leader() {
@@ -318,7 +314,16 @@ fn concurrent_changes_share_entries_and_each_lands_whole() {
         }
         node.caught_up().await.unwrap();
         node
-    });
+    })
+}
+
+/// Changes written at once by many threads through a one-replica group: every one lands whole,
+/// and they share log entries (group commit, `proposals.rs`) instead of one entry each.
+#[test]
+fn concurrent_changes_share_entries_and_each_lands_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let node = lone_leader(&rt, dir.path());
     let before = node.raft.metrics().borrow().last_log_index.unwrap_or(0);
     let store = node.store();
     let (threads, each) = (16, 25);
@@ -346,6 +351,54 @@ fn concurrent_changes_share_entries_and_each_lands_whole() {
     assert!(
         entries < (threads * each) as u64,
         "{} changes took {entries} log entries: none were grouped",
+        threads * each
+    );
+    rt.block_on(node.shutdown());
+}
+
+/// Read-modify-writes of one key under one lock, as creates in one directory are (the
+/// directory's inode lock): inside a change (`MetaStore::begin_change`, which the namespace
+/// opens under its locks) each is answered once proposed, so the lock is let go before the
+/// commit and the next reads the proposed value through the leader overlay. None is lost, and
+/// they share log entries — with the lock held until each was applied, every one took an entry
+/// of its own.
+#[test]
+fn changes_under_one_lock_read_each_others_proposals_and_share_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let node = lone_leader(&rt, dir.path());
+    let before = node.raft.metrics().borrow().last_log_index.unwrap_or(0);
+    let store = node.store();
+    let lock = parking_lot::Mutex::new(());
+    let (threads, each) = (16, 25);
+    let count = |store: &dyn MetaStore| -> u64 {
+        store.get(Cf::Counters, b"n").unwrap().map_or(0, |v| u64::from_be_bytes(v.try_into().unwrap()))
+    };
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (store, lock) = (store.clone(), &lock);
+            s.spawn(move || {
+                for i in 0..each {
+                    store.begin_change();
+                    {
+                        let _held = lock.lock();
+                        let mut batch = crate::store::Batch::new();
+                        batch.put(Cf::Counters, &b"n"[..], (count(&*store) + 1).to_be_bytes());
+                        batch.put(Cf::Inodes, format!("{t}/{i}"), "x");
+                        store.write(batch).unwrap();
+                    }
+                    store.end_change().unwrap();
+                    // Answered: applied here, so a read outside any change sees it.
+                    assert!(store.get(Cf::Inodes, format!("{t}/{i}").as_bytes()).unwrap().is_some());
+                }
+            });
+        }
+    });
+    assert_eq!(count(&*store), (threads * each) as u64, "an update was lost");
+    let entries = node.raft.metrics().borrow().last_log_index.unwrap_or(0) - before;
+    assert!(
+        entries < (threads * each) as u64 / 2,
+        "{} changes under one lock took {entries} log entries: each waited for the one before",
         threads * each
     );
     rt.block_on(node.shutdown());

@@ -177,6 +177,23 @@ pub trait MetaStore: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Open a *change* on this thread: the reads and writes one operation makes under its
+    /// locks, up to [`MetaStore::end_change`]. A store may answer a write inside a change
+    /// before it is durable (a replicated store: once it is proposed), as long as the change's
+    /// later reads, and every other change's, see it; `end_change` then waits until everything
+    /// the change wrote or read that way is durable. Stores that answer writes when durable
+    /// ignore it.
+    fn begin_change(&self) {}
+
+    /// Close this thread's change (see [`MetaStore::begin_change`]); an error if something it
+    /// wrote or read was not committed (the operation may or may not have happened).
+    fn end_change(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Close this thread's change without waiting (the operation unwound).
+    fn abandon_change(&self) {}
+
     /// Write a consistent copy of the whole store, as a database, into `dir` (which must not
     /// exist): what a lone metaserver's backup packs. Stores that cannot say so.
     fn checkpoint_into(&self, dir: &std::path::Path) -> Result<()> {
