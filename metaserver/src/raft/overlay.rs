@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn_common::{CairnError, Result};
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 
 use crate::store::{Cf, Op};
 
@@ -39,8 +39,8 @@ struct Slot {
 
 #[derive(Default)]
 struct State {
-    /// The newest proposed value of every key some pending change writes.
-    keys: BTreeMap<(Cf, Vec<u8>), Slot>,
+    /// The newest proposed value of every key some pending change writes, by column family.
+    keys: [BTreeMap<Vec<u8>, Slot>; Cf::ALL.len()],
     /// The keys each pending change wrote, to drop them once it is applied.
     by_seq: BTreeMap<u64, Vec<(Cf, Vec<u8>)>>,
     /// The number the next proposal gets (the first is 1).
@@ -66,9 +66,10 @@ impl State {
 }
 
 /// The overlay of one namespace's store (one generation: a new namespace gets a new one).
+/// Reads take the lock shared: every read of every change consults it.
 #[derive(Default)]
 pub struct Overlay {
-    state: Mutex<State>,
+    state: RwLock<State>,
 }
 
 /// What one thread's change has read or made so far.
@@ -147,7 +148,7 @@ impl Overlay {
         ops: Vec<Op>,
         send: impl FnOnce(u64, Vec<Op>) -> std::result::Result<(), T>,
     ) -> Result<std::result::Result<u64, T>> {
-        let mut st = self.state.lock();
+        let mut st = self.state.write();
         if let Some((_, e)) = &st.failed {
             return Err(e.clone());
         }
@@ -159,7 +160,7 @@ impl Overlay {
                 Op::Put { cf, key, value } => (*cf, key, Some(value.clone())),
                 Op::Delete { cf, key } => (*cf, key, None),
             };
-            st.keys.insert((cf, key.clone()), Slot { seq, value });
+            st.keys[cf.index()].insert(key.clone(), Slot { seq, value });
             written.push((cf, key.clone()));
         }
         st.by_seq.insert(seq, written);
@@ -172,11 +173,12 @@ impl Overlay {
     /// Proposal `seq` is applied (`Ok`) or failed: drop its keys (where no later proposal wrote
     /// them again) and wake whoever waits.
     pub fn settle(&self, seq: u64, result: Result<()>) {
-        let mut st = self.state.lock();
+        let mut st = self.state.write();
         if let Some(keys) = st.by_seq.remove(&seq) {
-            for key in keys {
-                if st.keys.get(&key).is_some_and(|slot| slot.seq == seq) {
-                    st.keys.remove(&key);
+            for (cf, key) in keys {
+                let map = &mut st.keys[cf.index()];
+                if map.get(&key).is_some_and(|slot| slot.seq == seq) {
+                    map.remove(&key);
                 }
             }
         }
@@ -212,7 +214,7 @@ impl Overlay {
         let me = std::thread::current();
         loop {
             {
-                let mut st = self.state.lock();
+                let mut st = self.state.write();
                 if st.decided(seq) {
                     st.waiters.retain(|(_, t)| t.id() != me.id());
                     return match &st.failed {
@@ -242,11 +244,11 @@ impl Overlay {
         if !self.in_change() {
             return Ok(None);
         }
-        let st = self.state.lock();
+        let st = self.state.read();
         if let Some((_, e)) = &st.failed {
             return Err(e.clone());
         }
-        let Some(slot) = st.keys.get(&(cf, key.to_vec())) else { return Ok(None) };
+        let Some(slot) = st.keys[cf.index()].get(key) else { return Ok(None) };
         let (seq, value) = (slot.seq, slot.value.clone());
         drop(st);
         self.note(seq);
@@ -268,15 +270,14 @@ impl Overlay {
             return applied(limit);
         }
         let pending: Vec<(Vec<u8>, u64, Option<Vec<u8>>)> = {
-            let st = self.state.lock();
+            let st = self.state.read();
             if let Some((_, e)) = &st.failed {
                 return Err(e.clone());
             }
-            let upper = if end.is_empty() { Bound::Unbounded } else { Bound::Excluded((cf, end.to_vec())) };
-            st.keys
-                .range((Bound::Included((cf, start.to_vec())), upper))
-                .take_while(|((c, _), _)| *c == cf)
-                .map(|((_, k), slot)| (k.clone(), slot.seq, slot.value.clone()))
+            let upper = if end.is_empty() { Bound::Unbounded } else { Bound::Excluded(end) };
+            st.keys[cf.index()]
+                .range::<[u8], _>((Bound::Included(start), upper))
+                .map(|(k, slot)| (k.clone(), slot.seq, slot.value.clone()))
                 .collect()
         };
         if pending.is_empty() {

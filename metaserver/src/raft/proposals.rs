@@ -14,14 +14,13 @@
 //! entry that fails fails every change in it, each of whose callers sees the error as it would
 //! have for an entry of its own, and no later change of that namespace is proposed ([`Gate`]).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_common::{CairnError, ErrorKind, Result};
 use openraft::error::ClientWriteError;
 use openraft::{BasicNode, Raft};
-use parking_lot::{Condvar, Mutex};
 use tokio::sync::{mpsc, Semaphore};
 
 use super::{Command, TypeConfig};
@@ -50,8 +49,7 @@ pub struct Gate {
     /// Set by a failed change: the leader's namespace is opened again before serving more.
     poisoned: AtomicBool,
     /// Changes proposed and not yet answered.
-    in_flight: Mutex<usize>,
-    drained: Condvar,
+    in_flight: AtomicUsize,
 }
 
 impl Gate {
@@ -82,12 +80,14 @@ impl Gate {
     /// Wait (at most `timeout`) until every change proposed so far is answered; false if
     /// some still were not.
     pub fn wait_drained(&self, timeout: Duration) -> bool {
+        // Rare (a change of leadership or a failed write): polled, so that answering a change
+        // costs one atomic decrement rather than a lock and a wake-up.
         let deadline = std::time::Instant::now() + timeout;
-        let mut n = self.in_flight.lock();
-        while *n > 0 {
-            if self.drained.wait_until(&mut n, deadline).timed_out() {
-                return *n == 0;
+        while self.in_flight.load(Ordering::Acquire) > 0 {
+            if std::time::Instant::now() >= deadline {
+                return false;
             }
+            std::thread::sleep(Duration::from_millis(2));
         }
         true
     }
@@ -120,11 +120,7 @@ impl Drop for Answer {
         if let Some(settled) = self.settled.take() {
             settled(Err(CairnError::unavailable("this metaserver's Raft node is stopping")));
         }
-        let mut n = self.gate.in_flight.lock();
-        *n -= 1;
-        if *n == 0 {
-            self.gate.drained.notify_all();
-        }
+        self.gate.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -137,7 +133,7 @@ impl Pending {
         gate: &Arc<Gate>,
         settled: impl FnOnce(Result<()>) + Send + 'static,
     ) -> Pending {
-        *gate.in_flight.lock() += 1;
+        gate.in_flight.fetch_add(1, Ordering::AcqRel);
         Pending { ops, generation, answer: Answer { settled: Some(Box::new(settled)), gate: gate.clone() } }
     }
 
