@@ -66,8 +66,10 @@ impl Gate {
     /// A change of `generation` failed: refuse its later ones and, if it is the namespace
     /// serving now, have it reopened.
     pub fn fail(&self, generation: u64) {
-        self.failed.fetch_max(generation, Ordering::AcqRel);
-        if generation >= self.current.load(Ordering::Acquire) {
+        // Only the first failure of a generation asks for a reopening: the changes refused
+        // after it fail too, and must not have the namespace that replaces it reopened as well.
+        let before = self.failed.fetch_max(generation, Ordering::AcqRel);
+        if before < generation && generation >= self.current.load(Ordering::Acquire) {
             self.poisoned.store(true, Ordering::Release);
         }
     }
@@ -241,4 +243,35 @@ fn not_committed(timeout: Duration) -> CairnError {
     CairnError::unavailable(format!(
         "a metadata change was not committed within {timeout:?}: fewer than a majority of metaservers answer"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::Gate;
+
+    /// A generation's first failure refuses its later changes and asks once for the namespace
+    /// to be reopened; a retired generation's failures ask nothing of the one serving now.
+    #[test]
+    fn a_failed_generation_is_refused_and_reopened_once() {
+        let gate = Gate::default();
+        let first = gate.next_generation();
+        assert!(!gate.refuses(first));
+        gate.fail(first);
+        assert!(gate.refuses(first));
+        assert!(gate.take_poisoned());
+        gate.fail(first);
+        assert!(!gate.take_poisoned(), "the same generation's later failures reopen nothing");
+
+        let second = gate.next_generation();
+        assert!(!gate.refuses(second) && gate.refuses(first));
+        gate.fail(first);
+        assert!(!gate.take_poisoned(), "a retired generation's failure reopened the new namespace");
+        let third = gate.next_generation();
+        assert!(gate.refuses(second), "a retired generation is refused");
+        gate.fail(third);
+        assert!(gate.take_poisoned() && gate.refuses(third));
+        assert!(gate.wait_drained(Duration::from_millis(10)), "nothing is in flight");
+    }
 }
