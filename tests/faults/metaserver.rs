@@ -435,6 +435,68 @@ fn metaserver_killed_mid_burst_keeps_a_consistent_namespace() {
 // 2. The metaserver leader of a replicated namespace killed again and again.
 
 /// The id of the replica that leads, as `cairn meta status` reports it.
+/// Seeds of the files the shared client makes (apart from the bursts' seeds).
+const SHARED_SEED: u64 = 1 << 40;
+
+/// The shared client's files made (name, number) and creates failed (name, number, error).
+type SharedFiles = (Vec<(String, u64)>, Vec<(String, u64, String)>);
+
+/// Create `s1`, `s2`, ... in `dir` until `progress.stop`: another client's files in a directory
+/// a burst changes too. The names made (with their number) and those whose create failed.
+fn shared_creates(dir: PathBuf, progress: Arc<Progress>) -> SharedFiles {
+    let (mut made, mut failed) = (Vec::new(), Vec::new());
+    let mut n = 0;
+    while !progress.stop.load(Ordering::SeqCst) {
+        n += 1;
+        let name = format!("s{n}");
+        match create_file(&dir.join(&name), &burst_content(SHARED_SEED + n)) {
+            Ok(()) => {
+                made.push((name, n));
+                progress.ok.fetch_add(1, Ordering::SeqCst);
+            }
+            Err(e) => {
+                failed.push((name, n, e.to_string()));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    (made, failed)
+}
+
+/// Take the shared client's files out of what a walk found, and check them: each made is
+/// there with its bytes; any other is one whose create failed, with its bytes or empty.
+fn check_shared(
+    found: &mut BTreeMap<String, Found>,
+    made: &[(String, u64)],
+    failed: &[(String, u64, String)],
+) -> Vec<String> {
+    let shared: Vec<String> =
+        found.keys().filter(|k| k.starts_with('s') && !k.contains('/')).cloned().collect();
+    let mut seen: BTreeMap<String, Found> =
+        shared.into_iter().map(|k| (k.clone(), found.remove(&k).unwrap())).collect();
+    let content = |n: u64| {
+        let data = burst_content(SHARED_SEED + n);
+        Found::File { len: data.len() as u64, sha: sha256(&data) }
+    };
+    let mut problems = Vec::new();
+    for (name, n) in made {
+        match seen.remove(name) {
+            Some(f) if f == content(*n) => {}
+            other => problems.push(format!("the shared client's file {name}: found {other:?}")),
+        }
+    }
+    let empty = Found::File { len: 0, sha: sha256(&[]) };
+    for (name, f) in seen {
+        match failed.iter().find(|(failed, _, _)| *failed == name) {
+            Some((_, n, _)) if f == content(*n) || f == empty => {}
+            other => {
+                problems.push(format!("unexpected shared entry {name}: {f:?} (failed create: {other:?})"))
+            }
+        }
+    }
+    problems
+}
+
 fn leader_id(cluster: &Cluster) -> Option<u64> {
     let out = cluster.cli(&["meta", "status", "--json"]);
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
@@ -443,9 +505,11 @@ fn leader_id(cluster: &Cluster) -> Option<u64> {
 
 /// Bursts of creates, renames, unlinks and mkdirs from two mounts while the metaserver leader
 /// of three replicas is killed with `kill -9` four times (each time started again a moment
-/// later, as a supervisor would). The mounts ride through every failover: no operation fails
-/// and none takes longer than the wait for a new leader. Afterwards every acknowledged change
-/// is there exactly once on both mounts and on a fresh one, and `cairn fsck` is clean.
+/// later, as a supervisor would); a third client creates through the second mount in the
+/// first burst's root directory, so two mounts change one directory throughout. The mounts
+/// ride through every failover: no operation fails and none takes longer than the wait for a
+/// new leader. Afterwards every acknowledged change is there exactly once on both mounts and on
+/// a fresh one, and `cairn fsck` is clean.
 #[test]
 fn metaserver_leader_killed_again_and_again_mid_burst_loses_nothing() {
     let seed: u64 = std::env::var("CAIRN_FAULTS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xFA_0175);
@@ -466,6 +530,14 @@ fn metaserver_leader_killed_again_and_again_mid_burst_loses_nothing() {
             std::thread::spawn(move || burst(root, seed + i as u64, progress))
         })
         .collect();
+    // A third client, through the second mount, creates in the first burst's root directory
+    // too: two mounts change one directory (their changes commit together through the leader
+    // overlay) while leaders are killed.
+    let shared_progress = Arc::new(Progress::default());
+    let shared = {
+        let (dir, progress) = (second.dir.join("burst"), shared_progress.clone());
+        std::thread::spawn(move || shared_creates(dir, progress))
+    };
     let acked = || progress.iter().map(|p| p.ok.load(Ordering::SeqCst)).sum::<usize>();
     let mut timing = Rng(seed ^ 0x1EAD);
     let mut kills = Vec::new();
@@ -503,11 +575,13 @@ fn metaserver_leader_killed_again_and_again_mid_burst_loses_nothing() {
     eventually(120, "the bursts acknowledged 60 more operations after the last kill", || {
         acked() >= at_last + 60
     });
-    for p in &progress {
+    for p in progress.iter().chain([&shared_progress]) {
         p.stop.store(true, Ordering::SeqCst);
     }
     let results: Vec<(Expected, Vec<Record>)> =
         workers.into_iter().map(|w| w.join().expect("burst")).collect();
+    let (shared_made, shared_failed) = shared.join().expect("shared client");
+    println!("shared client: {} files made, {} creates failed", shared_made.len(), shared_failed.len());
 
     let mut problems = Vec::new();
     let fresh = Mount::new(&cluster, "fresh");
@@ -533,11 +607,18 @@ fn metaserver_leader_killed_again_and_again_mid_burst_loses_nothing() {
             ("other", [&second.dir, &cluster.mnt][i].join(&name)),
             ("fresh", fresh.dir.join(&name)),
         ] {
-            let (found, walk_problems) = walk(&root);
+            let (mut found, walk_problems) = walk(&root);
             problems.extend(walk_problems.into_iter().map(|p| format!("burst {i}, {label} mount: {p}")));
+            if i == 0 {
+                let shared = check_shared(&mut found, &shared_made, &shared_failed);
+                problems.extend(shared.into_iter().map(|p| format!("{label} mount: {p}")));
+            }
             problems
                 .extend(compare(exp, &found).into_iter().map(|p| format!("burst {i}, {label} mount: {p}")));
         }
+    }
+    if !shared_failed.is_empty() {
+        problems.push(format!("the shared client's creates failed across failovers: {shared_failed:?}"));
     }
     let out = cluster.cli(&["fsck", "--json"]);
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
