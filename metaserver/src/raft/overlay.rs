@@ -131,9 +131,12 @@ impl Overlay {
         SCOPE.with(|s| s.borrow().as_ref().is_some_and(|scope| Arc::ptr_eq(&scope.overlay, self)))
     }
 
+    /// This thread's change (if it is one of this overlay's) must wait for proposal `seq`.
     fn note(&self, seq: u64) {
         SCOPE.with(|s| {
-            if let Some(scope) = s.borrow_mut().as_mut() {
+            if let Some(scope) =
+                s.borrow_mut().as_mut().filter(|scope| std::ptr::eq(Arc::as_ptr(&scope.overlay), self))
+            {
                 scope.wait_for = scope.wait_for.max(seq);
             }
         });
