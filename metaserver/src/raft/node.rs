@@ -747,8 +747,24 @@ impl MetaStore for RaftStore {
     }
 
     fn end_change(&self) -> Result<()> {
-        let wait = || self.overlay.end(self.node.settings.write_timeout);
+        let Some(seq) = self.overlay.end_take() else { return Ok(()) };
+        let wait = || self.overlay.wait(seq, self.node.settings.write_timeout);
         tokio::task::block_in_place(wait).map_err(|e| self.wait_error(e))
+    }
+
+    fn changes_inline(&self) -> bool {
+        true
+    }
+
+    fn end_change_async(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send>> {
+        let Some(seq) = self.overlay.end_take() else { return Box::pin(std::future::ready(Ok(()))) };
+        let (overlay, node, generation) = (self.overlay.clone(), self.node.clone(), self.generation);
+        Box::pin(async move {
+            overlay.wait_async(seq, node.settings.write_timeout).await.inspect_err(|_| {
+                // As `wait_error`: what this namespace proposes after might rest on it.
+                node.gate.fail(generation);
+            })
+        })
     }
 
     fn abandon_change(&self) {

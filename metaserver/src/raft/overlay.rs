@@ -52,10 +52,30 @@ struct State {
     /// The first proposal that failed, and why: it and every later one may be missing from
     /// the store.
     failed: Option<(u64, CairnError)>,
-    /// Threads waiting, each for every proposal up to its number: woken one by one when theirs
-    /// are settled (a wake-up costs tens of microseconds of CPU; waking every waiter at every
-    /// answer would cost that many times more).
-    waiters: Vec<(u64, std::thread::Thread)>,
+    /// Threads and tasks waiting, each for every proposal up to its number: woken one by one
+    /// when theirs are settled (a wake-up costs tens of microseconds of CPU; waking every
+    /// waiter at every answer would cost that many times more).
+    waiters: Vec<(u64, Waiter)>,
+}
+
+enum Waiter {
+    Thread(std::thread::Thread),
+    Task(tokio::sync::oneshot::Sender<()>),
+}
+
+impl Waiter {
+    fn is_thread(&self, id: std::thread::ThreadId) -> bool {
+        matches!(self, Waiter::Thread(t) if t.id() == id)
+    }
+
+    fn wake(self) {
+        match self {
+            Waiter::Thread(t) => t.unpark(),
+            Waiter::Task(tx) => {
+                let _ = tx.send(());
+            }
+        }
+    }
 }
 
 impl State {
@@ -63,6 +83,20 @@ impl State {
     fn decided(&self, seq: u64) -> bool {
         self.settled_upto >= seq || self.failed.as_ref().is_some_and(|(failed, _)| *failed <= seq)
     }
+
+    /// How a decided wait for every proposal up to `seq` ends.
+    fn outcome(&self, seq: u64) -> Result<()> {
+        match &self.failed {
+            Some((failed, e)) if *failed <= seq => Err(e.clone()),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn timed_out(timeout: Duration) -> CairnError {
+    CairnError::unavailable(format!(
+        "a metadata change was not committed within {timeout:?}: fewer than a majority of metaservers answer"
+    ))
 }
 
 /// The overlay of one namespace's store (one generation: a new namespace gets a new one).
@@ -85,7 +119,8 @@ thread_local! {
 }
 
 impl Overlay {
-    /// Open a change on this thread (nested opens count; the outermost [`Overlay::end`] waits).
+    /// Open a change on this thread (nested opens count; the outermost [`Overlay::end_take`]
+    /// says what to wait for).
     pub fn begin(self: &Arc<Self>) {
         SCOPE.with(|s| {
             let mut s = s.borrow_mut();
@@ -98,22 +133,18 @@ impl Overlay {
         });
     }
 
-    /// Close this thread's change; the outermost close waits (at most `timeout`) until every
-    /// proposal the change read or made is applied, and fails if one of them failed.
-    pub fn end(self: &Arc<Self>, timeout: Duration) -> Result<()> {
-        let wait_for = SCOPE.with(|s| {
+    /// Close this thread's change without waiting: for the outermost close, the proposal to
+    /// wait for (with [`Overlay::wait`] or [`Overlay::wait_async`]) if there is one.
+    pub fn end_take(self: &Arc<Self>) -> Option<u64> {
+        SCOPE.with(|s| {
             let mut s = s.borrow_mut();
             let scope = s.as_mut().filter(|scope| Arc::ptr_eq(&scope.overlay, self))?;
             scope.depth -= 1;
             if scope.depth > 0 {
                 return None;
             }
-            s.take().map(|scope| scope.wait_for)
-        });
-        match wait_for {
-            Some(seq) if seq > 0 => self.wait(seq, timeout),
-            _ => Ok(()),
-        }
+            s.take().map(|scope| scope.wait_for).filter(|seq| *seq > 0)
+        })
     }
 
     /// Forget this thread's change without waiting (it unwound).
@@ -205,9 +236,7 @@ impl Overlay {
             }
         }
         drop(st);
-        for thread in wake {
-            thread.unpark();
-        }
+        wake.into_iter().for_each(Waiter::wake);
     }
 
     /// Wait until every proposal up to `seq` is applied; an error as soon as one of them
@@ -219,25 +248,40 @@ impl Overlay {
             {
                 let mut st = self.state.write();
                 if st.decided(seq) {
-                    st.waiters.retain(|(_, t)| t.id() != me.id());
-                    return match &st.failed {
-                        Some((failed, e)) if *failed <= seq => Err(e.clone()),
-                        _ => Ok(()),
-                    };
+                    st.waiters.retain(|(_, w)| !w.is_thread(me.id()));
+                    return st.outcome(seq);
                 }
-                let now = Instant::now();
-                if now >= deadline {
-                    st.waiters.retain(|(_, t)| t.id() != me.id());
-                    return Err(CairnError::unavailable(format!(
-                        "a metadata change was not committed within {timeout:?}: fewer than a majority of metaservers answer"
-                    )));
+                if Instant::now() >= deadline {
+                    st.waiters.retain(|(_, w)| !w.is_thread(me.id()));
+                    return Err(timed_out(timeout));
                 }
-                if !st.waiters.iter().any(|(_, t)| t.id() == me.id()) {
-                    st.waiters.push((seq, me.clone()));
+                if !st.waiters.iter().any(|(_, w)| w.is_thread(me.id())) {
+                    st.waiters.push((seq, Waiter::Thread(me.clone())));
                 }
             }
             // Woken by `settle` (or spuriously: the loop checks again).
             std::thread::park_timeout(deadline.saturating_duration_since(Instant::now()));
+        }
+    }
+
+    /// [`Overlay::wait`] for a task: the thread is not held meanwhile.
+    pub async fn wait_async(self: Arc<Self>, seq: u64, timeout: Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let woken = {
+                let mut st = self.state.write();
+                if st.decided(seq) {
+                    return st.outcome(seq);
+                }
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                st.waiters.push((seq, Waiter::Task(tx)));
+                rx
+            };
+            // Woken (or its sender dropped): check again.
+            if tokio::time::timeout_at(deadline, woken).await.is_err() {
+                let st = self.state.read();
+                return if st.decided(seq) { st.outcome(seq) } else { Err(timed_out(timeout)) };
+            }
         }
     }
 
@@ -318,6 +362,11 @@ mod tests {
         Op::Delete { cf: Cf::Dentries, key: key.into() }
     }
 
+    /// Close this thread's change and wait for what it read or made.
+    fn end(overlay: &Arc<Overlay>, timeout: Duration) -> cairn_common::Result<()> {
+        overlay.end_take().map_or(Ok(()), |seq| overlay.wait(seq, timeout))
+    }
+
     /// Propose `ops` as the proposer would receive them (queued at once).
     fn propose(overlay: &Overlay, ops: Vec<Op>) -> u64 {
         overlay.propose(ops, |_, _| Ok::<(), ()>(())).unwrap().unwrap()
@@ -374,7 +423,7 @@ mod tests {
         assert_eq!(overlay.get(Cf::Dentries, b"b").unwrap(), Some(Some(b"3".to_vec())));
         overlay.settle(2, Ok(()));
         assert_eq!(overlay.get(Cf::Dentries, b"b").unwrap(), None);
-        overlay.end(Duration::from_secs(1)).unwrap();
+        end(&overlay, Duration::from_secs(1)).unwrap();
     }
 
     #[test]
@@ -387,7 +436,7 @@ mod tests {
             std::thread::spawn(move || {
                 overlay.begin();
                 assert_eq!(overlay.get(Cf::Dentries, b"x").unwrap(), Some(Some(b"1".to_vec())));
-                overlay.end(Duration::from_secs(10))
+                end(&overlay, Duration::from_secs(10))
             })
         };
         std::thread::sleep(Duration::from_millis(100));
@@ -401,7 +450,7 @@ mod tests {
         overlay.begin();
         assert_eq!(overlay.get(Cf::Dentries, b"y").unwrap(), Some(Some(b"1".to_vec())));
         overlay.settle(second, Err(CairnError::unavailable("no quorum")));
-        let e = overlay.end(Duration::from_secs(1)).unwrap_err();
+        let e = end(&overlay, Duration::from_secs(1)).unwrap_err();
         assert!(e.message().contains("no quorum"), "{e}");
         overlay.wait(first, Duration::from_secs(1)).unwrap();
         overlay.begin();
@@ -423,13 +472,13 @@ mod tests {
         overlay.begin();
         let seq = propose(&overlay, vec![put("n", "1")]);
         // The inner end returns at once; the outer one waits for the proposal.
-        overlay.end(Duration::from_millis(10)).unwrap();
+        end(&overlay, Duration::from_millis(10)).unwrap();
         assert!(overlay.in_change());
-        assert!(overlay.end(Duration::from_millis(50)).is_err(), "the outer end waits for the proposal");
+        assert!(end(&overlay, Duration::from_millis(50)).is_err(), "the outer end waits for the proposal");
         overlay.settle(seq, Ok(()));
         overlay.begin();
         propose(&overlay, vec![put("m", "1")]);
         overlay.settle(seq + 1, Ok(()));
-        overlay.end(Duration::from_millis(50)).unwrap();
+        end(&overlay, Duration::from_millis(50)).unwrap();
     }
 }

@@ -16,6 +16,7 @@ use crate::cluster::Cluster;
 use crate::namespace::{once, Namespace};
 use crate::raft::node::RaftNode;
 use crate::repair::Repair;
+use crate::store::MetaStore;
 
 impl MetaService {
     pub fn new(ns: Arc<Namespace>, cluster: Arc<Cluster>) -> MetaService {
@@ -162,7 +163,8 @@ impl MetaService {
             return self.read(|ns| replay(ns));
         }
         let run = move |ns: &Namespace| once::scope(once, || change(ns));
-        let result = if on_blocking_pool { self.run(run).await } else { self.change(run).await };
+        let inline = self.ns()?.store().changes_inline();
+        let result = if on_blocking_pool && !inline { self.run(run).await } else { self.change(run).await };
         match result {
             Err(e) if once.is_some() && self.done_before(once)? => {
                 tracing::debug!("a change sent again failed after its first try was applied: {e}");
@@ -208,6 +210,9 @@ impl MetaService {
         F: FnOnce(&Namespace) -> Result<T> + Send + 'static,
     {
         let ns = self.ns()?;
+        if ns.store().changes_inline() {
+            return inline_change(&ns, f).await;
+        }
         if ns.store().syncs_every_write() {
             self.run(f).await
         } else {
@@ -236,6 +241,29 @@ impl MetaService {
             Err(e) => Err(CairnError::internal(format!("request failed: {e}")).into()),
         }
     }
+}
+
+/// A change of a store that answers writes once proposed (`MetaStore::changes_inline`): run on
+/// the request's task, its locks held only while it runs, then the wait for what it wrote or
+/// read awaited without holding a thread — no hand-off to the blocking pool and back.
+async fn inline_change<T>(ns: &Namespace, f: impl FnOnce(&Namespace) -> Result<T>) -> Result<T, Status> {
+    /// Closes the change without waiting if `f` unwinds.
+    struct Open<'a>(&'a dyn MetaStore, bool);
+    impl Drop for Open<'_> {
+        fn drop(&mut self) {
+            if self.1 {
+                self.0.abandon_change();
+            }
+        }
+    }
+    let store = ns.store();
+    store.begin_change();
+    let mut open = Open(&**store, true);
+    let out = f(ns);
+    open.1 = false;
+    let settled = store.end_change_async();
+    settled.await?;
+    out.map_err(Status::from)
 }
 
 fn confirm_channels() -> Channels {

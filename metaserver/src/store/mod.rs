@@ -194,6 +194,20 @@ pub trait MetaStore: Send + Sync + 'static {
     /// Close this thread's change without waiting (the operation unwound).
     fn abandon_change(&self) {}
 
+    /// Whether changes may run on async threads: inside a change, writes are answered at once
+    /// (a replicated store: proposed) and the wait for them is [`MetaStore::end_change_async`],
+    /// so a change never holds a thread while its commit is on its way.
+    fn changes_inline(&self) -> bool {
+        false
+    }
+
+    /// [`MetaStore::end_change`] as a future: the change is closed now, on this thread; what it
+    /// waits for is awaited later.
+    fn end_change_async(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send>> {
+        let ended = self.end_change();
+        Box::pin(std::future::ready(ended))
+    }
+
     /// Write a consistent copy of the whole store, as a database, into `dir` (which must not
     /// exist): what a lone metaserver's backup packs. Stores that cannot say so.
     fn checkpoint_into(&self, dir: &std::path::Path) -> Result<()> {
