@@ -42,7 +42,7 @@ use crate::cluster::{Cluster, Surroundings};
 use crate::schema::{
     self, counter, read_counter, Counter, Dentry, GcEntry, GcShard, Inode, Stats, Stripe, S_IFDIR,
 };
-use crate::store::{Batch, Cf, MemoryStore, MetaStore, RocksStore};
+use crate::store::{Batch, Cf, Change, MemoryStore, MetaStore, RocksStore};
 
 pub use attrs::{XATTR_CREATE, XATTR_REPLACE};
 pub use check::{CheckReport, Problem, LOST_FOUND};
@@ -507,17 +507,7 @@ impl Namespace {
     /// reads see what earlier changes proposed; the answer waits, after the locks, until
     /// everything the change wrote or read is committed.
     fn locked<R>(&self, involved: impl Fn() -> Vec<u64>, body: impl FnOnce() -> Result<R>) -> Result<R> {
-        /// Closes the change without waiting if `body` or `involved` unwinds.
-        struct Change<'a>(&'a dyn MetaStore, bool);
-        impl Drop for Change<'_> {
-            fn drop(&mut self) {
-                if !self.1 {
-                    self.0.abandon_change();
-                }
-            }
-        }
-        self.store.begin_change();
-        let mut change = Change(&*self.store, false);
+        let change = Change::open(&*self.store);
         let mut set = involved();
         let out = loop {
             let guards = self.locks.lock(&set);
@@ -532,9 +522,8 @@ impl Namespace {
             set.sort_unstable();
             set.dedup();
         };
-        change.1 = true;
         // What the body answered holds only if what it wrote and read is committed.
-        self.store.end_change()?;
+        change.close()?;
         out
     }
 

@@ -686,9 +686,11 @@ fn publish(
     }
 }
 
-/// The replicated [`MetaStore`]: reads from this replica's state machine, writes proposed
-/// through Raft and returned once applied here. Every write waits for a majority's disks, so
-/// `syncs_every_write` is true and the service runs changes on the blocking pool.
+/// The replicated [`MetaStore`]: reads from this replica's state machine (through the leader
+/// overlay inside a change), writes proposed through Raft. A write outside a change returns
+/// once applied here, so it waits for a majority's disks (`syncs_every_write`); inside a change
+/// it returns once proposed, and the service awaits the change's end on the request's task
+/// (`changes_inline`).
 pub struct RaftStore {
     node: Arc<RaftNode>,
     generation: u64,

@@ -16,7 +16,7 @@ use crate::cluster::Cluster;
 use crate::namespace::{once, Namespace};
 use crate::raft::node::RaftNode;
 use crate::repair::Repair;
-use crate::store::MetaStore;
+use crate::store::Change;
 
 impl MetaService {
     pub fn new(ns: Arc<Namespace>, cluster: Arc<Cluster>) -> MetaService {
@@ -247,22 +247,9 @@ impl MetaService {
 /// the request's task, its locks held only while it runs, then the wait for what it wrote or
 /// read awaited without holding a thread — no hand-off to the blocking pool and back.
 async fn inline_change<T>(ns: &Namespace, f: impl FnOnce(&Namespace) -> Result<T>) -> Result<T, Status> {
-    /// Closes the change without waiting if `f` unwinds.
-    struct Open<'a>(&'a dyn MetaStore, bool);
-    impl Drop for Open<'_> {
-        fn drop(&mut self) {
-            if self.1 {
-                self.0.abandon_change();
-            }
-        }
-    }
-    let store = ns.store();
-    store.begin_change();
-    let mut open = Open(&**store, true);
+    let change = Change::open(&**ns.store());
     let out = f(ns);
-    open.1 = false;
-    let settled = store.end_change_async();
-    settled.await?;
+    change.close_async().await?;
     out.map_err(Status::from)
 }
 

@@ -147,6 +147,40 @@ impl Batch {
     }
 }
 
+/// A change of a [`MetaStore`] open on this thread, abandoned if dropped before it is closed.
+pub struct Change<'a> {
+    store: &'a dyn MetaStore,
+    open: bool,
+}
+
+impl<'a> Change<'a> {
+    /// Open a change of `store` on this thread.
+    pub fn open(store: &'a dyn MetaStore) -> Change<'a> {
+        store.begin_change();
+        Change { store, open: true }
+    }
+
+    /// Close it, waiting for what it wrote or read ([`MetaStore::end_change`]).
+    pub fn close(mut self) -> Result<()> {
+        self.open = false;
+        self.store.end_change()
+    }
+
+    /// Close it now and return the wait as a future ([`MetaStore::end_change_async`]).
+    pub fn close_async(mut self) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send>> {
+        self.open = false;
+        self.store.end_change_async()
+    }
+}
+
+impl Drop for Change<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            self.store.abandon_change();
+        }
+    }
+}
+
 /// An ordered key-value store with column families.
 /// Reads of one moment: whatever is written while a view is in use, its `get` and `scan` see
 /// the store as it was when the view was taken (a RocksDB snapshot; a copy in memory). What a
