@@ -3,7 +3,9 @@
 /var/tmp), the cost every Raft log append pays twice in series (leader, then follower): after
 appending 600 bytes to a growing file (as RocksDB's WAL does), after overwriting blocks written
 before (a log reusing its files), and after writing into blocks fallocate(2) reserved (unwritten
-extents). Prints the median and 90th percentile of N (default 300) each, in milliseconds."""
+extents). Prints the median and 90th percentile of N (default 300) each, in milliseconds.
+LOAD=1: while another process writes 256 KiB files under DIR and fdatasyncs each (as chunkservers
+storing shards beside the metaservers do), so the file system's journal is busy."""
 import os
 import sys
 import time
@@ -41,6 +43,38 @@ def reserved(fd):
     os.fsync(fd)
 
 
-run("append", lambda fd: None)
-run("overwrite", written_before)
-run("fallocated", reserved)
+def load(stop_path):
+    """Write and sync 256 KiB files (200 names, reused) until `stop_path` appears."""
+    block = b"y" * (256 * 1024)
+    i = 0
+    while not os.path.exists(stop_path):
+        name = os.path.join(where, f"cairn-fsync-load-{os.getpid()}-{i % 200}")
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.write(fd, block)
+        os.fdatasync(fd)
+        os.close(fd)
+        i += 1
+    for j in range(200):
+        try:
+            os.unlink(os.path.join(where, f"cairn-fsync-load-{os.getpid()}-{j}"))
+        except FileNotFoundError:
+            pass
+
+
+loader = None
+stop = os.path.join(where, f"cairn-fsync-stop-{os.getpid()}")
+if os.environ.get("LOAD") == "1":
+    loader = os.fork()
+    if loader == 0:
+        load(stop)
+        os._exit(0)
+    time.sleep(1)
+try:
+    run("append", lambda fd: None)
+    run("overwrite", written_before)
+    run("fallocated", reserved)
+finally:
+    if loader:
+        open(stop, "w").close()
+        os.waitpid(loader, 0)
+        os.unlink(stop)

@@ -5,8 +5,8 @@
 //! into the state machine's RocksDB together with the applied log id, so applying never reads a
 //! clock or a random source (`docs/ARCHITECTURE.md`, "Metadata replication").
 //!
-//! - [`log::LogStore`]: the Raft log, vote and committed index in a RocksDB of its own
-//!   (`{dir}/log`), every append synced before openraft is told it is flushed.
+//! - [`log::LogStore`]: the Raft log, vote and committed index in segment files of their own
+//!   ([`wal`], `{dir}/wal`), every append synced before openraft is told it is flushed.
 //! - [`state::StateMachine`]: today's column families plus [`Cf::Raft`] in `{dir}/sm`;
 //!   snapshots are RocksDB checkpoints packed into one file (`{dir}/snapshots`), installed by
 //!   swapping directories.
@@ -27,6 +27,7 @@ mod proposals;
 pub mod state;
 #[cfg(test)]
 mod tests;
+pub mod wal;
 
 use std::fmt;
 

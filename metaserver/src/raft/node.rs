@@ -132,7 +132,7 @@ impl RaftNode {
         let cluster = settings.cluster.clone();
         let (log, sm) = tokio::task::spawn_blocking(move || -> Result<_> {
             check_cluster_dir(&dir, &cluster)?;
-            Ok((LogStore::open(&dir.join("log"))?, StateMachine::open(&dir)?))
+            Ok((LogStore::open(&dir)?, StateMachine::open(&dir)?))
         })
         .await
         .map_err(|e| CairnError::internal(format!("opening the Raft storage: {e}")))??;

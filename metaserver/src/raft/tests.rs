@@ -21,7 +21,7 @@ struct Builder;
 impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for Builder {
     async fn build(&self) -> Result<(TempDir, LogStore, StateMachine), StorageError> {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let log = LogStore::open(&dir.path().join("log")).expect("the log opens");
+        let log = LogStore::open(dir.path()).expect("the log opens");
         let sm = StateMachine::open(dir.path()).expect("the state machine opens");
         Ok((dir, log, sm))
     }
@@ -109,6 +109,159 @@ fn appended_entries_survive_a_reopen() {
         let mut log = LogStore::open(dir.path()).unwrap();
         assert_eq!(log.try_get_log_entries(0..10).await.unwrap(), entries);
         assert_eq!(log.get_log_state().await.unwrap().last_log_id, Some(id(1, 2)));
+    });
+}
+
+fn effects_at(term: u64, index: u64, value: &str) -> Entry {
+    Entry {
+        log_id: id(term, index),
+        payload: EntryPayload::Normal(Command { ops: vec![put(Cf::Inodes, "k", value)] }),
+    }
+}
+
+async fn log_contents(log: &mut LogStore) -> (Vec<Entry>, Option<super::Vote>, Option<LogId>, Option<LogId>) {
+    let state = log.get_log_state().await.unwrap();
+    (
+        log.try_get_log_entries(0..u64::MAX).await.unwrap(),
+        log.read_vote().await.unwrap(),
+        log.read_committed().await.unwrap(),
+        state.last_purged_log_id,
+    )
+}
+
+/// Small segments: appends roll over into new ones, a purge deletes the old ones, and after a
+/// reopen the entries, the vote, the committed and the purged ids are what they were — the
+/// vote and committed id written into segments since deleted included.
+#[test]
+fn the_log_rolls_over_segments_and_a_purge_deletes_old_ones_without_losing_the_state() {
+    runtime().block_on(async {
+        let dir = TempDir::new().unwrap();
+        let mut log = LogStore::open_with(dir.path(), 4096).unwrap();
+        log.save_vote(&super::Vote::new(3, 2)).await.unwrap();
+        let value = "v".repeat(500);
+        let entries: Vec<Entry> = (1..=40).map(|i| effects_at(3, i, &value)).collect();
+        for chunk in entries.chunks(3) {
+            log.blocking_append(chunk.to_vec()).await.unwrap();
+        }
+        log.save_committed(Some(id(3, 30))).await.unwrap();
+        let before = log.segments();
+        assert!(before.len() >= 5, "{before:?}");
+        log.purge(id(3, 25)).await.unwrap();
+        let after = log.segments();
+        assert!(after.len() < before.len() && after[0] > before[0], "{before:?} -> {after:?}");
+        let expect = log_contents(&mut log).await;
+        assert_eq!(expect.0, entries[25..].to_vec());
+        assert_eq!(expect.1, Some(super::Vote::new(3, 2)));
+        assert_eq!(expect.3, Some(id(3, 25)));
+        drop(log);
+        let mut log = LogStore::open_with(dir.path(), 4096).unwrap();
+        assert_eq!(log_contents(&mut log).await, expect);
+        assert_eq!(log.read_committed().await.unwrap(), Some(id(3, 30)));
+    });
+}
+
+/// A crash just after a new segment was made, before the state it starts with was written:
+/// the empty segment is replaced at the next open, so a later purge of the older segments
+/// keeps the vote, the purged id and the truncations they held.
+#[test]
+fn a_segment_cut_before_its_state_was_written_loses_nothing_to_a_later_purge() {
+    runtime().block_on(async {
+        let dir = TempDir::new().unwrap();
+        let mut log = LogStore::open_with(dir.path(), 4096).unwrap();
+        log.save_vote(&super::Vote::new(5, 1)).await.unwrap();
+        let value = "v".repeat(500);
+        let entries: Vec<Entry> = (1..=12).map(|i| effects_at(5, i, &value)).collect();
+        log.blocking_append(entries.clone()).await.unwrap();
+        log.truncate(id(5, 11)).await.unwrap();
+        let last = *log.segments().last().unwrap();
+        drop(log);
+        fs::write(dir.path().join(format!("wal/{:016x}.seg", last + 1)), b"").unwrap();
+
+        let mut log = LogStore::open_with(dir.path(), 4096).unwrap();
+        log.purge(id(5, 10)).await.unwrap();
+        drop(log);
+        let mut log = LogStore::open_with(dir.path(), 4096).unwrap();
+        assert_eq!(log.read_vote().await.unwrap(), Some(super::Vote::new(5, 1)));
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!((state.last_purged_log_id, state.last_log_id), (Some(id(5, 10)), Some(id(5, 10))));
+        assert_eq!(log.try_get_log_entries(0..100).await.unwrap(), vec![]);
+    });
+}
+
+/// A follower's log truncated and appended again by a new leader: after a reopen, entries of
+/// the old term past the truncation stay gone, whether or not the new ones reach as far.
+#[test]
+fn truncated_entries_stay_gone_after_a_reopen() {
+    runtime().block_on(async {
+        let dir = TempDir::new().unwrap();
+        let mut log = LogStore::open_with(dir.path(), 4096).unwrap();
+        let old: Vec<Entry> = (1..=8).map(|i| effects_at(1, i, "old")).collect();
+        log.blocking_append(old.clone()).await.unwrap();
+        log.truncate(id(1, 5)).await.unwrap();
+        drop(log);
+        let mut log = LogStore::open_with(dir.path(), 4096).unwrap();
+        assert_eq!(log.try_get_log_entries(0..100).await.unwrap(), old[..4].to_vec());
+        let new: Vec<Entry> = (5..=6).map(|i| effects_at(2, i, "new")).collect();
+        log.blocking_append(new.clone()).await.unwrap();
+        let expect: Vec<Entry> = old[..4].iter().chain(&new).cloned().collect();
+        assert_eq!(log.try_get_log_entries(0..100).await.unwrap(), expect);
+        drop(log);
+        let mut log = LogStore::open_with(dir.path(), 4096).unwrap();
+        assert_eq!(log.try_get_log_entries(0..100).await.unwrap(), expect);
+        assert_eq!(log.get_log_state().await.unwrap().last_log_id, Some(id(2, 6)));
+    });
+}
+
+/// Write a log as builds before the segment files did: a RocksDB with column families `log`
+/// (index big-endian -> entry) and `meta` (vote, committed, purged as JSON).
+fn rocksdb_log(dir: &Path, entries: &[Entry], vote: &super::Vote, committed: LogId, purged: LogId) {
+    let mut opts = rocksdb::Options::default();
+    opts.create_if_missing(true);
+    opts.create_missing_column_families(true);
+    let db = rocksdb::DB::open_cf(&opts, dir.join("log"), ["log", "meta"]).unwrap();
+    for entry in entries {
+        db.put_cf(
+            db.cf_handle("log").unwrap(),
+            entry.log_id.index.to_be_bytes(),
+            super::codec::encode(entry),
+        )
+        .unwrap();
+    }
+    let meta = db.cf_handle("meta").unwrap();
+    db.put_cf(meta, b"vote", serde_json::to_vec(vote).unwrap()).unwrap();
+    db.put_cf(meta, b"committed", serde_json::to_vec(&Some(committed)).unwrap()).unwrap();
+    db.put_cf(meta, b"purged", serde_json::to_vec(&purged).unwrap()).unwrap();
+}
+
+/// A replica directory of an earlier build (the log in RocksDB) opens with its log, vote,
+/// committed and purged ids converted; the old database is gone afterwards. A conversion cut
+/// short (its `wal.new/` left behind) is done again, and an old database left beside a
+/// finished conversion is deleted.
+#[test]
+fn a_rocksdb_log_of_an_earlier_build_is_converted() {
+    runtime().block_on(async {
+        let dir = TempDir::new().unwrap();
+        let entries: Vec<Entry> = (11..=20).map(|i| effects_at(4, i, "x")).collect();
+        let vote = super::Vote::new_committed(4, 1);
+        rocksdb_log(dir.path(), &entries, &vote, id(4, 18), id(4, 10));
+        // A conversion that was stopped half-way.
+        fs::create_dir_all(dir.path().join("wal.new")).unwrap();
+        fs::write(dir.path().join("wal.new/0000000000000001.seg"), b"half").unwrap();
+
+        let mut log = LogStore::open_with(dir.path(), 4096).unwrap();
+        let expect = (entries.clone(), Some(vote), Some(id(4, 18)), Some(id(4, 10)));
+        assert_eq!(log_contents(&mut log).await, expect);
+        assert!(!dir.path().join("log").exists() && !dir.path().join("wal.new").exists());
+        log.blocking_append(vec![effects_at(4, 21, "y")]).await.unwrap();
+        drop(log);
+
+        // An old database beside the converted log (deleted after the rename) is not read.
+        rocksdb_log(dir.path(), &entries[..2], &super::Vote::new(9, 9), id(4, 12), id(4, 10));
+        let mut log = LogStore::open_with(dir.path(), 4096).unwrap();
+        let (got, got_vote, _, _) = log_contents(&mut log).await;
+        assert_eq!(got.len(), 11);
+        assert_eq!(got_vote, Some(vote));
+        assert!(!dir.path().join("log").exists());
     });
 }
 
