@@ -188,6 +188,88 @@ fn a_segment_cut_before_its_state_was_written_loses_nothing_to_a_later_purge() {
     });
 }
 
+/// The log against a model of it, under a seeded random mix of appends, conflicting
+/// appends after a truncation, purges, votes, committed ids and reopens, with 4 KiB segments
+/// and entries of up to 3 KiB (so segments roll over, some sized for one entry): after every
+/// step and every reopen, the entries, the vote, the committed and the purged ids are the
+/// model's.
+#[test]
+fn the_log_matches_a_model_through_random_appends_truncations_purges_and_reopens() {
+    use rand::{Rng, SeedableRng};
+    runtime().block_on(async {
+        for seed in 0..8u64 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let dir = TempDir::new().unwrap();
+            let mut log = LogStore::open_with(dir.path(), 4096).unwrap();
+            let (mut entries, mut vote, mut committed, mut purged): (Vec<Entry>, _, _, Option<LogId>) =
+                (Vec::new(), None, None, None);
+            let mut term = 1;
+            let make = |rng: &mut rand::rngs::StdRng, term: u64, index: u64| {
+                effects_at(term, index, &"e".repeat(rng.gen_range(10..3000)))
+            };
+            for step in 0..300 {
+                let last = entries.last().map(|e| e.log_id.index).or(purged.map(|p| p.index)).unwrap_or(0);
+                let first = purged.map(|p| p.index + 1).unwrap_or(1);
+                match rng.gen_range(0..10) {
+                    0..=3 => {
+                        let new: Vec<Entry> = (last + 1..=last + rng.gen_range(1..5))
+                            .map(|i| make(&mut rng, term, i))
+                            .collect();
+                        log.blocking_append(new.clone()).await.unwrap();
+                        entries.extend(new);
+                    }
+                    4 if last >= first => {
+                        let at = rng.gen_range(first..=last);
+                        let cut = entries[(at - first) as usize].log_id;
+                        log.truncate(cut).await.unwrap();
+                        entries.truncate((at - first) as usize);
+                        term += 1;
+                        if rng.gen_bool(0.7) {
+                            let new: Vec<Entry> =
+                                (at..at + rng.gen_range(1..4)).map(|i| make(&mut rng, term, i)).collect();
+                            log.blocking_append(new.clone()).await.unwrap();
+                            entries.extend(new);
+                        }
+                    }
+                    5 if last >= first => {
+                        let upto = rng.gen_range(first..=last);
+                        let id = entries[(upto - first) as usize].log_id;
+                        log.purge(id).await.unwrap();
+                        entries.drain(..=(upto - first) as usize);
+                        purged = Some(id);
+                    }
+                    6 => {
+                        term += 1;
+                        let v = super::Vote::new(term, rng.gen_range(1..4));
+                        log.save_vote(&v).await.unwrap();
+                        vote = Some(v);
+                    }
+                    7 if !entries.is_empty() => {
+                        let c = entries[rng.gen_range(0..entries.len())].log_id;
+                        log.save_committed(Some(c)).await.unwrap();
+                        committed = Some(c);
+                    }
+                    8 | 9 => {
+                        drop(log);
+                        log = LogStore::open_with(dir.path(), 4096).unwrap();
+                    }
+                    _ => {}
+                }
+                let got = log_contents(&mut log).await;
+                assert_eq!(got.0, entries, "seed {seed} step {step}: entries");
+                assert_eq!((got.1, got.2, got.3), (vote, committed, purged), "seed {seed} step {step}");
+                let state = log.get_log_state().await.unwrap();
+                let last_id = entries.last().map(|e| e.log_id).or(purged);
+                assert_eq!(state.last_log_id, last_id, "seed {seed} step {step}: last log id");
+            }
+            if let Some(last) = entries.last() {
+                log.purge(last.log_id).await.unwrap();
+            }
+            assert_eq!(log.segments().len(), 1, "a purge of everything leaves the segment written");
+        }
+    });
+}
+
 /// A follower's log truncated and appended again by a new leader: after a reopen, entries of
 /// the old term past the truncation stay gone, whether or not the new ones reach as far.
 #[test]

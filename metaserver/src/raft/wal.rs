@@ -270,14 +270,20 @@ impl Wal {
         }
         let size = self.segment_bytes.max(buf.len() as u64 + bytes);
         let path = self.dir.join(segment_name(seq));
-        let made = (|| {
-            let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path)?;
-            reserve(&file, size)?;
-            file.write_all_at(&buf, 0)?;
-            file.sync_all()?;
-            Ok::<_, io::Error>(file)
-        })();
-        let file = made.map_err(|e| io_err("cannot make the Raft log segment", &path, &e))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| io_err("cannot make the Raft log segment", &path, &e))?;
+        let made =
+            reserve(&file, size).and_then(|()| file.write_all_at(&buf, 0)).and_then(|()| file.sync_all());
+        if let Err(e) = made {
+            // Nothing is in it yet: gone, so a later try (once space is freed) can make it.
+            let _ = std::fs::remove_file(&path);
+            return Err(io_err("cannot make the Raft log segment", &path, &e));
+        }
         sync_dir(&self.dir)?;
         self.segments.insert(seq, Arc::new(file));
         (self.current, self.end, self.size) = (seq, buf.len() as u64, size);
