@@ -171,23 +171,28 @@ impl LogStore {
         Ok(LogStore { shared: Arc::new(Shared { wal: Mutex::new(wal), state: RwLock::new(state) }) })
     }
 
-    /// Write `records` (synced when `sync`) off the async threads, then let `update` note them.
+    /// Write `records` (synced when `sync`), then let `update` note them.
+    ///
+    /// On the calling thread, the Raft runtime's: openraft's core awaits every log write before
+    /// it does anything else, so handing the write to the blocking pool and back only added
+    /// two thread wake-ups to every commit (a commit 5-9% longer, `bench/RESULTS.md`). While
+    /// the write waits for the disk, the runtime's other worker takes the tasks queued here
+    /// (replication, connections); `block_in_place`, which would start a worker to replace
+    /// this one, cost as much as the pool.
     async fn write(
         &self,
         records: Vec<(u8, Vec<u8>)>,
         sync: bool,
         update: impl FnOnce(&mut State, Vec<Loc>) + Send + 'static,
     ) -> Result<()> {
-        let shared = self.shared.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut wal = shared.wal.lock();
+        let write = || {
+            let mut wal = self.shared.wal.lock();
             let refs: Vec<wal::Record<'_>> = records.iter().map(|(k, b)| (*k, b.as_slice())).collect();
-            let locs = wal.append(&refs, sync, || shared.state.read().records())?;
-            update(&mut shared.state.write(), locs);
+            let locs = wal.append(&refs, sync, || self.shared.state.read().records())?;
+            update(&mut self.shared.state.write(), locs);
             Ok(())
-        })
-        .await
-        .map_err(|e| CairnError::internal(format!("the Raft log's writer: {e}")))?
+        };
+        write()
     }
 
     /// The segment files kept (tests).
