@@ -161,9 +161,7 @@ impl LogStore {
         // restated).
         let segments = wal.segments();
         if segments.len() > 1 && !with_entries.contains(&wal.current()) {
-            let records = state.records();
-            let refs: Vec<wal::Record<'_>> = records.iter().map(|(k, b)| (*k, b.as_slice())).collect();
-            wal.roll(&refs)?;
+            wal.roll(&wal::borrowed(&state.records()))?;
             let last_with_entries = with_entries.last().copied().unwrap_or(0);
             let restated: Vec<u64> = segments.into_iter().filter(|s| *s > last_with_entries).collect();
             wal.remove(&restated)?;
@@ -187,8 +185,7 @@ impl LogStore {
     ) -> Result<()> {
         let write = || {
             let mut wal = self.shared.wal.lock();
-            let refs: Vec<wal::Record<'_>> = records.iter().map(|(k, b)| (*k, b.as_slice())).collect();
-            let locs = wal.append(&refs, sync, || self.shared.state.read().records())?;
+            let locs = wal.append(&wal::borrowed(&records), sync, || self.shared.state.read().records())?;
             update(&mut self.shared.state.write(), locs);
             Ok(())
         };

@@ -46,6 +46,11 @@ impl Loc {
 /// A record to append: its kind and body.
 pub type Record<'a> = (u8, &'a [u8]);
 
+/// `records` as [`Record`]s borrowing their bodies.
+pub fn borrowed(records: &[(u8, Vec<u8>)]) -> Vec<Record<'_>> {
+    records.iter().map(|(kind, body)| (*kind, body.as_slice())).collect()
+}
+
 fn crc(len: u32, kind: u8, body: &[u8]) -> u32 {
     let mut c = crc32c::crc32c(&len.to_le_bytes());
     c = crc32c::crc32c_append(c, &[kind]);
@@ -187,8 +192,7 @@ impl Wal {
         let bytes: u64 = records.iter().map(|(_, body)| HEADER + body.len() as u64).sum();
         if self.end + bytes > self.size {
             let state = state();
-            let state: Vec<Record<'_>> = state.iter().map(|(kind, body)| (*kind, body.as_slice())).collect();
-            self.start_segment(self.current + 1, bytes, &state)?;
+            self.start_segment(self.current + 1, bytes, &borrowed(&state))?;
         }
         let mut buf = Vec::with_capacity(bytes as usize);
         let mut locs = Vec::with_capacity(records.len());
@@ -359,8 +363,27 @@ fn zero_from(file: &File, from: u64, size: u64) -> io::Result<()> {
     if rc == 0 {
         return Ok(());
     }
+    let unsupported = |e: &io::Error| matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS));
     let e = io::Error::last_os_error();
-    if !matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)) {
+    if !unsupported(&e) {
+        return Err(e);
+    }
+    // tmpfs has no zero range but punches holes: the range reads as zeros and the file keeps
+    // its size (the pages come back when written).
+    // SAFETY: as in `reserve`.
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            from as libc::off_t,
+            len,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if !unsupported(&e) {
         return Err(e);
     }
     let zeros = vec![0u8; 1 << 20];
@@ -393,6 +416,36 @@ mod tests {
 
     fn no_state() -> Vec<(u8, Vec<u8>)> {
         Vec::new()
+    }
+
+    /// The tail zeroing at open, on ext4 (zero range) and on tmpfs (a punched hole): the range
+    /// reads as zeros, what is before it is kept, the size does not change.
+    #[test]
+    fn zeroing_a_tail_keeps_the_head_and_the_size_on_ext4_and_tmpfs() {
+        let shm = Path::new("/dev/shm");
+        let mut dirs = vec![tempfile::tempdir().unwrap()];
+        if shm.is_dir() {
+            dirs.push(tempfile::tempdir_in(shm).unwrap());
+        }
+        for dir in &dirs {
+            let path = dir.path().join("segment");
+            let file = File::options().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+            let size = 3 << 20;
+            file.write_all_at(&vec![0xa5u8; size as usize], 0).unwrap();
+            zero_from(&file, 5000, size).unwrap();
+            let back = std::fs::read(&path).unwrap();
+            assert_eq!(back.len() as u64, size, "{}", path.display());
+            assert!(back[..5000].iter().all(|b| *b == 0xa5), "{}: the head was kept", path.display());
+            assert!(back[5000..].iter().all(|b| *b == 0), "{}: the tail reads as zeros", path.display());
+            if dir.path().starts_with(shm) {
+                use std::os::unix::fs::MetadataExt;
+                let held = file.metadata().unwrap().blocks() * 512;
+                assert!(
+                    held < size / 2,
+                    "tmpfs: the tail was punched out, not written with zeros ({held} bytes held)"
+                );
+            }
+        }
     }
 
     #[test]
