@@ -28,7 +28,7 @@ compute_ms=${COMPUTE_MS:-25}
 [ "$(id -u)" -eq 0 ] || { echo "bench/ml/run.sh: run as root (drops the page cache, mounts FUSE)" >&2; exit 1; }
 
 cd "$repo"
-bench/ml/venv.sh "$venv" all
+case " $frameworks " in *" tf "*) bench/ml/venv.sh "$venv" all ;; *) bench/ml/venv.sh "$venv" torch ;; esac
 python=$venv/bin/python
 cargo build --release -q -p cairn
 . bench/lib.sh
