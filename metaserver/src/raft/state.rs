@@ -83,7 +83,7 @@ impl SmStore {
                 remove_dir_if_present(&stale).map_err(io_context("cannot remove", &stale))?;
             }
         }
-        *store.db.write() = Some(Arc::new(RocksStore::open(&store.sm(), SyncMode::Never)?));
+        *store.db.write() = Some(Arc::new(RocksStore::open_state_machine(&store.sm())?));
         store.find_snapshots()?;
         Ok(store)
     }
@@ -207,7 +207,7 @@ impl SmStore {
         // Whatever happened, open a state machine again (the old one if the swap did not get
         // that far): one left closed would fail every later apply.
         let reopen = if self.sm().exists() { self.sm() } else { self.sm_old() };
-        *slot = Some(Arc::new(RocksStore::open(&reopen, SyncMode::Never)?));
+        *slot = Some(Arc::new(RocksStore::open_state_machine(&reopen)?));
         swapped
     }
 }

@@ -383,6 +383,39 @@ fn a_snapshot_carries_the_whole_state_to_another_replica() {
     });
 }
 
+/// The state machine is written without RocksDB's WAL (the Raft log is its log): what a crash
+/// leaves is the state of its last flush — a snapshot's, here — whole, with that state's
+/// applied id, never part of a later entry; openraft re-applies the rest from the log.
+#[test]
+fn a_crash_leaves_the_state_machine_at_its_last_flush_whole() {
+    runtime().block_on(async {
+        let (dir, crashed) = (TempDir::new().unwrap(), TempDir::new().unwrap());
+        let mut sm = applied_three(dir.path()).await;
+        let snapshot = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        assert_eq!(snapshot.meta.last_log_id, Some(id(1, 3)));
+        sm.apply([
+            effects(4, vec![put(Cf::Inodes, "a", "4"), put(Cf::Dentries, "d", "4")]),
+            effects(5, vec![put(Cf::Inodes, "b", "5"), Op::Delete { cf: Cf::Inodes, key: b"a".to_vec() }]),
+        ])
+        .await
+        .unwrap();
+        assert_eq!(get(&sm, Cf::Inodes, "b").as_deref(), Some("5"));
+        // What a killed process leaves on disk: the files as they are now.
+        copy_dir(&dir.path().join("sm"), &crashed.path().join("sm"));
+        drop(sm);
+        let mut after = StateMachine::open(crashed.path()).unwrap();
+        assert_eq!(after.applied_state().await.unwrap().0, Some(id(1, 3)), "the snapshot's flush");
+        assert_eq!(get(&after, Cf::Inodes, "a").as_deref(), Some("2"));
+        assert_eq!(get(&after, Cf::Dentries, "d"), None);
+        assert_eq!(get(&after, Cf::Inodes, "b"), None);
+
+        // A clean close flushes: reopened, everything applied is there.
+        let mut sm = StateMachine::open(dir.path()).unwrap();
+        assert_eq!(sm.applied_state().await.unwrap().0, Some(id(1, 5)));
+        assert_eq!(get(&sm, Cf::Inodes, "b").as_deref(), Some("5"));
+    });
+}
+
 /// A snapshot file of `leader`, changed by `damage`, installed on a follower: refused, and the
 /// follower's state is untouched.
 async fn refused(damage: impl Fn(&mut Vec<u8>)) -> String {

@@ -429,7 +429,8 @@ mod tests {
         }
         for dir in &dirs {
             let path = dir.path().join("segment");
-            let file = File::options().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+            let file =
+                File::options().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
             let size = 3 << 20;
             file.write_all_at(&vec![0xa5u8; size as usize], 0).unwrap();
             zero_from(&file, 5000, size).unwrap();

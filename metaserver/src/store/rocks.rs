@@ -30,6 +30,9 @@ use super::{Batch, Cf, MetaStore, Op, StoreView};
 pub struct RocksStore {
     db: Arc<DB>,
     mode: SyncMode,
+    /// Whether writes go through RocksDB's WAL (all but a Raft state machine's, whose log is
+    /// the Raft log: [`RocksStore::open_state_machine`]).
+    wal: bool,
     /// Why durability was lost (see the module's "Fail-stop"); shared with the group-commit thread.
     lost: Arc<DurabilityLost>,
     /// The group-commit thread (`Commit` mode).
@@ -208,12 +211,28 @@ impl RocksStore {
     /// Open (creating if needed) the database in `path`. A database held by another process,
     /// or one that cannot be read, is a clear error.
     pub fn open(path: &Path, mode: SyncMode) -> Result<RocksStore> {
+        Self::open_with(path, mode, true)
+    }
+
+    /// Open (creating if needed) a Raft state machine's database in `path`: written without
+    /// RocksDB's WAL, because every write is the effect of a log entry that the Raft log holds
+    /// synced (`docs/ARCHITECTURE.md`, "On disk", `sm/`). What survives a crash is the last
+    /// flush, and flushes are atomic across column families, so the state and its applied log
+    /// id (in the same batch) are always of one moment; openraft re-applies the rest from the
+    /// log at start. Flushes happen when memtables fill, at every snapshot (a checkpoint
+    /// flushes first; the log is purged only up to a snapshot) and when the database closes.
+    pub fn open_state_machine(path: &Path) -> Result<RocksStore> {
+        Self::open_with(path, SyncMode::Never, false)
+    }
+
+    fn open_with(path: &Path, mode: SyncMode, wal: bool) -> Result<RocksStore> {
         std::fs::create_dir_all(path).map_err(|e| {
             CairnError::from_io(&format!("cannot create metadata directory {}", path.display()), &e)
         })?;
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
+        opts.set_atomic_flush(!wal);
         let cfs = Cf::ALL.iter().map(|cf| ColumnFamilyDescriptor::new(cf.name(), Options::default()));
         let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(|e| {
             CairnError::io(format!("cannot open metadata database at {}: {e}", path.display()))
@@ -231,7 +250,7 @@ impl RocksStore {
                 Ok((syncer, thread))
             })
             .transpose()?;
-        Ok(RocksStore { db, mode, lost, syncer })
+        Ok(RocksStore { db, mode, wal, lost, syncer })
     }
 
     /// Open the database in `path` for reading only (a checkpoint being turned into a Raft
@@ -242,7 +261,13 @@ impl RocksStore {
         let db = DB::open_cf_for_read_only(&opts, path, names, false).map_err(|e| {
             CairnError::io(format!("cannot open metadata database at {} to read: {e}", path.display()))
         })?;
-        Ok(RocksStore { db: Arc::new(db), mode: SyncMode::Never, lost: Default::default(), syncer: None })
+        Ok(RocksStore {
+            db: Arc::new(db),
+            mode: SyncMode::Never,
+            wal: true,
+            lost: Default::default(),
+            syncer: None,
+        })
     }
 
     /// Write a checkpoint of the database into `dir` (which must not exist): the memtables are
@@ -358,6 +383,7 @@ impl MetaStore for RocksStore {
         };
         let mut opts = WriteOptions::default();
         opts.set_sync(sync);
+        opts.disable_wal(!self.wal);
         if sync {
             self.lost.fsync(|| self.db.write_opt(wb, &opts)).map_err(|e| {
                 // Whether the batch reached the disk is unknown: nothing may build on it.
