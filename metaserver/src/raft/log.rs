@@ -181,15 +181,12 @@ impl LogStore {
         &self,
         records: Vec<(u8, Vec<u8>)>,
         sync: bool,
-        update: impl FnOnce(&mut State, Vec<Loc>) + Send + 'static,
+        update: impl FnOnce(&mut State, Vec<Loc>),
     ) -> Result<()> {
-        let write = || {
-            let mut wal = self.shared.wal.lock();
-            let locs = wal.append(&wal::borrowed(&records), sync, || self.shared.state.read().records())?;
-            update(&mut self.shared.state.write(), locs);
-            Ok(())
-        };
-        write()
+        let mut wal = self.shared.wal.lock();
+        let locs = wal.append(&wal::borrowed(&records), sync, || self.shared.state.read().records())?;
+        update(&mut self.shared.state.write(), locs);
+        Ok(())
     }
 
     /// The segment files kept (tests).
