@@ -5,7 +5,8 @@ appending 600 bytes to a growing file (as RocksDB's WAL does), after overwriting
 before (a log reusing its files), and after writing into blocks fallocate(2) reserved (unwritten
 extents). Prints the median and 90th percentile of N (default 300) each, in milliseconds.
 LOAD=1: while another process writes 256 KiB files under DIR and fdatasyncs each (as chunkservers
-storing shards beside the metaservers do), so the file system's journal is busy."""
+storing shards beside the metaservers do), so the file system is busy with other files'
+metadata (a journalled file system's journal; this VM's ext4 has none, see bench/RESULTS.md)."""
 import os
 import sys
 import time
