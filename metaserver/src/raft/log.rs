@@ -177,7 +177,7 @@ impl LogStore {
     /// the write waits for the disk, the runtime's other worker takes the tasks queued here
     /// (replication, connections); `block_in_place`, which would start a worker to replace
     /// this one, cost as much as the pool.
-    async fn write(
+    fn write(
         &self,
         records: Vec<(u8, Vec<u8>)>,
         sync: bool,
@@ -247,7 +247,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote) -> std::result::Result<(), StorageError> {
         let saved = *vote;
         self.write(vec![(VOTE, json(vote))], true, move |state, _| state.vote = Some(saved))
-            .await
             .map_err(|e| io_error(StorageIOError::write_vote, e))
     }
 
@@ -287,14 +286,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             })
             .collect();
         let started = std::time::Instant::now();
-        let result = self
-            .write(records, true, move |state, locs| {
-                for (id, loc) in ids.into_iter().zip(locs) {
-                    state.entries.split_off(&id.index);
-                    state.entries.insert(id.index, (id, loc));
-                }
-            })
-            .await;
+        let result = self.write(records, true, move |state, locs| {
+            for (id, loc) in ids.into_iter().zip(locs) {
+                state.entries.split_off(&id.index);
+                state.entries.insert(id.index, (id, loc));
+            }
+        });
         metrics::histogram!(crate::metrics::RAFT_LOG_APPEND_SECONDS).record(started.elapsed().as_secs_f64());
         match result {
             Ok(()) => {
@@ -314,7 +311,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.write(vec![(TRUNCATED, index.to_le_bytes().to_vec())], true, move |state, _| {
             state.entries.split_off(&index);
         })
-        .await
         .map_err(write_error)
     }
 
@@ -323,7 +319,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             state.entries = state.entries.split_off(&(log_id.index.saturating_add(1)));
             state.purged = Some(log_id);
         })
-        .await
         .map_err(write_error)?;
         // Segments before the one holding the first entry kept hold nothing live (entries are
         // in the files in index order) and nothing a later record does not restate: delete
