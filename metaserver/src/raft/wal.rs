@@ -1,7 +1,7 @@
 //! The Raft log's segment files (`{raft dir}/wal/`, `docs/ARCHITECTURE.md`, "On disk"): records
 //! appended into space reserved when the segment was made, so a sync of an append changes no
-//! file size (which would make it write the file's metadata too: on a journalled file system, a
-//! journal commit). This module knows records (a kind and a body)
+//! file size and allocates no blocks (either would make it write the file's metadata too: on a
+//! journalled file system, a journal commit). This module knows records (a kind and a body)
 //! and segments; what the records mean is [`super::log`]'s.
 //!
 //! A record is `len` (u32 LE, the body's length), `crc` (u32 LE, CRC-32C over `len`, `kind`
