@@ -83,7 +83,7 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
                     "leader_addr": s.leader_addr, "last_log_index": s.last_log_index,
                     "applied_index": s.applied_index, "snapshot_index": s.snapshot_index,
                     "lag": lead_index.saturating_sub(s.applied_index), "cluster": s.cluster,
-                    "election_ms": s.election_ms,
+                    "group": s.group, "election_ms": s.election_ms,
                     "members": s.members.iter().map(|m| json!({"id": m.id, "addr": m.addr, "voter": m.voter, "matched": m.matched})).collect::<Vec<_>>(),
                 }),
                 Err(e) => json!({"addr": addr, "id": id_of(addr), "error": e}),
@@ -101,6 +101,10 @@ pub async fn status(meta: &str, as_json: bool) -> Result<u8> {
     }
     match (&leader, single) {
         (_, true) => println!("a lone metaserver (not replicated)"),
+        (Some(l), _) if l.group != 0 => println!(
+            "leader: replica {} at {}, term {} (metadata group {})",
+            l.id, l.leader_addr, l.term, l.group
+        ),
         (Some(l), _) => println!("leader: replica {} at {}, term {}", l.id, l.leader_addr, l.term),
         (None, _) => {
             println!("NO LEADER: the namespace cannot change until a majority of replicas elect one")

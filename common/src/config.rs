@@ -37,6 +37,10 @@ pub enum SyncMode {
 }
 
 /// Metaserver settings (`cairn meta --config FILE`).
+/// The namespace is cut into this many slots, each owned by one metadata group
+/// (`docs/ARCHITECTURE.md`, "Several metadata groups"): so there are at most as many groups.
+pub const MAX_GROUPS: u32 = 4096;
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetaConfig {
@@ -100,6 +104,11 @@ pub struct MetaConfig {
     pub raft_id: u64,
     /// The cluster's name: replicas and data directories of another cluster are refused.
     pub cluster: String,
+    /// The metadata group this replica belongs to (`docs/ARCHITECTURE.md`, "Several metadata
+    /// groups"): 0, the default, holds the root and the cluster state; a replica of another
+    /// group needs `replicas` (its own group's) and owns the namespace slots the group map in
+    /// group 0 gives it. Replicas and data directories of another group are refused.
+    pub group: u32,
     /// How often the leader sends heartbeats to the other replicas.
     pub raft_heartbeat_ms: u64,
     /// The shortest election timeout (the longest is twice it). A follower refuses votes for
@@ -140,6 +149,7 @@ impl Default for MetaConfig {
             replicas: Vec::new(),
             raft_id: 0,
             cluster: "cairn".into(),
+            group: 0,
             raft_heartbeat_ms: 100,
             raft_election_ms: 300,
             raft_write_timeout_ms: 10_000,
@@ -183,6 +193,18 @@ impl MetaConfig {
             return Err(CairnError::invalid(format!(
                 "cluster {:?}: letters, digits, '-' and '_' only",
                 self.cluster
+            )));
+        }
+        if self.group >= MAX_GROUPS {
+            return Err(CairnError::invalid(format!(
+                "group {} is out of range: at most {MAX_GROUPS} metadata groups (one per namespace slot)",
+                self.group
+            )));
+        }
+        if self.group != 0 && replicas.is_empty() {
+            return Err(CairnError::invalid(format!(
+                "group {}: a metadata group other than 0 is a Raft group: give it its replicas",
+                self.group
             )));
         }
         if self.raft_snapshot_every < 10 {
@@ -565,6 +587,27 @@ mod tests {
         // An unset capacity survives a round trip through TOML (as `cairn up` writes configs).
         let text = toml::to_string(&ChunkConfig::default()).unwrap();
         assert_eq!(toml::from_str::<ChunkConfig>(&text).unwrap(), ChunkConfig::default());
+    }
+
+    #[test]
+    fn a_group_other_than_0_is_a_raft_group_within_range() {
+        let replicas = vec!["1=127.0.0.1:9401".to_string()];
+        let with = |group, replicas: &Vec<String>| MetaConfig {
+            group,
+            raft_id: 1,
+            replicas: replicas.clone(),
+            ..MetaConfig::default()
+        };
+        with(3, &replicas).validate().unwrap();
+        with(MAX_GROUPS - 1, &replicas).validate().unwrap();
+        let err = with(MAX_GROUPS, &replicas).validate().unwrap_err().to_string();
+        assert!(err.contains("out of range"), "{err}");
+        let lone = MetaConfig { group: 3, ..MetaConfig::default() };
+        let err = lone.validate().unwrap_err().to_string();
+        assert!(err.contains("give it its replicas"), "{err}");
+        // Absent in a config of a build before groups: group 0.
+        let cfg: MetaConfig = toml::from_str("cluster = \"c\"").unwrap();
+        assert_eq!(cfg.group, 0);
     }
 
     #[test]

@@ -53,10 +53,14 @@ pub enum ErrorKind {
     /// certificate): a client asks the metaserver for a new one and tries once more. EACCES
     /// when that fails too. Nothing of the request was done.
     CapabilityRefused,
+    /// The request concerns namespace slots another metadata group owns (`docs/ARCHITECTURE.md`,
+    /// "Several metadata groups"): the caller refreshes its group map from group 0 and asks the
+    /// slot's group. Nothing of the request was done.
+    WrongGroup,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 25] = [
+    pub const ALL: [ErrorKind; 26] = [
         ErrorKind::NotFound,
         ErrorKind::Exists,
         ErrorKind::NotDir,
@@ -83,6 +87,7 @@ impl ErrorKind {
         ErrorKind::NotLeader,
         ErrorKind::ReadOnly,
         ErrorKind::CapabilityRefused,
+        ErrorKind::WrongGroup,
     ];
 
     /// The errno a FUSE reply carries for this kind.
@@ -111,7 +116,8 @@ impl ErrorKind {
             | ErrorKind::Io
             | ErrorKind::Internal
             | ErrorKind::TooFewNodes
-            | ErrorKind::NotLeader => libc::EIO,
+            | ErrorKind::NotLeader
+            | ErrorKind::WrongGroup => libc::EIO,
         }
     }
 
@@ -121,9 +127,11 @@ impl ErrorKind {
         match self {
             ErrorKind::NotFound | ErrorKind::NoData => Code::NotFound,
             ErrorKind::Exists => Code::AlreadyExists,
-            ErrorKind::NotDir | ErrorKind::IsDir | ErrorKind::NotEmpty | ErrorKind::CrossDevice => {
-                Code::FailedPrecondition
-            }
+            ErrorKind::NotDir
+            | ErrorKind::IsDir
+            | ErrorKind::NotEmpty
+            | ErrorKind::CrossDevice
+            | ErrorKind::WrongGroup => Code::FailedPrecondition,
             ErrorKind::InvalidArgument | ErrorKind::NameTooLong | ErrorKind::Range | ErrorKind::TooBig => {
                 Code::InvalidArgument
             }
@@ -168,6 +176,7 @@ impl ErrorKind {
             ErrorKind::NotLeader => "not_leader",
             ErrorKind::ReadOnly => "read_only",
             ErrorKind::CapabilityRefused => "capability_refused",
+            ErrorKind::WrongGroup => "wrong_group",
         }
     }
 

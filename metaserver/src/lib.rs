@@ -128,12 +128,12 @@ pub fn init(config: &MetaConfig, join: bool) -> Result<String> {
         ));
     }
     let raft_dir = dir.join("raft");
-    raft::node::stamp_cluster_dir(&raft_dir, &config.cluster)?;
+    raft::node::stamp_dir(&raft_dir, &raft::network::GroupName::new(&config.cluster, config.group))?;
     if !join {
         return Ok(format!(
-            "made replica {} of cluster {:?} in {}: it founds the group with the others at their first start",
+            "made replica {} of {} in {}: it founds the group with the others at their first start",
             config.raft_id,
-            config.cluster,
+            raft::network::GroupName::new(&config.cluster, config.group),
             dir.display()
         ));
     }
@@ -141,9 +141,9 @@ pub fn init(config: &MetaConfig, join: bool) -> Result<String> {
     std::fs::write(&marker, b"")
         .map_err(|e| CairnError::from_io(&format!("cannot write {}", marker.display()), &e))?;
     Ok(format!(
-        "made replica {} of cluster {:?} in {}: it waits for the running group to catch it up",
+        "made replica {} of {} in {}: it waits for the running group to catch it up",
         config.raft_id,
-        config.cluster,
+        raft::network::GroupName::new(&config.cluster, config.group),
         dir.display()
     ))
 }
@@ -185,7 +185,7 @@ pub fn restore(config: &MetaConfig, file: &std::path::Path) -> Result<u64> {
     }
     let members = config.replica_addrs()?;
     let raft_dir = dir.join("raft");
-    raft::node::stamp_cluster_dir(&raft_dir, &config.cluster)?;
+    raft::node::stamp_dir(&raft_dir, &raft::network::GroupName::new(&config.cluster, config.group))?;
     let restored = raft::state::restore(file, &raft_dir.join("sm"), Some((config.raft_id, &members)));
     if restored.is_err() {
         let _ = std::fs::remove_dir_all(&raft_dir);
@@ -295,6 +295,7 @@ async fn serve_replicated(
         id: config.raft_id,
         members: config.replica_addrs()?,
         cluster: config.cluster.clone(),
+        group: config.group,
         dir: config.data_dir.join("raft"),
         heartbeat: Duration::from_millis(config.raft_heartbeat_ms),
         election: Duration::from_millis(config.raft_election_ms),
@@ -323,7 +324,12 @@ async fn serve_replicated(
         }
     };
     service.set_raft(node.clone());
-    tracing::info!(id = node.id(), cluster = node.cluster(), "metaserver replica started");
+    tracing::info!(
+        id = node.id(),
+        cluster = node.cluster(),
+        group = node.group(),
+        "metaserver replica started"
+    );
     let open = {
         let layout = config.layout()?;
         let node_timeout = Duration::from_millis(config.node_timeout_ms);
@@ -332,7 +338,13 @@ async fn serve_replicated(
             Namespace::open_with_cluster(store, layout, node_timeout, lease)
         }
     };
-    let leading = tokio::spawn(lead(node.clone(), service.clone(), open, background));
+    // A group other than 0 owns no namespace slots yet: its leader opens no namespace (it would
+    // make a root directory of its own) and its service answers clients `WrongGroup`.
+    let leading = if node.group() == 0 {
+        tokio::spawn(lead(node.clone(), service.clone(), open, background))
+    } else {
+        tokio::spawn(std::future::pending())
+    };
     let result = match server.await {
         Ok(r) => r.map_err(|e| CairnError::io(format!("metaserver: {e}"))),
         Err(e) => Err(CairnError::internal(format!("metaserver: {e}"))),

@@ -229,3 +229,66 @@ async fn a_replica_needs_its_data_made_and_one_made_to_join_never_founds() {
     serving_leader(&addrs, 30).await;
     replica.stop().await;
 }
+
+/// A Raft group of metadata group 1 beside group 0: it elects its own leader, answers clients
+/// `WrongGroup` (it owns no namespace slots yet), group 0 will not take one of its replicas as a
+/// member, and its data directory is refused to a replica of group 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
+    let dir = TempDir::new().unwrap();
+    let ones = free_addrs(3);
+    let group1 = |id| MetaConfig { group: 1, ..config(&dir.path().join("group1"), id, &ones) };
+    let mut replicas = Vec::new();
+    for id in 1..=3 {
+        replicas.push(start(group1(id)).await);
+    }
+    let zero = free_addrs(1);
+    let mut group0 = start(config(&dir.path().join("group0"), 1, &zero)).await;
+    serving_leader(&zero, 30).await;
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let leader = loop {
+        let mut found = None;
+        for addr in &ones {
+            if let Some(s) = status(addr).await {
+                assert_eq!(s.group, 1, "{s:?}");
+                if s.state == "leader" {
+                    found = Some(addr.clone());
+                }
+            }
+        }
+        if let Some(addr) = found {
+            break addr;
+        }
+        assert!(Instant::now() < deadline, "group 1 elects a leader");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for addr in [&leader, &ones[0], &ones[1]] {
+        let e = lookup(addr, "anything").await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::WrongGroup, "{e}");
+        assert!(e.message().contains("metadata group 1"), "{e}");
+        let e = mkdir(addr, "d").await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::WrongGroup, "{e}");
+    }
+    assert_eq!(status(&zero[0]).await.unwrap().group, 0);
+    mkdir(&zero[0], "in-group-0").await.unwrap();
+
+    // Group 0 takes no replica of group 1 as a member.
+    let add = cairn_proto::RaftMemberRequest { id: 2, addr: ones[1].clone(), wait_ms: 2000 };
+    let e = CairnError::from(client(&zero[0]).await.raft_add_member(add).await.unwrap_err());
+    assert!(e.message().contains("group 1 of cluster \"cairn\""), "{e}");
+    assert_eq!(status(&zero[0]).await.unwrap().members.len(), 1, "nothing was added");
+
+    // A replica of group 0 started on a group 1 replica's data is refused.
+    replicas[2].stop().await;
+    let mut wrong = config(&dir.path().join("group1"), 3, &ones);
+    wrong.group = 0;
+    let listener = tokio::net::TcpListener::bind(&wrong.listen).await.unwrap();
+    let e = cairn_meta::serve(wrong, listener, async {}).await.unwrap_err();
+    assert!(e.message().contains("holds metadata group 1, not 0"), "{e}");
+
+    for mut replica in replicas.into_iter().take(2) {
+        replica.stop().await;
+    }
+    group0.stop().await;
+}

@@ -1,8 +1,9 @@
 //! Raft messages between metaservers, as the `Meta` service's `RaftVote`, `RaftAppend` (over
 //! the wire protocol) and `RaftSnapshot` (over gRPC). A [`RaftMessage`](cairn_proto::RaftMessage)
 //! carries openraft's request or reply as JSON in `header`, log entries in the log's own format
-//! ([`super::codec`]), a snapshot chunk in `data`, and the sender's cluster id, which the
-//! receiver checks: a replica of another cluster is refused, never joined.
+//! ([`super::codec`]), a snapshot chunk in `data`, and the sender's cluster id and metadata
+//! group, which the receiver checks: a replica of another cluster or group is refused, never
+//! joined.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,6 +43,26 @@ struct SnapshotHeader {
     done: bool,
 }
 
+/// Which Raft group a replica belongs to: its cluster and, within it, its metadata group
+/// (`docs/ARCHITECTURE.md`, "Several metadata groups"). Every message carries the sender's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupName {
+    pub cluster: Arc<str>,
+    pub group: u32,
+}
+
+impl GroupName {
+    pub fn new(cluster: &str, group: u32) -> GroupName {
+        GroupName { cluster: cluster.into(), group }
+    }
+}
+
+impl std::fmt::Display for GroupName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "group {} of cluster {:?}", self.group, self.cluster)
+    }
+}
+
 fn json<T: Serialize>(value: &T) -> Result<Vec<u8>> {
     serde_json::to_vec(value).map_err(|e| CairnError::internal(format!("Raft message: {e}")))
 }
@@ -51,14 +72,15 @@ fn from_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
 }
 
 /// Encode an append-entries request.
-pub fn encode_append(req: &AppendEntriesRequest<TypeConfig>, cluster: &str) -> Result<RaftMessage> {
+pub fn encode_append(req: &AppendEntriesRequest<TypeConfig>, from: &GroupName) -> Result<RaftMessage> {
     let header =
         AppendHeader { vote: req.vote, prev_log_id: req.prev_log_id, leader_commit: req.leader_commit };
     Ok(RaftMessage {
         header: json(&header)?,
         entries: req.entries.iter().map(codec::encode).collect(),
         data: Vec::new(),
-        cluster: cluster.to_string(),
+        cluster: from.cluster.to_string(),
+        group: from.group,
     })
 }
 
@@ -78,14 +100,15 @@ pub fn decode_append(msg: &RaftMessage) -> Result<AppendEntriesRequest<TypeConfi
     })
 }
 
-pub fn encode_snapshot(req: &InstallSnapshotRequest<TypeConfig>, cluster: &str) -> Result<RaftMessage> {
+pub fn encode_snapshot(req: &InstallSnapshotRequest<TypeConfig>, from: &GroupName) -> Result<RaftMessage> {
     let header =
         SnapshotHeader { vote: req.vote, meta: req.meta.clone(), offset: req.offset, done: req.done };
     Ok(RaftMessage {
         header: json(&header)?,
         entries: Vec::new(),
         data: req.data.clone(),
-        cluster: cluster.to_string(),
+        cluster: from.cluster.to_string(),
+        group: from.group,
     })
 }
 
@@ -101,12 +124,13 @@ pub fn decode_snapshot(msg: RaftMessage) -> Result<InstallSnapshotRequest<TypeCo
 }
 
 /// A message whose header is `value` as JSON (votes and every reply).
-pub fn encode_plain<T: Serialize>(value: &T, cluster: &str) -> Result<RaftMessage> {
+pub fn encode_plain<T: Serialize>(value: &T, from: &GroupName) -> Result<RaftMessage> {
     Ok(RaftMessage {
         header: json(value)?,
         entries: Vec::new(),
         data: Vec::new(),
-        cluster: cluster.to_string(),
+        cluster: from.cluster.to_string(),
+        group: from.group,
     })
 }
 
@@ -114,14 +138,14 @@ pub fn decode_plain<T: DeserializeOwned>(msg: &RaftMessage) -> Result<T> {
     from_json(&msg.header)
 }
 
-/// Refuse a message from another cluster.
-pub fn check_cluster(msg: &RaftMessage, cluster: &str) -> Result<()> {
-    if msg.cluster != cluster {
+/// Refuse a message from another cluster or another group of this one.
+pub fn check_group(msg: &RaftMessage, ours: &GroupName) -> Result<()> {
+    if *msg.cluster != *ours.cluster || msg.group != ours.group {
         return Err(CairnError::new(
             cairn_common::ErrorKind::PermissionDenied,
             format!(
-                "Raft message from cluster {:?}; this metaserver belongs to cluster {cluster:?}",
-                msg.cluster
+                "Raft message from {}; this metaserver is a replica of {ours}",
+                GroupName::new(&msg.cluster, msg.group)
             ),
         ));
     }
@@ -138,7 +162,7 @@ pub fn check_cluster(msg: &RaftMessage, cluster: &str) -> Result<()> {
 pub struct Network {
     channels: Arc<Channels>,
     links: Arc<parking_lot::Mutex<HashMap<String, Arc<Link>>>>,
-    cluster: Arc<str>,
+    name: GroupName,
 }
 
 /// The wire connections to one replica, and whether it answered that it has no wire Raft
@@ -153,8 +177,8 @@ struct Link {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Network {
-    pub fn new(channels: Arc<Channels>, cluster: &str) -> Network {
-        Network { channels, links: Default::default(), cluster: cluster.into() }
+    pub fn new(channels: Arc<Channels>, name: GroupName) -> Network {
+        Network { channels, links: Default::default(), name }
     }
 }
 
@@ -164,7 +188,7 @@ pub struct Peer {
     addr: String,
     channels: Arc<Channels>,
     link: Arc<Link>,
-    cluster: Arc<str>,
+    name: GroupName,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -191,7 +215,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             addr: node.addr.clone(),
             channels: self.channels.clone(),
             link,
-            cluster: self.cluster.clone(),
+            name: self.name.clone(),
         }
     }
 }
@@ -308,7 +332,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         }
         let carries_entries = !rpc.entries.is_empty();
         let started = std::time::Instant::now();
-        let msg = encode_append(&rpc, &self.cluster);
+        let msg = encode_append(&rpc, &self.name);
         let answer = self.send(msg, &option, Method::Append).await;
         // Heartbeats and commit notices (no entries) would hide the appends' time among theirs.
         if carries_entries && answer.is_ok() {
@@ -323,7 +347,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> std::result::Result<InstallSnapshotResponse<NodeId>, RpcError<InstallSnapshotError>> {
-        let msg = encode_snapshot(&rpc, &self.cluster);
+        let msg = encode_snapshot(&rpc, &self.name);
         self.send(msg, &option, Method::Snapshot).await
     }
 
@@ -332,7 +356,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> std::result::Result<VoteResponse<NodeId>, RpcError> {
-        let msg = encode_plain(&rpc, &self.cluster);
+        let msg = encode_plain(&rpc, &self.name);
         self.send(msg, &option, Method::Vote).await
     }
 }
@@ -346,7 +370,7 @@ mod tests {
     use crate::store::{Cf, Op};
 
     #[test]
-    fn an_append_request_round_trips_and_checks_its_cluster() {
+    fn an_append_request_round_trips_and_checks_its_cluster_and_group() {
         let id = |i| LogId::new(CommittedLeaderId::new(3, 1), i);
         let ops = vec![Op::Put { cf: Cf::Inodes, key: vec![1], value: vec![2; 300] }];
         let req = AppendEntriesRequest::<TypeConfig> {
@@ -355,9 +379,17 @@ mod tests {
             leader_commit: Some(id(4)),
             entries: vec![Entry { log_id: id(5), payload: EntryPayload::Normal(Command { ops }) }],
         };
-        let msg = encode_append(&req, "c1").unwrap();
-        assert!(check_cluster(&msg, "c1").is_ok());
-        assert!(check_cluster(&msg, "c2").unwrap_err().message().contains("\"c1\""));
+        let msg = encode_append(&req, &GroupName::new("c1", 2)).unwrap();
+        assert!(check_group(&msg, &GroupName::new("c1", 2)).is_ok());
+        let other_cluster = check_group(&msg, &GroupName::new("c2", 2)).unwrap_err();
+        assert_eq!(other_cluster.kind(), cairn_common::ErrorKind::PermissionDenied);
+        assert!(other_cluster.message().contains("group 2 of cluster \"c1\""), "{other_cluster}");
+        let other_group = check_group(&msg, &GroupName::new("c1", 0)).unwrap_err();
+        assert!(other_group.message().contains("replica of group 0 of cluster \"c1\""), "{other_group}");
+        // A message of a build before groups carries none: it is group 0's.
+        let older = RaftMessage { group: 0, ..msg.clone() };
+        assert!(check_group(&older, &GroupName::new("c1", 0)).is_ok());
+        assert!(check_group(&older, &GroupName::new("c1", 2)).is_err());
         let back = decode_append(&msg).unwrap();
         assert_eq!(back.entries, req.entries);
         assert_eq!(
@@ -400,8 +432,10 @@ mod tests {
         let addr = listener.local_addr().unwrap().to_string();
         let (_stop, stopped) = tokio::sync::watch::channel(false);
         let (_grpc, _accepting) = cairn_net::server::serve(listener, Arc::new(Older), stopped);
-        let mut network =
-            Network::new(Arc::new(Channels::new(Duration::from_secs(1), Duration::from_secs(1))), "c1");
+        let mut network = Network::new(
+            Arc::new(Channels::new(Duration::from_secs(1), Duration::from_secs(1))),
+            GroupName::new("c1", 0),
+        );
         let mut peer = network.new_client(2, &BasicNode::new(&addr)).await;
         let append = AppendEntriesRequest::<TypeConfig> {
             vote: Vote::new_committed(1, 1),

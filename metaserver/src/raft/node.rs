@@ -14,7 +14,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy};
 
 use super::log::LogStore;
-use super::network::{self, Network};
+use super::network::{self, GroupName, Network};
 use super::overlay::Overlay;
 use super::proposals::{Gate, Pending};
 use super::state::{SmStore, StateMachine};
@@ -30,6 +30,10 @@ pub struct RaftSettings {
     pub members: BTreeMap<NodeId, String>,
     /// The cluster's id: messages and data directories of another cluster are refused.
     pub cluster: String,
+    /// The metadata group this replica belongs to (0: the one holding the root; see
+    /// `docs/ARCHITECTURE.md`, "Several metadata groups"): messages and data directories of
+    /// another group are refused.
+    pub group: u32,
     /// `{data_dir}/raft`.
     pub dir: PathBuf,
     pub heartbeat: Duration,
@@ -44,19 +48,25 @@ pub struct RaftSettings {
 /// The file naming the cluster a data directory belongs to.
 pub const CLUSTER_FILE: &str = "cluster";
 
+/// The file naming the metadata group a data directory belongs to. A directory with a
+/// [`CLUSTER_FILE`] but none was made before groups had numbers: it holds group 0.
+pub const GROUP_FILE: &str = "group";
+
 /// Present in a replica's Raft directory made by `cairn meta init --join`: it never founds a
 /// group, it waits for the running one to catch it up.
 pub const JOIN_FILE: &str = "join";
 
-/// Refuse a data directory of another cluster; stamp a new one with `cluster`.
-pub fn stamp_cluster_dir(dir: &Path, cluster: &str) -> Result<()> {
-    check_cluster_dir(dir, cluster)
+/// Refuse a data directory of another cluster or group; stamp a new one with both.
+pub fn stamp_dir(dir: &Path, name: &GroupName) -> Result<()> {
+    let made_before_groups = check_cluster_dir(dir, &name.cluster)?;
+    check_group_dir(dir, name.group, made_before_groups)
 }
 
-fn check_cluster_dir(dir: &Path, cluster: &str) -> Result<()> {
+/// Whether the directory was stamped before (by a build that may have known no groups).
+fn check_cluster_dir(dir: &Path, cluster: &str) -> Result<bool> {
     let path = dir.join(CLUSTER_FILE);
     match std::fs::read_to_string(&path) {
-        Ok(found) if found.trim() == cluster => Ok(()),
+        Ok(found) if found.trim() == cluster => Ok(true),
         Ok(found) => Err(CairnError::invalid(format!(
             "{} belongs to cluster {:?}, not {cluster:?}: refusing to start on another cluster's data \
              (point data_dir elsewhere, or set cluster to {:?})",
@@ -68,15 +78,47 @@ fn check_cluster_dir(dir: &Path, cluster: &str) -> Result<()> {
             std::fs::create_dir_all(dir)
                 .map_err(|e| CairnError::from_io(&format!("cannot create {}", dir.display()), &e))?;
             std::fs::write(&path, format!("{cluster}\n"))
-                .map_err(|e| CairnError::from_io(&format!("cannot write {}", path.display()), &e))
+                .map_err(|e| CairnError::from_io(&format!("cannot write {}", path.display()), &e))?;
+            Ok(false)
         }
         Err(e) => Err(CairnError::from_io(&format!("cannot read {}", path.display()), &e)),
     }
 }
 
+fn check_group_dir(dir: &Path, group: u32, stamped_before: bool) -> Result<()> {
+    let path = dir.join(GROUP_FILE);
+    let found = match std::fs::read_to_string(&path) {
+        Ok(text) => text.trim().parse::<u32>().map_err(|_| {
+            CairnError::corrupt(format!(
+                "{} reads {:?}, not a group number: the replica's data directory is damaged",
+                path.display(),
+                text.trim()
+            ))
+        })?,
+        // Stamped by a build before groups: that directory holds group 0.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && stamped_before => 0,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => group,
+        Err(e) => return Err(CairnError::from_io(&format!("cannot read {}", path.display()), &e)),
+    };
+    if found != group {
+        return Err(CairnError::invalid(format!(
+            "{} holds metadata group {found}, not {group}: refusing to start on another group's data \
+             (point data_dir elsewhere, or set group to {found})",
+            dir.display()
+        )));
+    }
+    if !path.exists() {
+        std::fs::write(&path, format!("{group}\n"))
+            .map_err(|e| CairnError::from_io(&format!("cannot write {}", path.display()), &e))?;
+    }
+    Ok(())
+}
+
 pub struct RaftNode {
     pub raft: Raft<TypeConfig>,
     settings: RaftSettings,
+    /// The cluster and group, as messages carry them.
+    name: GroupName,
     sm: Arc<SmStore>,
     /// The runtime openraft's tasks (the core, replication, storage) run on, apart from the
     /// server's: a request that blocks a server thread (waiting for a lock another request
@@ -129,9 +171,10 @@ impl RaftNode {
             )));
         }
         let dir = settings.dir.clone();
-        let cluster = settings.cluster.clone();
+        let name = GroupName::new(&settings.cluster, settings.group);
+        let stamp = name.clone();
         let (log, sm) = tokio::task::spawn_blocking(move || -> Result<_> {
-            check_cluster_dir(&dir, &cluster)?;
+            stamp_dir(&dir, &stamp)?;
             Ok((LogStore::open(&dir)?, StateMachine::open(&dir)?))
         })
         .await
@@ -155,7 +198,7 @@ impl RaftNode {
         // Raft's own connections, made (and so driven) on the Raft runtime below.
         let network = Network::new(
             Arc::new(Channels::new(Duration::from_secs(1), Duration::from_secs(30))),
-            &settings.cluster,
+            name.clone(),
         );
         let runtime = RaftRuntime(Some(
             tokio::runtime::Builder::new_multi_thread()
@@ -184,6 +227,7 @@ impl RaftNode {
         let node = Arc::new(RaftNode {
             raft,
             settings,
+            name,
             sm: store,
             raft_handle: handle,
             proposals,
@@ -264,7 +308,10 @@ impl RaftNode {
                 tokio::time::timeout(Duration::from_secs(1), client.raft_status(cairn_proto::Empty {})).await;
             let Ok(Ok(reply)) = asked else { return Others::NotYet(*id) };
             let status = reply.into_inner();
-            if status.cluster != self.settings.cluster || status.state == "starting" {
+            if status.cluster != self.settings.cluster
+                || status.group != self.settings.group
+                || status.state == "starting"
+            {
                 return Others::NotYet(*id);
             }
             if status.election_ms != self.settings.election.as_millis() as u64 {
@@ -288,6 +335,11 @@ impl RaftNode {
 
     pub fn cluster(&self) -> &str {
         &self.settings.cluster
+    }
+
+    /// The metadata group this replica belongs to.
+    pub fn group(&self) -> u32 {
+        self.settings.group
     }
 
     /// Whether this replica leads right now (by its own knowledge).
@@ -388,6 +440,7 @@ impl RaftNode {
             members,
             cluster: self.settings.cluster.clone(),
             election_ms: self.settings.election.as_millis() as u64,
+            group: self.settings.group,
         }
     }
 
@@ -428,10 +481,12 @@ impl RaftNode {
         if status.state == "single" {
             return Err(CairnError::invalid(format!("{addr} is a metaserver that is not replicated")));
         }
-        if status.cluster != self.settings.cluster || status.id != id {
+        if status.cluster != self.settings.cluster || status.group != self.settings.group || status.id != id {
             return Err(CairnError::invalid(format!(
-                "the replica at {addr} is replica {} of cluster {:?}, not replica {id} of {:?}",
-                status.id, status.cluster, self.settings.cluster
+                "the replica at {addr} is replica {} of {}, not replica {id} of {}",
+                status.id,
+                GroupName::new(&status.cluster, status.group),
+                self.name
             )));
         }
         let election = self.settings.election.as_millis() as u64;
@@ -520,28 +575,28 @@ impl RaftNode {
     /// gave the leader its lease (a restarted replica does not remember when it last heard the
     /// leader), and an emptied one may have voted in the current term before.
     pub async fn handle_vote(&self, msg: RaftMessage) -> Result<RaftMessage> {
-        network::check_cluster(&msg, self.cluster())?;
+        network::check_group(&msg, &self.name)?;
         if self.started.elapsed() < self.vote_after {
             return Err(CairnError::unavailable(
                 "this metaserver replica has just started and grants no vote yet",
             ));
         }
         let reply = self.raft.vote(network::decode_plain(&msg)?).await;
-        network::encode_plain(&reply, self.cluster())
+        network::encode_plain(&reply, &self.name)
     }
 
     /// Answer the leader's append-entries (or heartbeat).
     pub async fn handle_append(&self, msg: RaftMessage) -> Result<RaftMessage> {
-        network::check_cluster(&msg, self.cluster())?;
+        network::check_group(&msg, &self.name)?;
         let reply = self.raft.append_entries(network::decode_append(&msg)?).await;
-        network::encode_plain(&reply, self.cluster())
+        network::encode_plain(&reply, &self.name)
     }
 
     /// Take a chunk of a snapshot the leader sends.
     pub async fn handle_snapshot(&self, msg: RaftMessage) -> Result<RaftMessage> {
-        network::check_cluster(&msg, self.cluster())?;
+        network::check_group(&msg, &self.name)?;
         let reply = self.raft.install_snapshot(network::decode_snapshot(msg)?).await;
-        network::encode_plain(&reply, self.cluster())
+        network::encode_plain(&reply, &self.name)
     }
 
     /// Wait until this replica, as leader, has applied every entry in its log: everything

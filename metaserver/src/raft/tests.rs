@@ -567,6 +567,7 @@ fn lone_leader(rt: &tokio::runtime::Runtime, dir: &std::path::Path) -> std::sync
         id: 1,
         members: BTreeMap::from([(1, "127.0.0.1:9".to_string())]),
         cluster: "test".into(),
+        group: 0,
         dir: dir.join("raft"),
         heartbeat: std::time::Duration::from_millis(50),
         election: std::time::Duration::from_millis(300),
@@ -670,4 +671,36 @@ fn changes_under_one_lock_read_each_others_proposals_and_share_entries() {
         threads * each
     );
     rt.block_on(node.shutdown());
+}
+
+/// A replica's data directory names its cluster and group: another group's (or another
+/// cluster's) is refused, one stamped before groups had numbers holds group 0, and a damaged
+/// stamp is reported as damage.
+#[test]
+fn a_data_directory_is_refused_to_another_group_and_one_from_before_groups_is_group_0s() {
+    use super::network::GroupName;
+    use super::node::{stamp_dir, CLUSTER_FILE, GROUP_FILE};
+    let tmp = tempfile::tempdir().unwrap();
+    let fresh = tmp.path().join("fresh");
+    stamp_dir(&fresh, &GroupName::new("c1", 3)).unwrap();
+    assert_eq!(std::fs::read_to_string(fresh.join(GROUP_FILE)).unwrap().trim(), "3");
+    stamp_dir(&fresh, &GroupName::new("c1", 3)).unwrap();
+    let err = stamp_dir(&fresh, &GroupName::new("c1", 0)).unwrap_err();
+    assert!(err.message().contains("holds metadata group 3, not 0"), "{err}");
+    let err = stamp_dir(&fresh, &GroupName::new("c2", 3)).unwrap_err();
+    assert!(err.message().contains("belongs to cluster \"c1\""), "{err}");
+
+    // Made by a build before groups: a cluster stamp only.
+    let older = tmp.path().join("older");
+    std::fs::create_dir_all(&older).unwrap();
+    std::fs::write(older.join(CLUSTER_FILE), "c1\n").unwrap();
+    let err = stamp_dir(&older, &GroupName::new("c1", 2)).unwrap_err();
+    assert!(err.message().contains("holds metadata group 0, not 2"), "{err}");
+    assert!(!older.join(GROUP_FILE).exists(), "a refused start stamps nothing");
+    stamp_dir(&older, &GroupName::new("c1", 0)).unwrap();
+    assert_eq!(std::fs::read_to_string(older.join(GROUP_FILE)).unwrap().trim(), "0");
+
+    std::fs::write(fresh.join(GROUP_FILE), "three\n").unwrap();
+    let err = stamp_dir(&fresh, &GroupName::new("c1", 3)).unwrap_err();
+    assert_eq!(err.kind(), cairn_common::ErrorKind::Corrupt, "{err}");
 }

@@ -105,6 +105,7 @@ impl MetaService {
             }
         }
         Err(match self.raft.get() {
+            Some(raft) if raft.group() != 0 => not_my_slots(raft.group()),
             Some(raft) => raft.not_leader(),
             None => CairnError::new(cairn_common::ErrorKind::NotLeader, "this metaserver is starting"),
         }
@@ -251,6 +252,19 @@ async fn inline_change<T>(ns: &Namespace, f: impl FnOnce(&Namespace) -> Result<T
     let out = f(ns);
     change.close_async().await?;
     out.map_err(Status::from)
+}
+
+/// What a replica of a group other than 0 answers clients: the namespace's requests (and the
+/// cluster's, which group 0 holds) are for group 0 until slots move to other groups, which is
+/// not built yet (`docs/ARCHITECTURE.md`, "Several metadata groups").
+fn not_my_slots(group: u32) -> CairnError {
+    CairnError::new(
+        cairn_common::ErrorKind::WrongGroup,
+        format!(
+            "this metaserver is a replica of metadata group {group}, which owns no namespace slots \
+             (every slot belongs to group 0): ask group 0's metaservers"
+        ),
+    )
 }
 
 fn confirm_channels() -> Channels {
