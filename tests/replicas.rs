@@ -113,6 +113,23 @@ fn commits_are_timed(cluster: &Cluster, leader: u64) {
     }
 }
 
+/// `cairn meta groups`: one group, 0, with every slot, its three replicas and its leader; a
+/// group whose replicas do not answer is not added.
+fn groups_are_listed(cluster: &Cluster, leader: u64) {
+    let (code, map) = support::cli_json(cluster, &["meta", "groups"]);
+    assert_eq!(code, 0, "{map}");
+    assert_eq!(map["version"], 0, "{map}");
+    let groups = map["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 1, "{map}");
+    assert_eq!((groups[0]["group"].as_u64(), groups[0]["slots"].as_u64()), (Some(0), Some(4096)), "{map}");
+    assert_eq!(groups[0]["replicas"].as_array().unwrap().len(), 3, "{map}");
+    assert_eq!(groups[0]["leader"].as_u64(), Some(leader), "{map}");
+    let nowhere = format!("1={}", support::free_addr());
+    let (code, out) = cli_on(cluster, &cluster.meta_addr, &["meta", "groups", "add", "1", &nowhere]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("does not answer"), "{out}");
+}
+
 #[test]
 fn a_frozen_leader_is_replaced_and_comes_back_as_a_follower() {
     let cluster = three(&[]);
@@ -121,6 +138,7 @@ fn a_frozen_leader_is_replaced_and_comes_back_as_a_follower() {
     }
     let old = wait_for_leader(&cluster);
     commits_are_timed(&cluster, old);
+    groups_are_listed(&cluster, old);
     // Every chunkserver has heard the leader's namespace epoch, below which it refuses deletes.
     let fences = || -> Vec<u64> {
         (1..=6)

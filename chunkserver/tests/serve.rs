@@ -118,6 +118,9 @@ fake_meta! {
     raft_status(Empty) -> RaftStatusReply;
     raft_add_member(cairn_proto::RaftMemberRequest) -> RaftStatusReply;
     raft_remove_member(cairn_proto::RaftMemberRequest) -> RaftStatusReply;
+    get_group_map(Empty) -> cairn_proto::GroupMap;
+    add_group(cairn_proto::MetaGroup) -> cairn_proto::GroupMap;
+    remove_group(cairn_proto::GroupRequest) -> cairn_proto::GroupMap;
 }
 
 /// Serve the fake metaserver on `listener` in the background.

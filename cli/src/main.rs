@@ -73,6 +73,17 @@ enum MetaAction {
         #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
         meta: String,
     },
+    /// The metadata groups (each a Raft group; `docs/ARCHITECTURE.md`, "Several metadata
+    /// groups"): the group map group 0 keeps, each group's leader and how many namespace slots
+    /// it owns. Exit 0 when every group has a leader, 3 when one has none.
+    Groups {
+        #[command(subcommand)]
+        action: Option<GroupAction>,
+        #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
+        meta: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Write a consistent copy of the namespace, taken by the leader while it serves, into DIR.
     Backup {
         dir: PathBuf,
@@ -102,6 +113,26 @@ enum MetaAction {
         config: Option<PathBuf>,
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum GroupAction {
+    /// Register a running Raft group of metaservers (each started with `group = GROUP` in its
+    /// config) in group 0's group map. It owns no namespace slots until slots move to it.
+    Add {
+        /// The group's number (1 to 4095).
+        group: u32,
+        /// Its replicas, comma-separated, each ID=HOST:PORT as in their `replicas`.
+        replicas: String,
+        #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
+        meta: String,
+    },
+    /// Forget a metadata group that owns no namespace slots.
+    Remove {
+        group: u32,
+        #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
+        meta: String,
     },
 }
 
@@ -455,6 +486,23 @@ fn main() -> ExitCode {
         Command::Meta { action: Some(MetaAction::Remove { id, meta }), .. } => {
             runtime().and_then(|rt| rt.block_on(replicas::remove(&meta, id)))
         }
+        Command::Meta { action: Some(MetaAction::Groups { action: None, meta, json }), .. } => {
+            return match runtime().and_then(|rt| rt.block_on(replicas::groups(&meta, json))) {
+                Ok(code) => ExitCode::from(code),
+                Err(e) => {
+                    eprintln!("cairn: {}", e.message());
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Command::Meta {
+            action: Some(MetaAction::Groups { action: Some(GroupAction::Add { group, replicas, meta }), .. }),
+            ..
+        } => runtime().and_then(|rt| rt.block_on(replicas::add_group(&meta, group, &replicas))),
+        Command::Meta {
+            action: Some(MetaAction::Groups { action: Some(GroupAction::Remove { group, meta }), .. }),
+            ..
+        } => runtime().and_then(|rt| rt.block_on(replicas::remove_group(&meta, group))),
         Command::Meta { action: Some(MetaAction::Backup { dir, meta }), .. } => {
             runtime().and_then(|rt| rt.block_on(replicas::backup(&meta, &dir))).map(|_| ())
         }

@@ -1,4 +1,4 @@
-//! `cairn meta status`, `add`, `remove`, `backup`: every metaserver replica's view of the Raft
+//! `cairn meta status`, `add`, `remove`, `backup`, `groups`: every metaserver replica's view of the Raft
 //! group — its state, term, the leader it knows, how far its log and state machine are, its last
 //! snapshot — asked of each replica directly (so one that is cut off shows as such, not as the
 //! leader's idea of it).
@@ -241,4 +241,103 @@ pub async fn backup(meta: &str, dir: &std::path::Path) -> Result<std::path::Path
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io("cannot sync", dir))?;
     println!("{} ({written} bytes, applied index {index})", path.display());
     Ok(path)
+}
+
+/// `cairn meta groups`: the group map (from group 0's leader) and each group's leader, asked
+/// of its replicas. Exit 0 when every group has a leader, 3 when one has none.
+pub async fn groups(meta: &str, as_json: bool) -> Result<u8> {
+    let map = on_leader(meta, Duration::from_secs(30), |mut client| async move {
+        client.get_group_map(p::Empty {}).await
+    })
+    .await?;
+    let channels = Channels::new(Duration::from_secs(2), Duration::from_secs(5));
+    let slots = cairn_meta::groups::slot_counts(&map);
+    let mut rows = Vec::new();
+    for g in &map.groups {
+        let addrs: Vec<String> = if g.replicas.is_empty() {
+            Failover::parse(meta)?.addrs()
+        } else {
+            g.replicas.iter().map(|r| r.split_once('=').map_or(r.as_str(), |(_, a)| a).to_string()).collect()
+        };
+        let mut leader: Option<p::RaftStatusReply> = None;
+        for addr in &addrs {
+            let Ok(mut client) = channels.meta(addr) else { continue };
+            if let Ok(Ok(reply)) =
+                tokio::time::timeout(Duration::from_secs(5), client.raft_status(p::Empty {})).await
+            {
+                let s = reply.into_inner();
+                if (s.state == "leader" || s.state == "single")
+                    && leader.as_ref().is_none_or(|l| l.term < s.term)
+                {
+                    leader = Some(s);
+                }
+            }
+        }
+        rows.push((g, leader));
+    }
+    let code = if rows.iter().all(|(_, l)| l.is_some()) { 0 } else { 3 };
+    if as_json {
+        let groups: Vec<_> = rows
+            .iter()
+            .map(|(g, l)| {
+                json!({
+                    "group": g.group,
+                    "replicas": g.replicas,
+                    "slots": slots.get(&g.group).copied().unwrap_or(0),
+                    "leader": l.as_ref().map(|l| l.id),
+                    "leader_addr": l.as_ref().map(|l| l.leader_addr.clone()),
+                    "term": l.as_ref().map(|l| l.term),
+                })
+            })
+            .collect();
+        let out = json!({"version": map.version, "groups": groups});
+        println!("{}", serde_json::to_string_pretty(&out).expect("json"));
+        return Ok(code);
+    }
+    println!("group map version {}", map.version);
+    println!("{:>5} {:>6}  {:<28} REPLICAS", "GROUP", "SLOTS", "LEADER");
+    for (g, l) in &rows {
+        let leader = match l {
+            Some(l) if l.state == "single" => "(not replicated)".to_string(),
+            Some(l) => format!("{} at {}, term {}", l.id, l.leader_addr, l.term),
+            None => "NONE".to_string(),
+        };
+        let replicas = if g.replicas.is_empty() { "-".to_string() } else { g.replicas.join(",") };
+        println!(
+            "{:>5} {:>6}  {:<28} {replicas}",
+            g.group,
+            slots.get(&g.group).copied().unwrap_or(0),
+            leader
+        );
+    }
+    Ok(code)
+}
+
+/// `cairn meta groups add GROUP REPLICAS`: register a running Raft group (each replica
+/// `ID=HOST:PORT`) as a metadata group in group 0's map.
+pub async fn add_group(meta: &str, group: u32, replicas: &str) -> Result<()> {
+    let request = p::MetaGroup {
+        group,
+        replicas: replicas.split(',').map(|r| r.trim().to_string()).filter(|r| !r.is_empty()).collect(),
+    };
+    let map = on_leader(meta, Duration::from_secs(60), |mut client| {
+        let request = request.clone();
+        async move { client.add_group(request).await }
+    })
+    .await?;
+    println!(
+        "metadata group {group} is in the group map (version {}); it owns no namespace slots until slots move to it",
+        map.version
+    );
+    Ok(())
+}
+
+/// `cairn meta groups remove GROUP`: forget a metadata group that owns no slots.
+pub async fn remove_group(meta: &str, group: u32) -> Result<()> {
+    let map = on_leader(meta, Duration::from_secs(60), |mut client| async move {
+        client.remove_group(p::GroupRequest { group }).await
+    })
+    .await?;
+    println!("metadata group {group} is not in the group map (version {})", map.version);
+    Ok(())
 }

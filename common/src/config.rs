@@ -224,22 +224,27 @@ impl MetaConfig {
 
     /// `replicas` by id (empty when this metaserver runs alone).
     pub fn replica_addrs(&self) -> Result<std::collections::BTreeMap<u64, String>> {
-        let mut out = std::collections::BTreeMap::new();
-        for r in &self.replicas {
-            let bad =
-                || CairnError::invalid(format!("replica {r:?}: expected ID=HOST:PORT with an id above 0"));
-            let (id, addr) = r.split_once('=').ok_or_else(bad)?;
-            let id: u64 = id.trim().parse().map_err(|_| bad())?;
-            if id == 0 {
-                return Err(bad());
-            }
-            check_peer("replicas", addr.trim())?;
-            if out.insert(id, addr.trim().to_string()).is_some() {
-                return Err(CairnError::invalid(format!("replica id {id} appears twice in replicas")));
-            }
-        }
-        Ok(out)
+        parse_replicas(&self.replicas)
     }
+}
+
+/// A Raft group's replicas, each `ID=HOST:PORT`, by id: ids above 0 and each once, addresses
+/// well formed (not resolved).
+pub fn parse_replicas(replicas: &[String]) -> Result<std::collections::BTreeMap<u64, String>> {
+    let mut out = std::collections::BTreeMap::new();
+    for r in replicas {
+        let bad = || CairnError::invalid(format!("replica {r:?}: expected ID=HOST:PORT with an id above 0"));
+        let (id, addr) = r.split_once('=').ok_or_else(bad)?;
+        let id: u64 = id.trim().parse().map_err(|_| bad())?;
+        if id == 0 {
+            return Err(bad());
+        }
+        check_peer("replicas", addr.trim())?;
+        if out.insert(id, addr.trim().to_string()).is_some() {
+            return Err(CairnError::invalid(format!("replica id {id} appears twice in replicas")));
+        }
+    }
+    Ok(out)
 }
 
 /// Which disk I/O engine a chunkserver uses.

@@ -1,5 +1,5 @@
-//! The cluster around the namespace: the chunkserver registry, client sessions, client ids and
-//! the repair's state. The namespace (`namespace/`) holds files and directories only and asks
+//! The cluster around the namespace: the chunkserver registry, client sessions, client ids,
+//! the repair's state and the group map. The namespace (`namespace/`) holds files and directories only and asks
 //! the cluster for what it does not decide itself through [`Surroundings`]: where a new file's
 //! shards go, what the chunkservers hold, which files clients have open, and a note that a
 //! commit left a stripe degraded.
@@ -15,6 +15,7 @@ use std::time::Duration;
 use cairn_common::{CairnError, ErrorKind, Layout, Result};
 use parking_lot::Mutex;
 
+use crate::groups::Groups;
 use crate::registry::Registry;
 use crate::repair_state::RepairState;
 use crate::schema::{self, counter, Counter};
@@ -43,6 +44,7 @@ pub struct Cluster {
     next_client: Mutex<u64>,
     degraded_hint: AtomicBool,
     repair_state: Mutex<RepairState>,
+    groups: Groups,
 }
 
 impl Cluster {
@@ -57,6 +59,7 @@ impl Cluster {
         let registry = Arc::new(Registry::open(store.clone(), node_timeout)?);
         let next_client = crate::schema::read_counter(&*store, counter::NEXT_CLIENT)?.unwrap_or(1);
         Ok(Arc::new(Cluster {
+            groups: Groups::open(store.clone()),
             store,
             registry,
             sessions: Arc::new(Sessions::new(client_lease)),
@@ -72,6 +75,11 @@ impl Cluster {
 
     pub fn sessions(&self) -> &Arc<Sessions> {
         &self.sessions
+    }
+
+    /// The metadata groups and which owns each namespace slot (group 0's cluster state).
+    pub fn groups(&self) -> &Groups {
+        &self.groups
     }
 
     /// A new client id, never handed out before.

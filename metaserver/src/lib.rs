@@ -15,6 +15,7 @@ mod fake_chunk;
 #[cfg(test)]
 mod fixture;
 pub mod gc;
+pub mod groups;
 pub mod health;
 pub mod metrics;
 pub mod namespace;

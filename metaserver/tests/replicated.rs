@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use cairn_common::config::MetaConfig;
 use cairn_common::{CairnError, ErrorKind};
 use cairn_proto::meta_client::MetaClient;
-use cairn_proto::{Empty, LookupRequest, MkdirRequest, RaftStatusReply};
+use cairn_proto::{Empty, GroupRequest, LookupRequest, MetaGroup, MkdirRequest, RaftStatusReply};
 use tempfile::TempDir;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -232,7 +232,8 @@ async fn a_replica_needs_its_data_made_and_one_made_to_join_never_founds() {
 
 /// A Raft group of metadata group 1 beside group 0: it elects its own leader, answers clients
 /// `WrongGroup` (it owns no namespace slots yet), group 0 will not take one of its replicas as a
-/// member, and its data directory is refused to a replica of group 0.
+/// member, group 0's group map takes it only as the replicas it is (and keeps it through a
+/// restart), and its data directory is refused to a replica of group 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
     let dir = TempDir::new().unwrap();
@@ -278,6 +279,45 @@ async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
     let e = CairnError::from(client(&zero[0]).await.raft_add_member(add).await.unwrap_err());
     assert!(e.message().contains("group 1 of cluster \"cairn\""), "{e}");
     assert_eq!(status(&zero[0]).await.unwrap().members.len(), 1, "nothing was added");
+
+    // Group 0's map: group 1 is added once each of its replicas answers as itself.
+    let map = client(&zero[0]).await.get_group_map(Empty {}).await.unwrap().into_inner();
+    assert_eq!(map.version, 0);
+    assert_eq!(map.groups, vec![MetaGroup { group: 0, replicas: vec![format!("1={}", zero[0])] }]);
+    assert!(map.slots.is_empty(), "every slot is group 0's");
+    let named = |group, ids: &[usize]| MetaGroup {
+        group,
+        replicas: ids.iter().zip(&ones).map(|(id, addr)| format!("{id}={addr}")).collect(),
+    };
+    let group0_addr = zero[0].clone();
+    let add = |group: MetaGroup| {
+        let addr = group0_addr.clone();
+        async move { client(&addr).await.add_group(group).await.map(|r| r.into_inner()).map_err(CairnError::from) }
+    };
+    let e = add(named(1, &[2, 1, 3])).await.unwrap_err();
+    assert!(e.message().contains("is replica 2 of group 1 of cluster \"cairn\", not replica 1"), "{e}");
+    let e = add(named(2, &[1, 2, 3])).await.unwrap_err();
+    assert!(e.message().contains("not replica 1 of group 2"), "{e}");
+    let e = add(MetaGroup { group: 1, replicas: vec![format!("1={}", free_addrs(1)[0])] }).await.unwrap_err();
+    assert!(e.message().contains("does not answer"), "{e}");
+    let e = add(MetaGroup { group: 4, replicas: vec![format!("1={}", zero[0])] }).await.unwrap_err();
+    assert!(e.message().contains("not replica 1 of group 4"), "{e}");
+    assert_eq!(client(&zero[0]).await.get_group_map(Empty {}).await.unwrap().into_inner().version, 0);
+    let map = add(named(1, &[1, 2, 3])).await.unwrap();
+    assert_eq!(map.version, 1);
+    assert_eq!(map.groups.iter().map(|g| g.group).collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(add(named(1, &[1, 2, 3])).await.unwrap().version, 1, "added again: no change");
+    // Kept in group 0's replicated state: the same after its leader restarts.
+    group0.stop().await;
+    group0 = start(config(&dir.path().join("group0"), 1, &zero)).await;
+    serving_leader(&zero, 30).await;
+    let again = client(&zero[0]).await.get_group_map(Empty {}).await.unwrap().into_inner();
+    assert_eq!(again, map);
+    // Only group 0 keeps the map.
+    let e = CairnError::from(client(&leader).await.get_group_map(Empty {}).await.unwrap_err());
+    assert_eq!(e.kind(), ErrorKind::WrongGroup, "{e}");
+    let removed = client(&zero[0]).await.remove_group(GroupRequest { group: 1 }).await.unwrap().into_inner();
+    assert_eq!((removed.version, removed.groups.len()), (2, 1));
 
     // A replica of group 0 started on a group 1 replica's data is refused.
     replicas[2].stop().await;

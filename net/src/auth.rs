@@ -20,6 +20,8 @@ pub fn required(service: &str, method: &str) -> Roles {
         ("meta", "RaftVote" | "RaftAppend" | "RaftSnapshot") => &[Meta],
         // Finding the leader: anyone of the cluster.
         ("meta", "RaftStatus") => &[Meta, Chunk, Client, Admin],
+        // Which metadata group owns which part of the namespace: anyone of the cluster.
+        ("meta", "GetGroupMap") => &[Meta, Chunk, Client, Admin],
         // Chunkservers' own registration.
         ("meta", "RegisterChunk" | "Heartbeat") => &[Chunk],
         // The nodes' addresses: every process that talks to chunkservers.
@@ -59,17 +61,19 @@ fn known(service: &str, method: &str) -> bool {
     let ids = 1..=u8::MAX.into();
     match service {
         "meta" => {
-            method.starts_with("Raft")
-                && [
-                    "RaftVote",
-                    "RaftAppend",
-                    "RaftSnapshot",
-                    "RaftStatus",
-                    "RaftAddMember",
-                    "RaftRemoveMember",
-                    "RaftBackup",
-                ]
-                .contains(&method)
+            [
+                "RaftVote",
+                "RaftAppend",
+                "RaftSnapshot",
+                "RaftStatus",
+                "RaftAddMember",
+                "RaftRemoveMember",
+                "RaftBackup",
+                "GetGroupMap",
+                "AddGroup",
+                "RemoveGroup",
+            ]
+            .contains(&method)
                 || ids.filter_map(crate::wire::meta::method_name).any(|m| m == method)
         }
         "chunk" => ids.filter_map(crate::wire::chunk::method_name).any(|m| m == method),
@@ -192,10 +196,15 @@ mod tests {
             "RepairNow",
             "Reconcile",
             "ClusterStatus",
+            "AddGroup",
+            "RemoveGroup",
         ] {
             assert!(!allowed("meta", m, &client), "{m}");
             assert!(!allowed("meta", m, &chunk), "{m}");
             assert!(allowed("meta", m, &admin), "{m}");
+        }
+        for role in [&client, &chunk, &meta, &admin] {
+            assert!(allowed("meta", "GetGroupMap", role), "every process of the cluster routes by the map");
         }
         assert!(allowed("meta", "RaftAppend", &meta));
         assert!(!allowed("meta", "RaftAppend", &admin));

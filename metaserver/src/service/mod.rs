@@ -28,6 +28,7 @@ use crate::sessions::{Lock, F_UNLCK};
 mod access_checks;
 mod backup;
 mod cluster;
+mod groups;
 mod serving;
 
 pub(crate) use cluster::nodes_with_progress;
@@ -781,6 +782,18 @@ impl Meta for MetaService {
 
     async fn raft_backup(&self, _req: Request<Empty>) -> Result<Response<Self::RaftBackupStream>, Status> {
         Ok(Response::new(self.backup_stream().await?))
+    }
+
+    async fn get_group_map(&self, _req: Request<Empty>) -> Result<Response<GroupMap>, Status> {
+        Ok(Response::new(self.group_map()?))
+    }
+
+    async fn add_group(&self, req: Request<MetaGroup>) -> Result<Response<GroupMap>, Status> {
+        Ok(Response::new(self.add_group(req.into_inner()).await?))
+    }
+
+    async fn remove_group(&self, req: Request<GroupRequest>) -> Result<Response<GroupMap>, Status> {
+        Ok(Response::new(self.remove_group(req.into_inner().group).await?))
     }
 
     async fn raft_status(&self, _req: Request<Empty>) -> Result<Response<RaftStatusReply>, Status> {

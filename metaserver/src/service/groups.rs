@@ -1,0 +1,96 @@
+//! The group map as the service serves and changes it (`GetGroupMap`, `AddGroup`,
+//! `RemoveGroup`; `groups.rs` keeps it): a group is added only once each replica named
+//! answers as that replica of that group of this cluster.
+
+use std::time::Duration;
+
+use cairn_common::{CairnError, ErrorKind, Result};
+use cairn_proto::{GroupMap, MetaGroup};
+
+use super::MetaService;
+use crate::groups;
+use crate::raft::network::GroupName;
+
+/// How long each replica of a group being added has to answer.
+const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl MetaService {
+    /// Group 0's replicas, as its Raft membership has them (none for a lone metaserver).
+    fn group_zero(&self) -> MetaGroup {
+        let replicas = match self.raft.get() {
+            Some(raft) => raft.status().members.iter().map(|m| format!("{}={}", m.id, m.addr)).collect(),
+            None => Vec::new(),
+        };
+        MetaGroup { group: 0, replicas }
+    }
+
+    /// The map as clients read it: group 0 first.
+    pub(super) fn group_map(&self) -> Result<GroupMap, tonic::Status> {
+        let mut map = self.serving()?.cluster.groups().map()?;
+        map.groups.insert(0, self.group_zero());
+        Ok(map)
+    }
+
+    pub(super) async fn add_group(&self, group: MetaGroup) -> Result<GroupMap, tonic::Status> {
+        let replicas = groups::check_form(&group)?;
+        let Some(raft) = self.raft.get() else {
+            return Err(CairnError::new(
+                ErrorKind::NotSupported,
+                "this metaserver runs alone: metadata groups other than 0 need group 0 replicated \
+                 (3 or 5 replicas)",
+            )
+            .into());
+        };
+        // Only group 0's leader keeps the map: ask nobody before that is known.
+        self.serving()?;
+        let wanted = GroupName::new(raft.cluster(), group.group);
+        for (id, addr) in &replicas {
+            self.check_replica(*id, addr, &wanted).await?;
+        }
+        let taken = self.group_zero().replicas;
+        let added = group.clone();
+        let mut map = self.run_serving(move |s| s.cluster.groups().add(&added, &taken)).await?;
+        tracing::info!(group = group.group, replicas = ?group.replicas, version = map.version, "added a metadata group");
+        map.groups.insert(0, self.group_zero());
+        Ok(map)
+    }
+
+    pub(super) async fn remove_group(&self, group: u32) -> Result<GroupMap, tonic::Status> {
+        let mut map = self.run_serving(move |s| s.cluster.groups().remove(group)).await?;
+        map.groups.insert(0, self.group_zero());
+        Ok(map)
+    }
+
+    /// The replica at `addr` answers as replica `id` of `wanted`.
+    async fn check_replica(&self, id: u64, addr: &str, wanted: &GroupName) -> Result<()> {
+        let mut client = self.channels.meta(addr)?;
+        let status = tokio::time::timeout(ASK_TIMEOUT, client.raft_status(cairn_proto::Empty {}))
+            .await
+            .map_err(|_| {
+                CairnError::unavailable(format!(
+                    "replica {id} of the group to add, at {addr}, does not answer"
+                ))
+            })?
+            .map_err(|s| {
+                CairnError::unavailable(format!(
+                    "replica {id} of the group to add, at {addr}, does not answer: {}",
+                    s.message()
+                ))
+            })?
+            .into_inner();
+        match status.state.as_str() {
+            "starting" => Err(CairnError::unavailable(format!(
+                "replica {id} of the group to add, at {addr}, is starting: try again"
+            ))),
+            "single" => Err(CairnError::invalid(format!("{addr} is a metaserver that is not replicated"))),
+            _ if status.id != id || *status.cluster != *wanted.cluster || status.group != wanted.group => {
+                Err(CairnError::invalid(format!(
+                    "the replica at {addr} is replica {} of {}, not replica {id} of {wanted}",
+                    status.id,
+                    GroupName::new(&status.cluster, status.group)
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+}
