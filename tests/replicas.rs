@@ -616,3 +616,39 @@ fn a_directory_changed_by_several_clients_through_failed_commits_stays_consisten
     }
     fsck_clean(&cluster);
 }
+
+/// `cairn up --meta-groups 2`: a second Raft group of three metaservers starts beside group 0
+/// and is registered in its group map; it elects its own leader and sends clients to group 0
+/// (it owns no slots); the mount serves as with one group; after a restart the same map, not
+/// a new version.
+#[test]
+fn cairn_up_starts_and_registers_a_second_metadata_group() {
+    let mut cluster = Cluster::start_env(6, "4+2", 64, &["--meta-replicas", "3", "--meta-groups", "2"], &[]);
+    let group1: Vec<&support::Node> = cluster.nodes.iter().filter(|n| n.id.starts_with("g1-")).collect();
+    assert_eq!(group1.len(), 3, "{:?}", cluster.nodes.iter().map(|n| &n.id).collect::<Vec<_>>());
+    let group1_addrs = group1.iter().map(|n| n.addr.clone()).collect::<Vec<_>>().join(",");
+    let listed = |cluster: &Cluster| {
+        let (code, map) = support::cli_json(cluster, &["meta", "groups"]);
+        assert_eq!(code, 0, "every group has a leader: {map}");
+        map
+    };
+    let map = listed(&cluster);
+    assert_eq!(map["version"], 1, "{map}");
+    let groups = map["groups"].as_array().unwrap();
+    assert_eq!(groups.iter().map(|g| g["group"].as_u64().unwrap()).collect::<Vec<_>>(), [0, 1], "{map}");
+    assert_eq!(groups[1]["slots"], 0, "{map}");
+    assert_eq!(groups[1]["replicas"].as_array().unwrap().len(), 3, "{map}");
+    let (code, status) = cli_on(&cluster, &group1_addrs, &["meta", "status"]);
+    assert_eq!(code, 0, "{status}");
+    assert!(status.contains("(metadata group 1)"), "{status}");
+    let (code, out) = cli_on(&cluster, &group1_addrs, &["status"]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("replica of metadata group 1") && out.contains("ask group 0"), "{out}");
+
+    fs::write(cluster.mnt.join("with-two-groups"), "two").unwrap();
+    cluster.stop();
+    cluster.restart();
+    let again = listed(&cluster);
+    assert_eq!(again["version"], 1, "registered once: {again}");
+    assert_eq!(fs::read_to_string(cluster.mnt.join("with-two-groups")).unwrap(), "two");
+}

@@ -295,7 +295,7 @@ pub async fn groups(meta: &str, as_json: bool) -> Result<u8> {
         return Ok(code);
     }
     println!("group map version {}", map.version);
-    println!("{:>5} {:>6}  {:<28} REPLICAS", "GROUP", "SLOTS", "LEADER");
+    println!("{:>5} {:>6}  {:<32} REPLICAS", "GROUP", "SLOTS", "LEADER");
     for (g, l) in &rows {
         let leader = match l {
             Some(l) if l.state == "single" => "(not replicated)".to_string(),
@@ -304,7 +304,7 @@ pub async fn groups(meta: &str, as_json: bool) -> Result<u8> {
         };
         let replicas = if g.replicas.is_empty() { "-".to_string() } else { g.replicas.join(",") };
         println!(
-            "{:>5} {:>6}  {:<28} {replicas}",
+            "{:>5} {:>6}  {:<32} {replicas}",
             g.group,
             slots.get(&g.group).copied().unwrap_or(0),
             leader
@@ -316,20 +316,24 @@ pub async fn groups(meta: &str, as_json: bool) -> Result<u8> {
 /// `cairn meta groups add GROUP REPLICAS`: register a running Raft group (each replica
 /// `ID=HOST:PORT`) as a metadata group in group 0's map.
 pub async fn add_group(meta: &str, group: u32, replicas: &str) -> Result<()> {
-    let request = p::MetaGroup {
-        group,
-        replicas: replicas.split(',').map(|r| r.trim().to_string()).filter(|r| !r.is_empty()).collect(),
-    };
-    let map = on_leader(meta, Duration::from_secs(60), |mut client| {
-        let request = request.clone();
-        async move { client.add_group(request).await }
-    })
-    .await?;
+    let replicas: Vec<String> =
+        replicas.split(',').map(|r| r.trim().to_string()).filter(|r| !r.is_empty()).collect();
+    let map = register_group(meta, group, &replicas).await?;
     println!(
         "metadata group {group} is in the group map (version {}); it owns no namespace slots until slots move to it",
         map.version
     );
     Ok(())
+}
+
+/// Add metadata group `group` with `replicas` (each `ID=HOST:PORT`) to group 0's map.
+pub async fn register_group(meta: &str, group: u32, replicas: &[String]) -> Result<p::GroupMap> {
+    let request = p::MetaGroup { group, replicas: replicas.to_vec() };
+    on_leader(meta, Duration::from_secs(60), |mut client| {
+        let request = request.clone();
+        async move { client.add_group(request).await }
+    })
+    .await
 }
 
 /// `cairn meta groups remove GROUP`: forget a metadata group that owns no slots.

@@ -40,6 +40,12 @@ pub struct UpArgs {
     /// 1 runs a lone metaserver (fixed when the cluster is first created).
     #[arg(long, default_value_t = 3, value_parser = parse_replicas)]
     meta_replicas: u32,
+    /// Metadata groups, each a Raft group of --meta-replicas metaservers (`docs/ARCHITECTURE.md`,
+    /// "Several metadata groups"); groups after 0 are registered in group 0's group map. They
+    /// own no namespace slots until slot moves are built, so 1 (the default) serves the same.
+    /// More groups can be added on a later run, never fewer.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    meta_groups: u32,
     /// How long a silent client keeps its locks and open files, in milliseconds.
     #[arg(long, default_value_t = 30_000)]
     client_lease_ms: u64,
@@ -149,6 +155,9 @@ struct ClusterFile {
     /// Ports of the replicas after the first (`meta_port`).
     #[serde(default)]
     meta_ports: Vec<u16>,
+    /// Ports of the replicas of each metadata group after 0 (group 1 first).
+    #[serde(default)]
+    group_ports: Vec<Vec<u16>>,
 }
 
 fn one() -> u32 {
@@ -156,11 +165,20 @@ fn one() -> u32 {
 }
 
 impl ClusterFile {
-    /// Every metaserver's address, the first replica first.
+    /// Every metaserver's address of group 0, the first replica first.
     fn meta_addrs(&self) -> Vec<String> {
         std::iter::once(self.meta_port)
             .chain(self.meta_ports.iter().copied())
             .map(|p| format!("127.0.0.1:{p}"))
+            .collect()
+    }
+
+    /// Each metadata group's replicas' addresses, group 0 first.
+    fn group_addrs(&self) -> Vec<Vec<String>> {
+        std::iter::once(self.meta_addrs())
+            .chain(
+                self.group_ports.iter().map(|ports| ports.iter().map(|p| format!("127.0.0.1:{p}")).collect()),
+            )
             .collect()
     }
 }
@@ -316,6 +334,19 @@ fn cluster_file(args: &UpArgs) -> Result<ClusterFile> {
                 file.meta_replicas, args.meta_replicas
             );
         }
+        let groups = file.group_ports.len() as u32 + 1;
+        if args.meta_groups < groups {
+            eprintln!(
+                "cairn up: keeping the {groups} metadata groups of the existing cluster (--meta-groups {} ignored: groups are added, never dropped)",
+                args.meta_groups
+            );
+        }
+        if args.meta_groups > groups {
+            check_groups(file.meta_replicas, args.meta_groups)?;
+        }
+        while (file.group_ports.len() as u32) + 1 < args.meta_groups {
+            file.group_ports.push((0..file.meta_replicas).map(|_| free_port()).collect::<Result<_>>()?);
+        }
         return Ok(file);
     }
     let layout = Layout::parse_ec(&args.ec)?;
@@ -323,6 +354,10 @@ fn cluster_file(args: &UpArgs) -> Result<ClusterFile> {
     let meta_port = if args.meta_port == 0 { free_port()? } else { args.meta_port };
     let chunk_ports = (0..args.chunkservers).map(|_| free_port()).collect::<Result<_>>()?;
     let meta_ports = (1..args.meta_replicas).map(|_| free_port()).collect::<Result<_>>()?;
+    check_groups(args.meta_replicas, args.meta_groups)?;
+    let group_ports = (1..args.meta_groups)
+        .map(|_| (0..args.meta_replicas).map(|_| free_port()).collect::<Result<_>>())
+        .collect::<Result<_>>()?;
     Ok(ClusterFile {
         ec: args.ec.clone(),
         unit: args.unit_kib * 1024,
@@ -330,7 +365,18 @@ fn cluster_file(args: &UpArgs) -> Result<ClusterFile> {
         chunk_ports,
         meta_replicas: args.meta_replicas,
         meta_ports,
+        group_ports,
     })
+}
+
+/// Groups after 0 are Raft groups registered with group 0's replicated map.
+fn check_groups(replicas: u32, groups: u32) -> Result<()> {
+    if groups > 1 && replicas < 3 {
+        return Err(CairnError::invalid(format!(
+            "--meta-groups {groups} needs replicated metaservers (--meta-replicas 3 or 5): the group map lives in group 0's Raft state"
+        )));
+    }
+    Ok(())
 }
 
 fn write_toml<T: Serialize>(path: &Path, value: &T) -> Result<()> {
@@ -392,7 +438,9 @@ async fn up(args: UpArgs, plaintext: bool) -> Result<()> {
         .map_err(io_err("write", &cluster_path))?;
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs).map_err(io_err("create", &logs))?;
-    let tls_root = tls_setup(&dir, plaintext, cluster.meta_replicas as usize, cluster.chunk_ports.len())?;
+    let groups = cluster.group_addrs();
+    let metas = cluster.meta_replicas as usize * groups.len();
+    let tls_root = tls_setup(&dir, plaintext, metas, cluster.chunk_ports.len())?;
     let tls_dir = |name: &str| tls_root.as_ref().map(|r| r.join(name)).unwrap_or_default();
 
     let access_file = match &tls_root {
@@ -401,49 +449,63 @@ async fn up(args: UpArgs, plaintext: bool) -> Result<()> {
     };
     let meta_addrs = cluster.meta_addrs();
     let meta_addr = meta_addrs.join(",");
-    let replicas: Vec<String> = if cluster.meta_replicas > 1 {
-        meta_addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect()
-    } else {
-        Vec::new()
-    };
     let mut procs = Vec::new();
-    for (i, listen) in meta_addrs.iter().enumerate() {
-        // A lone metaserver keeps the directory every earlier cluster has.
-        let name = if replicas.is_empty() { "meta".to_string() } else { format!("meta-{}", i + 1) };
-        let meta_dir = dir.join(&name);
-        std::fs::create_dir_all(&meta_dir).map_err(io_err("create", &meta_dir))?;
-        let meta_cfg = MetaConfig {
-            listen: listen.clone(),
-            data_dir: meta_dir.join("db"),
-            ec: cluster.ec.clone(),
-            unit: cluster.unit,
-            client_lease_ms: args.client_lease_ms,
-            rebuild_after_ms: args.rebuild_after_ms,
-            orphan_grace_ms: args.orphan_grace_ms,
-            reconcile_interval_ms: args.reconcile_interval_ms,
-            metrics_listen: Some(free_local_addr()?),
-            replicas: replicas.clone(),
-            raft_id: if replicas.is_empty() { 0 } else { i as u64 + 1 },
-            tls_dir: tls_dir(&format!("meta-{}", i + 1)),
-            plaintext: tls_root.is_none(),
-            access_file: access_file.clone(),
-            ..MetaConfig::default()
+    for (group, addrs) in groups.iter().enumerate() {
+        let replicas: Vec<String> = if cluster.meta_replicas > 1 {
+            addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect()
+        } else {
+            Vec::new()
         };
-        meta_cfg.validate()?;
-        let meta_toml = meta_dir.join("meta.toml");
-        write_toml(&meta_toml, &meta_cfg)?;
-        let log = logs.join(format!("{name}.log"));
-        // A new data directory is made by the metaserver itself (`cairn up` is the init).
-        let child =
-            spawn(&["meta", "--config", meta_toml.to_str().unwrap_or_default(), "--init-if-empty"], &log)?;
-        procs.push(Proc {
-            role: "meta".into(),
-            id: if replicas.is_empty() { "-".into() } else { (i + 1).to_string() },
-            addr: listen.clone(),
-            metrics: meta_cfg.metrics_listen.clone(),
-            data: meta_cfg.data_dir.display().to_string(),
-            child,
-        });
+        for (i, listen) in addrs.iter().enumerate() {
+            // A lone metaserver keeps the directory every earlier cluster has; group 0's replicas
+            // theirs from before groups.
+            let name = match (replicas.is_empty(), group) {
+                (true, _) => "meta".to_string(),
+                (false, 0) => format!("meta-{}", i + 1),
+                (false, g) => format!("meta-g{g}-{}", i + 1),
+            };
+            let meta_dir = dir.join(&name);
+            std::fs::create_dir_all(&meta_dir).map_err(io_err("create", &meta_dir))?;
+            let meta_cfg = MetaConfig {
+                listen: listen.clone(),
+                data_dir: meta_dir.join("db"),
+                ec: cluster.ec.clone(),
+                unit: cluster.unit,
+                client_lease_ms: args.client_lease_ms,
+                rebuild_after_ms: args.rebuild_after_ms,
+                orphan_grace_ms: args.orphan_grace_ms,
+                reconcile_interval_ms: args.reconcile_interval_ms,
+                metrics_listen: Some(free_local_addr()?),
+                replicas: replicas.clone(),
+                raft_id: if replicas.is_empty() { 0 } else { i as u64 + 1 },
+                group: group as u32,
+                tls_dir: tls_dir(&format!("meta-{}", group * addrs.len() + i + 1)),
+                plaintext: tls_root.is_none(),
+                access_file: access_file.clone(),
+                ..MetaConfig::default()
+            };
+            meta_cfg.validate()?;
+            let meta_toml = meta_dir.join("meta.toml");
+            write_toml(&meta_toml, &meta_cfg)?;
+            let log = logs.join(format!("{name}.log"));
+            // A new data directory is made by the metaserver itself (`cairn up` is the init).
+            let child = spawn(
+                &["meta", "--config", meta_toml.to_str().unwrap_or_default(), "--init-if-empty"],
+                &log,
+            )?;
+            procs.push(Proc {
+                role: "meta".into(),
+                id: match (replicas.is_empty(), group) {
+                    (true, _) => "-".into(),
+                    (false, 0) => (i + 1).to_string(),
+                    (false, g) => format!("g{g}-{}", i + 1),
+                },
+                addr: listen.clone(),
+                metrics: meta_cfg.metrics_listen.clone(),
+                data: meta_cfg.data_dir.display().to_string(),
+                child,
+            });
+        }
     }
 
     for (i, port) in cluster.chunk_ports.iter().enumerate() {
@@ -483,6 +545,11 @@ async fn up(args: UpArgs, plaintext: bool) -> Result<()> {
 
     let result = async {
         wait_healthy(&meta_addr, &mut procs, args.chunkservers as usize).await?;
+        for (group, addrs) in groups.iter().enumerate().skip(1) {
+            let replicas: Vec<String> =
+                addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
+            register_group(&meta_addr, group as u32, &replicas, &mut procs).await?;
+        }
         let mount_log = logs.join("mount.log");
         let metrics = free_local_addr()?;
         let commit_interval = args.commit_interval_ms.to_string();
@@ -542,10 +609,10 @@ async fn up(args: UpArgs, plaintext: bool) -> Result<()> {
         return Err(e);
     }
 
-    println!("{:<6} {:>3}  {:<22} {:>8}  {:<16}  DATA", "ROLE", "ID", "ADDRESS", "PID", "METRICS");
+    println!("{:<6} {:>5}  {:<22} {:>8}  {:<16}  DATA", "ROLE", "ID", "ADDRESS", "PID", "METRICS");
     for p in &procs {
         println!(
-            "{:<6} {:>3}  {:<22} {:>8}  {:<16}  {}",
+            "{:<6} {:>5}  {:<22} {:>8}  {:<16}  {}",
             p.role,
             p.id,
             p.addr,
@@ -563,7 +630,11 @@ async fn up(args: UpArgs, plaintext: bool) -> Result<()> {
         None => println!("tls: none (plaintext, as asked); admin commands: export CAIRN_PLAINTEXT=1"),
     }
     let ssd = args.ssd_capacity.map(|b| format!(", SSD tier capped at {b} bytes each")).unwrap_or_default();
-    let replicated = if cluster.meta_replicas > 1 { " (replicated with Raft)" } else { "" };
+    let replicated = match (cluster.meta_replicas > 1, groups.len()) {
+        (false, _) => String::new(),
+        (true, 1) => " (replicated with Raft)".to_string(),
+        (true, n) => format!(" (replicated with Raft; {n} metadata groups, all slots in group 0)"),
+    };
     println!(
         "ready: {} mounted from metaserver {meta_addr}{replicated}; EC {} over {} chunkservers{ssd} (logs in {}; Ctrl-C stops)",
         mountpoint.display(),
@@ -575,6 +646,32 @@ async fn up(args: UpArgs, plaintext: bool) -> Result<()> {
     eprintln!("cairn up: stopping");
     shutdown(&mut procs, &mountpoint).await;
     Ok(())
+}
+
+/// Register metadata group `group` (its replicas `ID=HOST:PORT`) in group 0's map, once its
+/// replicas answer (they start alongside).
+async fn register_group(meta_addr: &str, group: u32, replicas: &[String], procs: &mut [Proc]) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match crate::replicas::register_group(meta_addr, group, replicas).await {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() > deadline => {
+                return Err(CairnError::unavailable(format!(
+                    "metadata group {group} was not registered: {e}"
+                )))
+            }
+            Err(_) => {}
+        }
+        for p in procs.iter_mut() {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                return Err(CairnError::unavailable(format!(
+                    "{} {} exited during start-up ({status})",
+                    p.role, p.addr
+                )));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Wait for the metaserver to answer and every chunkserver to heartbeat; fill in node ids.
