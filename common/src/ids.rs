@@ -6,6 +6,20 @@ use std::fmt;
 /// The root directory's inode number (as in most Unix filesystems' FUSE view).
 pub const ROOT_INO: u64 = 1;
 
+/// An inode number is `slot (12 bits) ‖ counter (52 bits)`: the namespace slot (one of
+/// [`crate::config::MAX_GROUPS`]) says which metadata group holds every record of the inode
+/// (`docs/ARCHITECTURE.md`, "Several metadata groups"). Numbers handed out before groups are
+/// slot 0's.
+pub const SLOT_SHIFT: u32 = 52;
+
+// One slot per possible group: the slot bits and the group numbers agree.
+const _: () = assert!(crate::config::MAX_GROUPS as u64 == 1 << (64 - SLOT_SHIFT));
+
+/// The namespace slot of inode `ino`.
+pub fn slot_of(ino: u64) -> u32 {
+    (ino >> SLOT_SHIFT) as u32
+}
+
 /// An inode number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct InodeId(pub u64);

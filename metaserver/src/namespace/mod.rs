@@ -383,6 +383,14 @@ impl Namespace {
             a.reserved_end = end;
         }
         let ino = a.next;
+        // Past slot 0's numbers a number would name another slot, held by whichever group owns
+        // it (`cairn_common::ids::SLOT_SHIFT`).
+        if cairn_common::ids::slot_of(ino) != 0 {
+            return Err(CairnError::new(
+                ErrorKind::NoSpace,
+                "no inode numbers left: namespace slot 0's 2^52 are used up",
+            ));
+        }
         a.next += 1;
         if !a.reserving && a.reserved_end - a.next <= INO_BLOCK / 2 {
             if let Some(end) = a.reserved_end.checked_add(INO_BLOCK) {

@@ -658,3 +658,20 @@ fn the_next_inode_block_is_reserved_before_the_current_one_runs_out() {
     }
     assert!(last >= first, "numbers went past the first block");
 }
+
+/// Inode numbers stay in namespace slot 0 (the top 12 bits name a slot, which another
+/// metadata group may own): its last number is handed out, the next create fails with ENOSPC
+/// and changes nothing.
+#[test]
+fn inode_numbers_end_at_the_last_of_slot_0() {
+    let store: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
+    let last = (1u64 << cairn_common::ids::SLOT_SHIFT) - 1;
+    let mut batch = crate::store::Batch::new();
+    batch.put(Cf::Counters, counter::INO_RESERVED, crate::schema::encode(&Counter { value: last }));
+    store.write(batch).unwrap();
+    let ns = Fixture::open(store, layout());
+    assert_eq!(dir(&ns, ROOT_INO, "last").ino, last);
+    let e = ns.mkdir(&new(ROOT_INO, "past", 0o755)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NoSpace, "{e}");
+    assert!(ns.lookup(ROOT_INO, b"past").is_err(), "nothing was made");
+}
