@@ -206,6 +206,18 @@ fn a_replica_whose_data_was_lost_catches_up_from_a_snapshot() {
     kill9(meta_pid(&cluster, lost));
     let lead = wait_for_leader(&cluster);
     assert_ne!(lead, lost);
+    // The leader tells the operator which replica it no longer hears from.
+    let quiet = format!("metaserver replica {lost} (");
+    eventually(30, "cairn status warns of the silent replica", || {
+        let (code, st) = support::cli_json(&cluster, &["status"]);
+        code == 2
+            && st["health"] == "HEALTH_WARN"
+            && st["health_checks"].as_array().is_some_and(|c| {
+                c.iter().any(|c| {
+                    c.as_str().is_some_and(|c| c.starts_with(&quiet) && c.contains("has not answered"))
+                })
+            })
+    });
     fs::remove_dir_all(cluster.data.join(format!("meta-{lost}/db"))).unwrap();
     // Without its data the replica refuses to start, and says what to do; told to join
     // (`cairn meta init --join`), it is caught up by the running group.
@@ -229,6 +241,7 @@ fn a_replica_whose_data_was_lost_catches_up_from_a_snapshot() {
     let log =
         fs::read_to_string(cluster.data.join(format!("logs/meta-{lost}-restarted.log"))).unwrap_or_default();
     assert!(!log.contains("founded the metadata Raft group"), "the emptied replica founded a second group");
+    eventually(30, "healthy again with the replica back", || support::cli_json(&cluster, &["status"]).0 == 0);
 
     // With it back, another replica may go: two of three still serve.
     let other = (1..=3).find(|id| *id != lost && *id != lead).unwrap();

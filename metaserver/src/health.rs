@@ -54,16 +54,18 @@ impl Health {
 const CERT_WARN_SECS: i64 = 30 * 86_400;
 
 /// `nodes` as `ClusterStatus` reports them (with `rebuild_in_ms` filled in for down nodes);
-/// `durability_lost`: why the metadata store refuses changes, if it does; `meta_cert_not_after`:
-/// when this metaserver's certificate expires (0: no TLS).
+/// `durability_lost`: why the metadata store refuses changes, if it does; `replication`: what
+/// leaves the metadata with fewer copies than it should have (`MetaStore::replication_problems`);
+/// `meta_cert_not_after`: when this metaserver's certificate expires (0: no TLS).
 pub fn assess(
     nodes: &[NodeInfo],
     repair: &RepairState,
     durability_lost: Option<&str>,
+    replication: &[String],
     meta_cert_not_after: i64,
 ) -> Health {
     let mut errors = Vec::new();
-    let mut warnings = Vec::new();
+    let mut warnings = replication.to_vec();
     if let Some(reason) = durability_lost {
         errors.push(format!(
             "metadata store refuses changes ({reason}): restart the metaserver once its disk is fixed"
@@ -189,9 +191,18 @@ mod tests {
     #[test]
     fn healthy_is_ok_with_nothing_after_it() {
         let repair = RepairState { by_margin: vec![0, 0, 12], ..Default::default() };
-        let h = assess(&[node(1, true, None), node(2, true, None)], &repair, None, 0);
+        let h = assess(&[node(1, true, None), node(2, true, None)], &repair, None, &[], 0);
         assert_eq!(h.level, Level::Ok);
         assert_eq!(h.line(), "HEALTH_OK");
+    }
+
+    #[test]
+    fn a_quiet_metaserver_replica_warns() {
+        let repair = RepairState::default();
+        let quiet = ["metaserver replica 2 (10.0.0.2:9400) has not answered the leader for 7 s".to_string()];
+        let h = assess(&[node(1, true, None)], &repair, None, &quiet, 0);
+        assert_eq!(h.level, Level::Warn);
+        assert_eq!(h.line(), format!("HEALTH_WARN: {}", quiet[0]));
     }
 
     #[test]
@@ -203,7 +214,7 @@ mod tests {
             ..Default::default()
         };
         let nodes = [node(1, true, None), node(5, false, Some(588_000)), node(6, false, Some(590_000))];
-        let h = assess(&nodes, &repair, None, 0);
+        let h = assess(&nodes, &repair, None, &[], 0);
         assert_eq!(h.level, Level::Warn);
         assert_eq!(
             h.line(),
@@ -222,7 +233,7 @@ mod tests {
         };
         let mut full = node(2, true, None);
         full.full = true;
-        let h = assess(&[node(1, false, Some(0)), full], &repair, None, 0);
+        let h = assess(&[node(1, false, Some(0)), full], &repair, None, &[], 0);
         assert_eq!(h.level, Level::Err);
         assert_eq!(
             h.line(),
@@ -234,7 +245,7 @@ mod tests {
     #[test]
     fn foreign_shards_warn_and_name_their_chunkservers() {
         let repair = RepairState { foreign_shards: 12, foreign_nodes: vec![2, 5], ..Default::default() };
-        let h = assess(&[node(2, true, None), node(5, true, None)], &repair, None, 0);
+        let h = assess(&[node(2, true, None), node(5, true, None)], &repair, None, &[], 0);
         assert_eq!(h.level, Level::Warn);
         assert!(
             h.line().starts_with(
@@ -249,8 +260,13 @@ mod tests {
     fn a_store_that_lost_durability_is_an_error_before_anything_else() {
         let repair =
             RepairState { unrecoverable_stripes: 1, unrecoverable_files: vec![7], ..Default::default() };
-        let h =
-            assess(&[node(1, true, None)], &repair, Some("the group-commit fsync of the WAL failed: EIO"), 0);
+        let h = assess(
+            &[node(1, true, None)],
+            &repair,
+            Some("the group-commit fsync of the WAL failed: EIO"),
+            &[],
+            0,
+        );
         assert_eq!(h.level, Level::Err);
         assert!(
             h.line().starts_with(

@@ -170,8 +170,13 @@ fn publish_once(ns: &Namespace, cluster: &crate::cluster::Cluster) {
     metrics::gauge!(REDUCED_BYTES).set(repair.reduced_bytes as f64);
     let lost = ns.store().durability_lost();
     let cert = cairn_net::tls::identity().map_or(0, |id| id.cert.not_after);
-    let health =
-        crate::health::assess(&crate::service::nodes_with_progress(cluster), &repair, lost.as_deref(), cert);
+    let health = crate::health::assess(
+        &crate::service::nodes_with_progress(cluster),
+        &repair,
+        lost.as_deref(),
+        &ns.store().replication_problems(),
+        cert,
+    );
     metrics::gauge!(HEALTH).set(health.level.gauge());
     metrics::gauge!(BYTES_TO_REBUILD).set(repair.bytes_to_rebuild as f64);
     metrics::gauge!(REBUILD_RATE).set(repair.rate as f64);

@@ -163,6 +163,59 @@ pub struct Network {
     channels: Arc<Channels>,
     links: Arc<parking_lot::Mutex<HashMap<String, Arc<Link>>>>,
     name: GroupName,
+    heard: Arc<Heard>,
+}
+
+/// When each other replica last answered this one's appends (heartbeats included) in the
+/// newest term this one sent them in, so the leader can tell an operator which replica has gone
+/// quiet ([`Heard::silent`]): an idle follower that is down lags by no entry, and nothing else
+/// on the leader shows it.
+#[derive(Default)]
+pub struct Heard {
+    state: parking_lot::Mutex<HeardState>,
+}
+
+#[derive(Default)]
+struct HeardState {
+    term: u64,
+    /// When this replica first sent an append in `term`.
+    since: Option<std::time::Instant>,
+    answered: HashMap<NodeId, std::time::Instant>,
+}
+
+impl Heard {
+    fn sent(&self, term: u64) {
+        let mut s = self.state.lock();
+        if term > s.term {
+            *s = HeardState { term, since: Some(std::time::Instant::now()), answered: HashMap::new() };
+        }
+    }
+
+    fn answered(&self, term: u64, from: NodeId) {
+        let mut s = self.state.lock();
+        if term == s.term {
+            s.answered.insert(from, std::time::Instant::now());
+        }
+    }
+
+    /// Which of `members` have not answered an append of `term` for `after` or longer, and for
+    /// how long (at most since this replica began sending in `term`). None before it has sent
+    /// in `term` for `after`.
+    pub fn silent(
+        &self,
+        term: u64,
+        members: impl Iterator<Item = NodeId>,
+        after: Duration,
+    ) -> Vec<(NodeId, Duration)> {
+        let s = self.state.lock();
+        let Some(since) = s.since.filter(|_| s.term == term) else { return Vec::new() };
+        members
+            .filter_map(|m| {
+                let quiet = s.answered.get(&m).map_or(since, |at| (*at).max(since)).elapsed();
+                (quiet >= after).then_some((m, quiet))
+            })
+            .collect()
+    }
 }
 
 /// The wire connections to one replica, and whether it answered that it has no wire Raft
@@ -178,7 +231,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Network {
     pub fn new(channels: Arc<Channels>, name: GroupName) -> Network {
-        Network { channels, links: Default::default(), name }
+        Network { channels, links: Default::default(), name, heard: Default::default() }
+    }
+
+    /// Who answered this replica's appends, and when.
+    pub fn heard(&self) -> Arc<Heard> {
+        self.heard.clone()
     }
 }
 
@@ -189,6 +247,7 @@ pub struct Peer {
     channels: Arc<Channels>,
     link: Arc<Link>,
     name: GroupName,
+    heard: Arc<Heard>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -216,6 +275,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             channels: self.channels.clone(),
             link,
             name: self.name.clone(),
+            heard: self.heard.clone(),
         }
     }
 }
@@ -332,8 +392,13 @@ impl RaftNetwork<TypeConfig> for Peer {
         }
         let carries_entries = !rpc.entries.is_empty();
         let started = std::time::Instant::now();
+        let term = rpc.vote.leader_id().get_term();
+        self.heard.sent(term);
         let msg = encode_append(&rpc, &self.name);
         let answer = self.send(msg, &option, Method::Append).await;
+        if answer.is_ok() {
+            self.heard.answered(term, self.target);
+        }
         // Heartbeats and commit notices (no entries) would hide the appends' time among theirs.
         if carries_entries && answer.is_ok() {
             metrics::histogram!(crate::metrics::RAFT_APPEND_RPC_SECONDS, "member" => self.target.to_string())
@@ -451,6 +516,28 @@ mod tests {
         // Every stream to that address from now on: the link is shared.
         let again = network.new_client(2, &BasicNode::new(&addr)).await;
         assert!(again.link.grpc_only.load(Ordering::Relaxed));
+    }
+
+    /// A replica that stops answering the leader's appends is named once it has been quiet for
+    /// the threshold; one that answers is not; a new term starts the count afresh.
+    #[test]
+    fn replicas_quiet_for_long_enough_are_named() {
+        let heard = Heard::default();
+        let after = Duration::from_millis(50);
+        assert!(heard.silent(3, [2, 3].into_iter(), after).is_empty(), "nothing sent yet");
+        heard.sent(3);
+        heard.answered(3, 2);
+        heard.answered(3, 3);
+        assert!(heard.silent(3, [2, 3].into_iter(), after).is_empty(), "too early to tell");
+        std::thread::sleep(Duration::from_millis(60));
+        heard.answered(3, 2);
+        heard.answered(2, 3); // an answer to an older term's append counts for nothing
+        let quiet = heard.silent(3, [2, 3].into_iter(), after);
+        assert_eq!(quiet.iter().map(|(m, _)| *m).collect::<Vec<_>>(), [3]);
+        assert!(quiet[0].1 >= after);
+        assert!(heard.silent(4, [2, 3].into_iter(), after).is_empty(), "another term: not this one's view");
+        heard.sent(4);
+        assert!(heard.silent(4, [2, 3].into_iter(), after).is_empty(), "a new term starts afresh");
     }
 
     /// Entries for a lagging follower are sent in messages the transport takes: as many as fit

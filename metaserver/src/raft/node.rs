@@ -45,6 +45,10 @@ pub struct RaftSettings {
     pub snapshot_every: u64,
 }
 
+/// A member quiet this long (or twice the longest election timeout, if more) is reported by
+/// the leader: a heartbeat goes out every `raft_heartbeat_ms`, so this is many missed ones.
+pub const SILENT_AFTER: Duration = Duration::from_secs(3);
+
 /// The file naming the cluster a data directory belongs to.
 pub const CLUSTER_FILE: &str = "cluster";
 
@@ -119,6 +123,8 @@ pub struct RaftNode {
     settings: RaftSettings,
     /// The cluster and group, as messages carry them.
     name: GroupName,
+    /// When the other replicas last answered this one's appends.
+    heard: Arc<network::Heard>,
     sm: Arc<SmStore>,
     /// The runtime openraft's tasks (the core, replication, storage) run on, apart from the
     /// server's: a request that blocks a server thread (waiting for a lock another request
@@ -200,6 +206,7 @@ impl RaftNode {
             Arc::new(Channels::new(Duration::from_secs(1), Duration::from_secs(30))),
             name.clone(),
         );
+        let heard = network.heard();
         let runtime = RaftRuntime(Some(
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -228,6 +235,7 @@ impl RaftNode {
             raft,
             settings,
             name,
+            heard,
             sm: store,
             raft_handle: handle,
             proposals,
@@ -370,6 +378,38 @@ impl RaftNode {
     /// The current term.
     pub fn term(&self) -> u64 {
         self.raft.metrics().borrow().current_term
+    }
+
+    /// On the leader: each other member that has not answered its appends (heartbeats
+    /// included) for [`SILENT_AFTER`] or longer, as "replica ID (ADDR) has not answered the
+    /// leader for N s". Empty on a follower, and when every member answers.
+    pub fn silent_members(&self) -> Vec<String> {
+        if !self.is_leader() {
+            return Vec::new();
+        }
+        let (term, members) = {
+            let m = self.raft.metrics().borrow().clone();
+            let nodes: Vec<(NodeId, String)> = m
+                .membership_config
+                .membership()
+                .nodes()
+                .filter(|(id, _)| **id != self.settings.id)
+                .map(|(id, node)| (*id, node.addr.clone()))
+                .collect();
+            (m.current_term, nodes)
+        };
+        let after = SILENT_AFTER.max(self.vote_after * 2);
+        self.heard
+            .silent(term, members.iter().map(|(id, _)| *id), after)
+            .into_iter()
+            .map(|(id, quiet)| {
+                let addr = members.iter().find(|(m, _)| *m == id).map_or("", |(_, a)| a.as_str());
+                format!(
+                    "metaserver replica {id} ({addr}) has not answered the leader for {} s",
+                    quiet.as_secs()
+                )
+            })
+            .collect()
     }
 
     /// Take (and clear) the mark a failed write left.
@@ -765,6 +805,10 @@ impl RaftStore {
 impl MetaStore for RaftStore {
     fn with_view(&self, f: &mut dyn FnMut(&dyn StoreView) -> Result<()>) -> Result<()> {
         self.node.sm.current().with_view(f)
+    }
+
+    fn replication_problems(&self) -> Vec<String> {
+        self.node.silent_members()
     }
 
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>> {

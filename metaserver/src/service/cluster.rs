@@ -116,8 +116,13 @@ pub(super) fn status_reply(serving: &Serving) -> Result<ClusterStatusReply> {
     let repair = cluster.repair_state().lock().clone();
     let nodes = nodes_with_progress(cluster);
     let meta_cert_not_after = cairn_net::tls::identity().map_or(0, |id| id.cert.not_after);
-    let health =
-        crate::health::assess(&nodes, &repair, ns.store().durability_lost().as_deref(), meta_cert_not_after);
+    let health = crate::health::assess(
+        &nodes,
+        &repair,
+        ns.store().durability_lost().as_deref(),
+        &ns.store().replication_problems(),
+        meta_cert_not_after,
+    );
     Ok(ClusterStatusReply {
         nodes,
         files: stats.files.max(0) as u64,

@@ -261,6 +261,12 @@ pub trait MetaStore: Send + Sync + 'static {
         None
     }
 
+    /// What leaves the store with fewer copies than it should have, one phrase each (a
+    /// replica the leader does not hear from): `cairn status` warns of them.
+    fn replication_problems(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Whether every `write` waits for the disk (then callers keep writes off async threads).
     fn syncs_every_write(&self) -> bool {
         false
