@@ -63,6 +63,9 @@ pub const ROCKSDB: &str = "cairn_meta_rocksdb";
 /// (counter); its last log index, applied index and their difference; the index of its last
 /// snapshot; and for the leader, how far each member's log is behind its own, by `member`.
 pub const RAFT_TERM: &str = "cairn_meta_raft_term";
+/// Always 1, labelled with this replica's metadata `group`: joined on `instance` to tell the
+/// groups' replicas apart (the alert for a group without a leader does).
+pub const RAFT_GROUP: &str = "cairn_meta_raft_group";
 pub const RAFT_IS_LEADER: &str = "cairn_meta_raft_is_leader";
 pub const RAFT_LEADER_CHANGES: &str = "cairn_meta_raft_leader_changes_total";
 pub const RAFT_LAST_LOG_INDEX: &str = "cairn_meta_raft_last_log_index";

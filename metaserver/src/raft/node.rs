@@ -712,6 +712,9 @@ impl Drop for RaftRuntime {
 /// after every acknowledgement by a majority): the lease ends `lease` after that
 /// acknowledgement, or at once when this replica does not lead. Publish the Raft gauges too.
 async fn watch(node: std::sync::Weak<RaftNode>) {
+    if let Some(node) = node.upgrade() {
+        metrics::gauge!(crate::metrics::RAFT_GROUP, "group" => node.settings.group.to_string()).set(1.0);
+    }
     let Some(mut metrics) = node.upgrade().map(|n| n.raft.metrics()) else { return };
     let mut leader = None;
     let mut members = std::collections::BTreeSet::new();
