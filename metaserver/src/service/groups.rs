@@ -14,6 +14,9 @@ use crate::raft::network::GroupName;
 /// How long each replica of a group being added has to answer.
 const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long each replica of another group has to answer `cairn status`'s question.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
+
 impl MetaService {
     /// Group 0's replicas, as its Raft membership has them (none for a lone metaserver).
     fn group_zero(&self) -> MetaGroup {
@@ -59,6 +62,48 @@ impl MetaService {
         let mut map = self.run_serving(move |s| s.cluster.groups().remove(group)).await?;
         map.groups.insert(0, self.group_zero());
         Ok(map)
+    }
+
+    /// For `cairn status`: each registered group (other than 0) with no leader, or with
+    /// replicas that do not answer, as a health warning. Its replicas are asked at once, each
+    /// given [`HEALTH_TIMEOUT`].
+    pub(super) async fn group_health(&self) -> Vec<String> {
+        let Ok(map) = self.serving().and_then(|s| s.cluster.groups().map().map_err(tonic::Status::from))
+        else {
+            return Vec::new();
+        };
+        let mut warnings = Vec::new();
+        for group in &map.groups {
+            let addrs: Vec<String> = group
+                .replicas
+                .iter()
+                .map(|r| r.split_once('=').map_or(r.as_str(), |(_, a)| a).trim().to_string())
+                .collect();
+            let asked = addrs.iter().map(|addr| async move {
+                let mut client = self.channels.meta(addr).ok()?;
+                let reply = tokio::time::timeout(HEALTH_TIMEOUT, client.raft_status(cairn_proto::Empty {}))
+                    .await
+                    .ok()?
+                    .ok()?
+                    .into_inner();
+                (reply.group == group.group).then_some(reply.state == "leader")
+            });
+            let answers: Vec<Option<bool>> = futures::future::join_all(asked).await;
+            let answering = answers.iter().filter(|a| a.is_some()).count();
+            let (g, n) = (group.group, addrs.len());
+            // A leader cut off from the others may still call itself one: a majority answering
+            // is what lets the group change.
+            if answering < n / 2 + 1 {
+                warnings.push(format!(
+                    "metadata group {g} has lost its majority: {answering} of {n} replicas answer"
+                ));
+            } else if !answers.contains(&Some(true)) {
+                warnings.push(format!("metadata group {g} has no leader"));
+            } else if answering < n {
+                warnings.push(format!("metadata group {g}: {} of {n} replicas do not answer", n - answering));
+            }
+        }
+        warnings
     }
 
     /// The replica at `addr` answers as replica `id` of `wanted`.
