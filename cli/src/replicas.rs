@@ -257,7 +257,7 @@ pub async fn groups(meta: &str, as_json: bool) -> Result<u8> {
         let addrs: Vec<String> = if g.replicas.is_empty() {
             Failover::parse(meta)?.addrs()
         } else {
-            g.replicas.iter().map(|r| r.split_once('=').map_or(r.as_str(), |(_, a)| a).to_string()).collect()
+            g.replicas.iter().map(|r| cairn_meta::groups::replica_addr(r).to_string()).collect()
         };
         let mut leader: Option<p::RaftStatusReply> = None;
         for addr in &addrs {

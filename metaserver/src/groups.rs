@@ -42,16 +42,16 @@ impl Groups {
     }
 
     /// Add `group` with its replicas (already checked to answer as that group's: see the
-    /// service). The same group with the same replicas again changes nothing; another group of
-    /// that number, or one sharing an address with another group (`taken`: group 0's replicas
-    /// included), is refused.
-    pub fn add(&self, group: &MetaGroup, taken: &[String]) -> Result<GroupMap> {
+    /// service), and say whether the map changed. The same group with the same replicas again
+    /// changes nothing; another group of that number, or one sharing an address with another
+    /// group (`taken`: group 0's replicas included), is refused.
+    pub fn add(&self, group: &MetaGroup, taken: &[String]) -> Result<(GroupMap, bool)> {
         let replicas = check_form(group)?;
         let _changing = self.changing.lock();
         let mut map = self.map()?;
         if let Some(known) = map.groups.iter().find(|g| g.group == group.group) {
             if parse_replicas(&known.replicas)? == replicas {
-                return Ok(map);
+                return Ok((map, false));
             }
             return Err(CairnError::new(
                 ErrorKind::Exists,
@@ -64,7 +64,7 @@ impl Groups {
         }
         let others = map.groups.iter().flat_map(|g| g.replicas.iter().map(move |r| (g.group, r)));
         for (other, r) in others.chain(taken.iter().map(|r| (0, r))) {
-            let addr = r.split_once('=').map_or(r.as_str(), |(_, a)| a).trim();
+            let addr = replica_addr(r);
             if replicas.values().any(|a| a == addr) {
                 return Err(CairnError::new(
                     ErrorKind::Exists,
@@ -77,7 +77,7 @@ impl Groups {
             replicas: replicas.iter().map(|(id, addr)| format!("{id}={addr}")).collect(),
         });
         map.groups.sort_by_key(|g| g.group);
-        self.write(map)
+        Ok((self.write(map)?, true))
     }
 
     /// Forget `group`, which must own no slots. Forgetting one not known changes nothing.
@@ -113,6 +113,11 @@ impl Groups {
         self.store.write(batch)?;
         Ok(map)
     }
+}
+
+/// The address of a replica as a group map names it (`ID=HOST:PORT`).
+pub fn replica_addr(replica: &str) -> &str {
+    replica.split_once('=').map_or(replica, |(_, addr)| addr).trim()
 }
 
 /// The group that owns `slot` in `map`.
@@ -166,10 +171,10 @@ mod tests {
         assert_eq!(groups.map().unwrap(), GroupMap::default());
         let zero = vec!["1=10.0.0.1:9400".to_string()];
         let one = group(1, &["10.0.1.1:9400", "10.0.1.2:9400", "10.0.1.3:9400"]);
-        let map = groups.add(&one, &zero).unwrap();
-        assert_eq!((map.version, map.groups.len()), (1, 1));
+        let (map, changed) = groups.add(&one, &zero).unwrap();
+        assert_eq!((map.version, map.groups.len(), changed), (1, 1, true));
         // Sent again (an answer lost): nothing changes.
-        assert_eq!(groups.add(&one, &zero).unwrap().version, 1);
+        assert_eq!(groups.add(&one, &zero).unwrap(), (map, false));
         let e = groups.add(&group(1, &["10.0.9.9:9400"]), &zero).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Exists, "{e}");
         let e = groups.add(&group(2, &["10.0.1.2:9400"]), &zero).unwrap_err();
@@ -179,7 +184,7 @@ mod tests {
         for bad in [group(0, &["10.0.2.1:9400"]), group(MAX_GROUPS, &["10.0.2.1:9400"]), group(2, &[])] {
             assert_eq!(groups.add(&bad, &zero).unwrap_err().kind(), ErrorKind::InvalidArgument, "{bad:?}");
         }
-        let map = groups.add(&group(3, &["10.0.3.1:9400"]), &zero).unwrap();
+        let (map, _) = groups.add(&group(3, &["10.0.3.1:9400"]), &zero).unwrap();
         assert_eq!(map.groups.iter().map(|g| g.group).collect::<Vec<_>>(), [1, 3]);
         assert_eq!(slot_counts(&map), BTreeMap::from([(0, SLOTS), (1, 0), (3, 0)]));
         // Reopened (a new leadership): the same map.

@@ -52,8 +52,10 @@ impl MetaService {
         }
         let taken = self.group_zero().replicas;
         let added = group.clone();
-        let mut map = self.run_serving(move |s| s.cluster.groups().add(&added, &taken)).await?;
-        tracing::info!(group = group.group, replicas = ?group.replicas, version = map.version, "added a metadata group");
+        let (mut map, changed) = self.run_serving(move |s| s.cluster.groups().add(&added, &taken)).await?;
+        if changed {
+            tracing::info!(group = group.group, replicas = ?group.replicas, version = map.version, "added a metadata group");
+        }
         map.groups.insert(0, self.group_zero());
         Ok(map)
     }
@@ -74,11 +76,8 @@ impl MetaService {
         };
         let mut warnings = Vec::new();
         for group in &map.groups {
-            let addrs: Vec<String> = group
-                .replicas
-                .iter()
-                .map(|r| r.split_once('=').map_or(r.as_str(), |(_, a)| a).trim().to_string())
-                .collect();
+            let addrs: Vec<String> =
+                group.replicas.iter().map(|r| groups::replica_addr(r).to_string()).collect();
             let asked = addrs.iter().map(|addr| async move {
                 let mut client = self.channels.meta(addr).ok()?;
                 let reply = tokio::time::timeout(HEALTH_TIMEOUT, client.raft_status(cairn_proto::Empty {}))
