@@ -307,13 +307,16 @@ fn warmup_with(c: &Cluster, args: &[&str]) -> (bool, Value) {
 
 #[test]
 fn warmup_makes_room_by_demoting_other_data_and_pins_keep_a_dataset_on_ssd() {
-    // Six chunkservers with 8 MiB of SSD each (48 MiB), as an operator tried it: a 12 MiB
-    // dataset (18 MiB of shards, 3 MiB per chunkserver) written first, then 96 MiB of other
+    // Six chunkservers with 8 MiB of SSD each (48 MiB), as an operator tried it: a 20 MiB
+    // dataset (30 MiB of shards, 5 MiB per chunkserver) written first, then 96 MiB of other
     // files, written over some seconds so the mover (every second) keeps demoting the least
     // recently used shards: the dataset goes to HDD and the SSD tiers stay full of the others.
+    // 5 MiB is more than the free space of a tier (at most 2 MiB: the mover demotes down to its
+    // low watermark, 6 MiB) plus what the mover frees after a warmup fills it (2 MiB again), so
+    // the warmup below must evict however its passes interleave with the mover's.
     let mut c = Cluster::start_with(Path::new("/tmp"), 6, "4+2", UNIT_KIB, &["--ssd-capacity", "8M"]);
     fs::create_dir(c.mnt.join("set")).unwrap();
-    let set = random_bytes(12 << 20, 40);
+    let set = random_bytes(20 << 20, 40);
     fs::write(c.mnt.join("set/data"), &set).unwrap();
     let set_ino = fs::metadata(c.mnt.join("set/data")).unwrap().ino();
     fs::create_dir(c.mnt.join("other")).unwrap();
@@ -352,7 +355,7 @@ fn warmup_makes_room_by_demoting_other_data_and_pins_keep_a_dataset_on_ssd() {
     );
     assert_eq!(st["ssd_share"].as_f64(), Some(1.0), "{st}");
 
-    // A warmup that cannot fit (144 MiB of shards into the 30 MiB left beside the pinned
+    // A warmup that cannot fit (144 MiB of shards into the 18 MiB left beside the pinned
     // dataset) fills what it can, says how much did, and never evicts the pinned dataset. The
     // mover, back under its watermark, does not demote it either.
     let (ok, summary) = warmup_with(&c, &["/other"]);
