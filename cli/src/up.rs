@@ -662,16 +662,22 @@ async fn register_group(meta_addr: &str, group: u32, replicas: &[String], procs:
             }
             Err(_) => {}
         }
-        for p in procs.iter_mut() {
-            if let Ok(Some(status)) = p.child.try_wait() {
-                return Err(CairnError::unavailable(format!(
-                    "{} {} exited during start-up ({status})",
-                    p.role, p.addr
-                )));
-            }
-        }
+        none_exited(procs)?;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// An error naming the first of `procs` that has exited (during start-up, where none may).
+fn none_exited(procs: &mut [Proc]) -> Result<()> {
+    for p in procs.iter_mut() {
+        if let Ok(Some(status)) = p.child.try_wait() {
+            return Err(CairnError::unavailable(format!(
+                "{} {} exited during start-up ({status})",
+                p.role, p.addr
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Wait for the metaserver to answer and every chunkserver to heartbeat; fill in node ids.
@@ -679,14 +685,7 @@ async fn wait_healthy(meta_addr: &str, procs: &mut [Proc], expected: usize) -> R
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut last_error;
     loop {
-        for p in procs.iter_mut() {
-            if let Ok(Some(status)) = p.child.try_wait() {
-                return Err(CairnError::unavailable(format!(
-                    "{} {} exited during start-up ({status})",
-                    p.role, p.addr
-                )));
-            }
-        }
+        none_exited(procs)?;
         match cairn_client::connect_meta(meta_addr).await {
             Ok(meta) => match meta.list_nodes(cairn_proto::Empty {}).await {
                 Ok(reply) => {

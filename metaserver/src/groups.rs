@@ -25,11 +25,27 @@ pub struct Groups {
     store: Arc<dyn MetaStore>,
     /// Held across a change's read and write: two changes never start from the same version.
     changing: Mutex<()>,
+    /// What the leader's last round of questions found wrong with each group other than 0 (no
+    /// leader, no majority, replicas not answering; `service/groups.rs`): absent while a group
+    /// is well. Health reports read it, so they never wait on other groups.
+    health: Mutex<BTreeMap<u32, String>>,
 }
 
 impl Groups {
     pub fn open(store: Arc<dyn MetaStore>) -> Groups {
-        Groups { store, changing: Mutex::new(()) }
+        Groups { store, changing: Mutex::new(()), health: Mutex::new(BTreeMap::new()) }
+    }
+
+    /// Keep what the latest round of questions found wrong, by group.
+    pub fn set_health(&self, problems: BTreeMap<u32, String>) {
+        *self.health.lock() = problems;
+    }
+
+    /// The problems the latest round found, of the groups still in the map.
+    pub fn health(&self) -> Result<Vec<String>> {
+        let map = self.map()?;
+        let health = self.health.lock();
+        Ok(map.groups.iter().filter_map(|g| health.get(&g.group).cloned()).collect())
     }
 
     /// The stored map: the groups other than 0, by number, and the slots (empty while every

@@ -8,7 +8,9 @@ use std::time::Duration;
 use cairn_common::units::{human_bytes as human, human_duration as duration};
 use cairn_proto::NodeInfo;
 
+use crate::cluster::Cluster;
 use crate::repair_state::RepairState;
+use crate::store::MetaStore;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
@@ -53,9 +55,22 @@ impl Health {
 /// A TLS certificate this close to expiring is a warning.
 const CERT_WARN_SECS: i64 = 30 * 86_400;
 
+/// What leaves the metadata with fewer copies or leaders than it should have: this group's
+/// replicas that do not answer its leader (`MetaStore::replication_problems`), then the other
+/// metadata groups' troubles as the leader's last round of questions found them
+/// (`Groups::health`), or that the group map cannot be read.
+pub fn metadata_problems(store: &dyn MetaStore, cluster: &Cluster) -> Vec<String> {
+    let mut problems = store.replication_problems();
+    match cluster.groups().health() {
+        Ok(groups) => problems.extend(groups),
+        Err(e) => problems.push(format!("the metadata group map cannot be read: {e}")),
+    }
+    problems
+}
+
 /// `nodes` as `ClusterStatus` reports them (with `rebuild_in_ms` filled in for down nodes);
 /// `durability_lost`: why the metadata store refuses changes, if it does; `replication`: what
-/// leaves the metadata with fewer copies than it should have (`MetaStore::replication_problems`);
+/// leaves the metadata with fewer copies or leaders than it should have ([`metadata_problems`]);
 /// `meta_cert_not_after`: when this metaserver's certificate expires (0: no TLS).
 pub fn assess(
     nodes: &[NodeInfo],

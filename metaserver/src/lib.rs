@@ -295,8 +295,7 @@ async fn serve_replicated(
     let settings = raft::node::RaftSettings {
         id: config.raft_id,
         members: config.replica_addrs()?,
-        cluster: config.cluster.clone(),
-        group: config.group,
+        name: raft::network::GroupName::new(&config.cluster, config.group),
         dir: config.data_dir.join("raft"),
         heartbeat: Duration::from_millis(config.raft_heartbeat_ms),
         election: Duration::from_millis(config.raft_election_ms),
@@ -409,6 +408,9 @@ fn start_background(
     (service::Serving { ns, cluster, repair: Some(repair) }, Tasks(tasks))
 }
 
+/// How often the leader of group 0 asks the other metadata groups how they are.
+const GROUP_HEALTH_EVERY: Duration = Duration::from_secs(5);
+
 /// Serve clients while this replica leads: once it leads and has applied everything committed,
 /// open the namespace over the replicated store (which reads the leader's in-memory state
 /// from what was applied) and start the background work; stop both when it stops leading, its
@@ -444,8 +446,11 @@ async fn lead(
                     let (open, opener) = (open.clone(), node.clone());
                     match tokio::task::spawn_blocking(move || open(opener.store())).await {
                         Ok(Ok((ns, cluster))) => {
-                            let (serving, tasks) =
-                                start_background(Arc::new(ns), cluster, background.clone());
+                            let (serving, mut tasks) =
+                                start_background(Arc::new(ns), cluster.clone(), background.clone());
+                            tasks.0.push(tokio::spawn(
+                                service.clone().watch_groups(cluster, GROUP_HEALTH_EVERY),
+                            ));
                             service.serve(Some(serving));
                             current = Some((term, tasks));
                             tracing::info!(term, id = node.id(), "leading: serving the namespace");

@@ -177,7 +177,7 @@ fn publish_once(ns: &Namespace, cluster: &crate::cluster::Cluster) {
         &crate::service::nodes_with_progress(cluster),
         &repair,
         lost.as_deref(),
-        &ns.store().replication_problems(),
+        &crate::health::metadata_problems(&**ns.store(), cluster),
         cert,
     );
     metrics::gauge!(HEALTH).set(health.level.gauge());

@@ -361,6 +361,11 @@ async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
     }
     let removed = client(&zero[0]).await.remove_group(GroupRequest { group: 1 }).await.unwrap().into_inner();
     assert_eq!((removed.version, removed.groups.len()), (2, 1));
+    assert!(
+        !checks().await.iter().any(|c| c.contains("metadata group")),
+        "a removed group is no longer reported: {:?}",
+        checks().await
+    );
 
     // A replica of group 0 started on a group 1 replica's data is refused.
     replicas[2].stop().await;

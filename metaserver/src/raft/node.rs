@@ -28,12 +28,10 @@ pub struct RaftSettings {
     pub id: NodeId,
     /// Every member's id and address, this one's included.
     pub members: BTreeMap<NodeId, String>,
-    /// The cluster's id: messages and data directories of another cluster are refused.
-    pub cluster: String,
-    /// The metadata group this replica belongs to (0: the one holding the root; see
-    /// `docs/ARCHITECTURE.md`, "Several metadata groups"): messages and data directories of
-    /// another group are refused.
-    pub group: u32,
+    /// The cluster's id and the metadata group this replica belongs to (0: the one holding
+    /// the root; see `docs/ARCHITECTURE.md`, "Several metadata groups"): messages and data
+    /// directories of another cluster or group are refused.
+    pub name: GroupName,
     /// `{data_dir}/raft`.
     pub dir: PathBuf,
     pub heartbeat: Duration,
@@ -59,6 +57,23 @@ pub const GROUP_FILE: &str = "group";
 /// Present in a replica's Raft directory made by `cairn meta init --join`: it never founds a
 /// group, it waits for the running one to catch it up.
 pub const JOIN_FILE: &str = "join";
+
+/// Whether the `RaftStatus` answer of the metaserver at `addr` says it is replica `id` of
+/// `wanted` (cluster and metadata group): checked before a replica is founded with, added to
+/// a group, or registered as a group. The error says what it is instead.
+pub fn answers_as(status: &RaftStatusReply, addr: &str, id: NodeId, wanted: &GroupName) -> Result<()> {
+    if status.state == "single" {
+        return Err(CairnError::invalid(format!("{addr} is a metaserver that is not replicated")));
+    }
+    if status.id != id || *status.cluster != *wanted.cluster || status.group != wanted.group {
+        return Err(CairnError::invalid(format!(
+            "the replica at {addr} is replica {} of {}, not replica {id} of {wanted}",
+            status.id,
+            GroupName::new(&status.cluster, status.group)
+        )));
+    }
+    Ok(())
+}
 
 /// Refuse a data directory of another cluster or group; stamp a new one with both.
 pub fn stamp_dir(dir: &Path, name: &GroupName) -> Result<()> {
@@ -121,8 +136,6 @@ fn check_group_dir(dir: &Path, group: u32, stamped_before: bool) -> Result<()> {
 pub struct RaftNode {
     pub raft: Raft<TypeConfig>,
     settings: RaftSettings,
-    /// The cluster and group, as messages carry them.
-    name: GroupName,
     /// When the other replicas last answered this one's appends.
     heard: Arc<network::Heard>,
     sm: Arc<SmStore>,
@@ -156,8 +169,9 @@ enum Others {
     Pristine,
     /// This member has a group's data.
     Running(NodeId),
-    /// This member does not answer yet, is starting, or answers as another cluster.
-    NotYet(NodeId),
+    /// This member does not answer yet or is starting (no reason), or answers as something the
+    /// group cannot be founded with (the reason).
+    NotYet(NodeId, Option<String>),
 }
 
 fn not_leader(leader: Option<&BasicNode>) -> CairnError {
@@ -177,8 +191,7 @@ impl RaftNode {
             )));
         }
         let dir = settings.dir.clone();
-        let name = GroupName::new(&settings.cluster, settings.group);
-        let stamp = name.clone();
+        let stamp = settings.name.clone();
         let (log, sm) = tokio::task::spawn_blocking(move || -> Result<_> {
             stamp_dir(&dir, &stamp)?;
             Ok((LogStore::open(&dir)?, StateMachine::open(&dir)?))
@@ -189,7 +202,7 @@ impl RaftNode {
         let heartbeat = settings.heartbeat.as_millis().max(10) as u64;
         let election = settings.election.as_millis() as u64;
         let config = openraft::Config {
-            cluster_name: settings.cluster.clone(),
+            cluster_name: settings.name.cluster.to_string(),
             heartbeat_interval: heartbeat,
             election_timeout_min: election.max(heartbeat * 3),
             election_timeout_max: election.max(heartbeat * 3) * 2,
@@ -204,7 +217,7 @@ impl RaftNode {
         // Raft's own connections, made (and so driven) on the Raft runtime below.
         let network = Network::new(
             Arc::new(Channels::new(Duration::from_secs(1), Duration::from_secs(30))),
-            name.clone(),
+            settings.name.clone(),
         );
         let heard = network.heard();
         let runtime = RaftRuntime(Some(
@@ -234,7 +247,6 @@ impl RaftNode {
         let node = Arc::new(RaftNode {
             raft,
             settings,
-            name,
             heard,
             sm: store,
             raft_handle: handle,
@@ -263,6 +275,7 @@ impl RaftNode {
     /// (this replica then waits to be caught up) or this replica is part of one.
     async fn bootstrap(node: std::sync::Weak<RaftNode>, channels: Channels) {
         let mut waiting_logged = false;
+        let mut wrong_logged: Option<String> = None;
         loop {
             let Some(node) = node.upgrade() else { return };
             let lowest = *node.settings.members.keys().next().expect("members include this one");
@@ -293,10 +306,16 @@ impl RaftNode {
                     }
                     return;
                 }
-                Others::NotYet(member) => {
+                Others::NotYet(member, None) => {
                     if !waiting_logged {
                         tracing::info!(member, "founding the group waits for every member to answer");
                         waiting_logged = true;
+                    }
+                }
+                Others::NotYet(member, Some(why)) => {
+                    if wrong_logged.as_ref() != Some(&why) {
+                        tracing::error!(member, "{why}: the group is not founded until that is mended");
+                        wrong_logged = Some(why);
                     }
                 }
             }
@@ -311,24 +330,26 @@ impl RaftNode {
             if *id == self.settings.id {
                 continue;
             }
-            let Ok(mut client) = channels.meta(addr) else { return Others::NotYet(*id) };
+            let Ok(mut client) = channels.meta(addr) else { return Others::NotYet(*id, None) };
             let asked =
                 tokio::time::timeout(Duration::from_secs(1), client.raft_status(cairn_proto::Empty {})).await;
-            let Ok(Ok(reply)) = asked else { return Others::NotYet(*id) };
+            let Ok(Ok(reply)) = asked else { return Others::NotYet(*id, None) };
             let status = reply.into_inner();
-            if status.cluster != self.settings.cluster
-                || status.group != self.settings.group
-                || status.state == "starting"
-            {
-                return Others::NotYet(*id);
+            if status.state == "starting" {
+                return Others::NotYet(*id, None);
             }
-            if status.election_ms != self.settings.election.as_millis() as u64 {
-                tracing::error!(
-                    member = id,
-                    theirs = status.election_ms,
-                    "the members' raft_election_ms differ: the group is not founded until they are alike"
+            if let Err(e) = answers_as(&status, addr, *id, &self.settings.name) {
+                return Others::NotYet(*id, Some(e.message().to_string()));
+            }
+            let election = self.settings.election.as_millis() as u64;
+            if status.election_ms != election {
+                return Others::NotYet(
+                    *id,
+                    Some(format!(
+                        "the members' raft_election_ms differ (this one {election}, replica {id} {})",
+                        status.election_ms
+                    )),
                 );
-                return Others::NotYet(*id);
             }
             if status.term > 0 || !status.members.is_empty() || status.applied_index > 0 {
                 return Others::Running(*id);
@@ -342,12 +363,12 @@ impl RaftNode {
     }
 
     pub fn cluster(&self) -> &str {
-        &self.settings.cluster
+        &self.settings.name.cluster
     }
 
     /// The metadata group this replica belongs to.
     pub fn group(&self) -> u32 {
-        self.settings.group
+        self.settings.name.group
     }
 
     /// Whether this replica leads right now (by its own knowledge).
@@ -388,7 +409,8 @@ impl RaftNode {
             return Vec::new();
         }
         let (term, members) = {
-            let m = self.raft.metrics().borrow().clone();
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
             let nodes: Vec<(NodeId, String)> = m
                 .membership_config
                 .membership()
@@ -478,9 +500,9 @@ impl RaftNode {
             applied_index: m.last_applied.map_or(0, |id| id.index),
             snapshot_index: m.snapshot.map_or(0, |id| id.index),
             members,
-            cluster: self.settings.cluster.clone(),
+            cluster: self.settings.name.cluster.to_string(),
             election_ms: self.settings.election.as_millis() as u64,
-            group: self.settings.group,
+            group: self.settings.name.group,
         }
     }
 
@@ -518,17 +540,7 @@ impl RaftNode {
             .map_err(|_| CairnError::invalid(format!("the replica to add at {addr} does not answer")))?
             .map_err(|s| CairnError::invalid(format!("the replica to add at {addr}: {}", s.message())))?
             .into_inner();
-        if status.state == "single" {
-            return Err(CairnError::invalid(format!("{addr} is a metaserver that is not replicated")));
-        }
-        if status.cluster != self.settings.cluster || status.group != self.settings.group || status.id != id {
-            return Err(CairnError::invalid(format!(
-                "the replica at {addr} is replica {} of {}, not replica {id} of {}",
-                status.id,
-                GroupName::new(&status.cluster, status.group),
-                self.name
-            )));
-        }
+        answers_as(&status, addr, id, &self.settings.name)?;
         let election = self.settings.election.as_millis() as u64;
         if status.election_ms != election {
             return Err(CairnError::invalid(format!(
@@ -615,28 +627,28 @@ impl RaftNode {
     /// gave the leader its lease (a restarted replica does not remember when it last heard the
     /// leader), and an emptied one may have voted in the current term before.
     pub async fn handle_vote(&self, msg: RaftMessage) -> Result<RaftMessage> {
-        network::check_group(&msg, &self.name)?;
+        network::check_group(&msg, &self.settings.name)?;
         if self.started.elapsed() < self.vote_after {
             return Err(CairnError::unavailable(
                 "this metaserver replica has just started and grants no vote yet",
             ));
         }
         let reply = self.raft.vote(network::decode_plain(&msg)?).await;
-        network::encode_plain(&reply, &self.name)
+        network::encode_plain(&reply, &self.settings.name)
     }
 
     /// Answer the leader's append-entries (or heartbeat).
     pub async fn handle_append(&self, msg: RaftMessage) -> Result<RaftMessage> {
-        network::check_group(&msg, &self.name)?;
+        network::check_group(&msg, &self.settings.name)?;
         let reply = self.raft.append_entries(network::decode_append(&msg)?).await;
-        network::encode_plain(&reply, &self.name)
+        network::encode_plain(&reply, &self.settings.name)
     }
 
     /// Take a chunk of a snapshot the leader sends.
     pub async fn handle_snapshot(&self, msg: RaftMessage) -> Result<RaftMessage> {
-        network::check_group(&msg, &self.name)?;
+        network::check_group(&msg, &self.settings.name)?;
         let reply = self.raft.install_snapshot(network::decode_snapshot(msg)?).await;
-        network::encode_plain(&reply, &self.name)
+        network::encode_plain(&reply, &self.settings.name)
     }
 
     /// Wait until this replica, as leader, has applied every entry in its log: everything
@@ -713,7 +725,7 @@ impl Drop for RaftRuntime {
 /// acknowledgement, or at once when this replica does not lead. Publish the Raft gauges too.
 async fn watch(node: std::sync::Weak<RaftNode>) {
     if let Some(node) = node.upgrade() {
-        metrics::gauge!(crate::metrics::RAFT_GROUP, "group" => node.settings.group.to_string()).set(1.0);
+        metrics::gauge!(crate::metrics::RAFT_GROUP, "group" => node.settings.name.group.to_string()).set(1.0);
     }
     let Some(mut metrics) = node.upgrade().map(|n| n.raft.metrics()) else { return };
     let mut leader = None;

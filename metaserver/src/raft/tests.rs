@@ -566,8 +566,7 @@ fn lone_leader(rt: &tokio::runtime::Runtime, dir: &std::path::Path) -> std::sync
     let settings = RaftSettings {
         id: 1,
         members: BTreeMap::from([(1, "127.0.0.1:9".to_string())]),
-        cluster: "test".into(),
-        group: 0,
+        name: super::network::GroupName::new("test", 0),
         dir: dir.join("raft"),
         heartbeat: std::time::Duration::from_millis(50),
         election: std::time::Duration::from_millis(300),

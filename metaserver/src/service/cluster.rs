@@ -120,7 +120,7 @@ pub(super) fn status_reply(serving: &Serving) -> Result<ClusterStatusReply> {
         &nodes,
         &repair,
         ns.store().durability_lost().as_deref(),
-        &ns.store().replication_problems(),
+        &crate::health::metadata_problems(&**ns.store(), cluster),
         meta_cert_not_after,
     );
     Ok(ClusterStatusReply {

@@ -2,19 +2,23 @@
 //! `RemoveGroup`; `groups.rs` keeps it): a group is added only once each replica named
 //! answers as that replica of that group of this cluster.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_common::{CairnError, ErrorKind, Result};
 use cairn_proto::{GroupMap, MetaGroup};
 
 use super::MetaService;
+use crate::cluster::Cluster;
 use crate::groups;
 use crate::raft::network::GroupName;
+use crate::raft::node::answers_as;
 
 /// How long each replica of a group being added has to answer.
 const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long each replica of another group has to answer `cairn status`'s question.
+/// How long each replica of another group has to answer the leader's health question.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl MetaService {
@@ -66,15 +70,25 @@ impl MetaService {
         Ok(map)
     }
 
-    /// For `cairn status`: each registered group (other than 0) with no leader, or with
-    /// replicas that do not answer, as a health warning. Its replicas are asked at once, each
-    /// given [`HEALTH_TIMEOUT`].
-    pub(super) async fn group_health(&self) -> Vec<String> {
-        let Ok(map) = self.serving().and_then(|s| s.cluster.groups().map().map_err(tonic::Status::from))
-        else {
-            return Vec::new();
-        };
-        let mut warnings = Vec::new();
+    /// Ask every registered group (other than 0) how it is, every `every` while this replica
+    /// serves `cluster`, and keep the answers there for `cairn status` and the health checks
+    /// ([`crate::groups::Groups::health`]): a request never waits on another group's replicas.
+    pub async fn watch_groups(self: Arc<Self>, cluster: Arc<Cluster>, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match cluster.groups().map() {
+                Ok(map) => cluster.groups().set_health(self.group_health(&map).await),
+                Err(e) => tracing::warn!("reading the group map to ask its groups: {e}"),
+            }
+        }
+    }
+
+    /// What is wrong with each group of `map` that has no leader or replicas that do not
+    /// answer. Its replicas are asked at once, each given [`HEALTH_TIMEOUT`].
+    async fn group_health(&self, map: &GroupMap) -> BTreeMap<u32, String> {
+        let mut problems = BTreeMap::new();
         for group in &map.groups {
             let addrs: Vec<String> =
                 group.replicas.iter().map(|r| groups::replica_addr(r).to_string()).collect();
@@ -92,17 +106,18 @@ impl MetaService {
             let (g, n) = (group.group, addrs.len());
             // A leader cut off from the others may still call itself one: a majority answering
             // is what lets the group change.
-            if answering < n / 2 + 1 {
-                warnings.push(format!(
-                    "metadata group {g} has lost its majority: {answering} of {n} replicas answer"
-                ));
+            let problem = if answering < n / 2 + 1 {
+                format!("metadata group {g} has lost its majority: {answering} of {n} replicas answer")
             } else if !answers.contains(&Some(true)) {
-                warnings.push(format!("metadata group {g} has no leader"));
+                format!("metadata group {g} has no leader")
             } else if answering < n {
-                warnings.push(format!("metadata group {g}: {} of {n} replicas do not answer", n - answering));
-            }
+                format!("metadata group {g}: {} of {n} replicas do not answer", n - answering)
+            } else {
+                continue;
+            };
+            problems.insert(g, problem);
         }
-        warnings
+        problems
     }
 
     /// The replica at `addr` answers as replica `id` of `wanted`.
@@ -122,19 +137,11 @@ impl MetaService {
                 ))
             })?
             .into_inner();
-        match status.state.as_str() {
-            "starting" => Err(CairnError::unavailable(format!(
+        if status.state == "starting" {
+            return Err(CairnError::unavailable(format!(
                 "replica {id} of the group to add, at {addr}, is starting: try again"
-            ))),
-            "single" => Err(CairnError::invalid(format!("{addr} is a metaserver that is not replicated"))),
-            _ if status.id != id || *status.cluster != *wanted.cluster || status.group != wanted.group => {
-                Err(CairnError::invalid(format!(
-                    "the replica at {addr} is replica {} of {}, not replica {id} of {wanted}",
-                    status.id,
-                    GroupName::new(&status.cluster, status.group)
-                )))
-            }
-            _ => Ok(()),
+            )));
         }
+        answers_as(&status, addr, id, wanted)
     }
 }

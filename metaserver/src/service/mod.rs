@@ -643,11 +643,6 @@ impl Meta for MetaService {
     async fn cluster_status(&self, _req: Request<Empty>) -> Result<Response<ClusterStatusReply>, Status> {
         let mut reply = self.run_serving(status_reply).await?;
         reply.access_rules = self.access.rules().iter().map(Rule::describe).collect();
-        let groups = self.group_health().await;
-        if !groups.is_empty() && reply.health == crate::health::Level::Ok.name() {
-            reply.health = crate::health::Level::Warn.name().into();
-        }
-        reply.health_checks.extend(groups);
         Ok(Response::new(reply))
     }
 
