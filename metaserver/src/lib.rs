@@ -182,12 +182,13 @@ pub fn restore(config: &MetaConfig, file: &std::path::Path) -> Result<u64> {
                 ));
             }
         }
-        return raft::state::restore(file, dir, None);
+        return raft::state::restore(file, dir, None, 0);
     }
     let members = config.replica_addrs()?;
     let raft_dir = dir.join("raft");
     raft::node::stamp_dir(&raft_dir, &raft::network::GroupName::new(&config.cluster, config.group))?;
-    let restored = raft::state::restore(file, &raft_dir.join("sm"), Some((config.raft_id, &members)));
+    let restored =
+        raft::state::restore(file, &raft_dir.join("sm"), Some((config.raft_id, &members)), config.group);
     if restored.is_err() {
         let _ = std::fs::remove_dir_all(&raft_dir);
     }

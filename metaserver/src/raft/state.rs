@@ -1,6 +1,7 @@
 //! The Raft state machine: the namespace's column families in a RocksDB (`{raft dir}/sm`), plus
 //! [`Cf::Raft`] with the last applied log id and membership, written in the same `WriteBatch` as
-//! the effects of the entries applied. Written without sync: the log is the durable record, and
+//! the effects of the entries applied, and the metadata group the data belongs to (so a backup
+//! is restored only into a replica of its group). Written without sync: the log is the durable record, and
 //! a state machine left behind by a crash is brought forward by re-applying from the log.
 //!
 //! Snapshots (`{raft dir}/snapshots/*.snap`) are RocksDB checkpoints packed into one file:
@@ -30,6 +31,10 @@ use crate::store::{Batch, Cf, MetaStore, Op, RocksStore};
 
 const APPLIED: &[u8] = b"applied";
 const MEMBERSHIP: &[u8] = b"membership";
+/// The metadata group whose state this is (decimal), so a backup says whose it is: written when
+/// a replica opens its state machine and when a backup is restored. Absent (a state machine or
+/// backup from before groups had numbers, or a lone metaserver's): group 0.
+const GROUP: &[u8] = b"group";
 const MAGIC: &[u8; 8] = b"CAIRNSNP";
 const FORMAT: u8 = 1;
 /// Bounds that reject a damaged or hostile snapshot header before anything is allocated.
@@ -45,6 +50,8 @@ pub struct SmStore {
     current: Mutex<Option<(SnapshotMeta, PathBuf)>>,
     /// Makes the names of temporary files unique within this process.
     seq: AtomicU64,
+    /// The metadata group this replica belongs to (its directory's stamp, `raft/group`).
+    group: u32,
 }
 
 fn fsync_dir(dir: &Path) -> io::Result<()> {
@@ -73,6 +80,7 @@ impl SmStore {
             db: RwLock::new(None),
             current: Mutex::new(None),
             seq: AtomicU64::new(0),
+            group: stamped_group(raft_dir)?,
         };
         if store.marker().exists() {
             tracing::warn!(dir = %raft_dir.display(), "finishing a snapshot install that was interrupted");
@@ -84,8 +92,32 @@ impl SmStore {
             }
         }
         *store.db.write() = Some(Arc::new(RocksStore::open_state_machine(&store.sm())?));
+        store.keep_group()?;
         store.find_snapshots()?;
         Ok(store)
+    }
+
+    /// Record this replica's group in the state machine where it is not yet (one made before
+    /// groups had numbers, or installed from such a leader's snapshot); refuse one that names
+    /// another group.
+    fn keep_group(&self) -> Result<()> {
+        let db = self.current();
+        let held = group_in(&*db)?;
+        if held.is_some_and(|g| g != self.group) {
+            return Err(CairnError::corrupt(format!(
+                "the state machine in {} holds metadata group {}'s data, but the directory is stamped \
+                 group {}: the replica's data directory is damaged",
+                self.dir.display(),
+                held.unwrap_or_default(),
+                self.group
+            )));
+        }
+        if held.is_none() {
+            let mut batch = Batch::new();
+            batch.put(Cf::Raft, GROUP, self.group.to_string().into_bytes());
+            db.write(batch)?;
+        }
+        Ok(())
     }
 
     fn sm(&self) -> PathBuf {
@@ -208,8 +240,30 @@ impl SmStore {
         // that far): one left closed would fail every later apply.
         let reopen = if self.sm().exists() { self.sm() } else { self.sm_old() };
         *slot = Some(Arc::new(RocksStore::open_state_machine(&reopen)?));
-        swapped
+        drop(slot);
+        swapped?;
+        self.keep_group()
     }
+}
+
+/// The group a replica's Raft directory is stamped with (`raft/group`; none: group 0, as for a
+/// directory stamped before groups had numbers).
+fn stamped_group(raft_dir: &Path) -> Result<u32> {
+    let path = raft_dir.join(super::node::GROUP_FILE);
+    match fs::read_to_string(&path) {
+        Ok(text) => text.trim().parse().map_err(|_| {
+            CairnError::corrupt(format!("{} reads {:?}, not a group number", path.display(), text.trim()))
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(io_context("cannot read", &path)(e)),
+    }
+}
+
+/// The group a state machine (or an unpacked backup) says it holds; `None` when it does not say.
+fn group_in(store: &dyn MetaStore) -> Result<Option<u32>> {
+    let Some(bytes) = store.get(Cf::Raft, GROUP)? else { return Ok(None) };
+    let group = std::str::from_utf8(&bytes).ok().and_then(|t| t.parse().ok());
+    group.map(Some).ok_or_else(|| CairnError::corrupt(format!("the state machine's group reads {bytes:?}")))
 }
 
 /// Drop the last reference to `store` (closing the database), waiting for the users of other
@@ -467,8 +521,15 @@ impl SmStore {
 /// must not exist: with `group` (this replica's id and every member's id and address), as the
 /// state machine of a new Raft group whose only entry so far is that membership, at the
 /// backup's applied index (term 0: before any election of the new group); without, as a lone
-/// metaserver's namespace (the Raft state dropped). Returns the backup's applied index.
-pub fn restore(file: &Path, db: &Path, group: Option<(u64, &BTreeMap<u64, String>)>) -> Result<u64> {
+/// metaserver's namespace (the Raft state dropped). `into` is the metadata group restored into
+/// (0 for a lone metaserver): a backup of another group is refused. Returns the backup's
+/// applied index.
+pub fn restore(
+    file: &Path,
+    db: &Path,
+    group: Option<(u64, &BTreeMap<u64, String>)>,
+    into: u32,
+) -> Result<u64> {
     if db.exists() {
         return Err(CairnError::invalid(format!(
             "{} exists: restoring only makes a new database",
@@ -485,9 +546,18 @@ pub fn restore(file: &Path, db: &Path, group: Option<(u64, &BTreeMap<u64, String
         let index = meta.last_log_id.map_or(0, |id| id.index);
         {
             let store = RocksStore::open(&part, SyncMode::Always)?;
+            let from = group_in(&store)?.unwrap_or(0);
+            if from != into {
+                return Err(CairnError::invalid(format!(
+                    "{} is a backup of metadata group {from}: restore it into a replica of group {from} \
+                     (group = {from} in its meta.toml), not of group {into}",
+                    file.display()
+                )));
+            }
             let mut batch = Batch::new();
             match group {
                 Some((id, members)) => {
+                    batch.put(Cf::Raft, GROUP, into.to_string().into_bytes());
                     let log_id = LogId::new(openraft::CommittedLeaderId::new(0, id), index.max(1));
                     let voters: std::collections::BTreeSet<u64> = members.keys().copied().collect();
                     let nodes: BTreeMap<u64, openraft::BasicNode> =
@@ -501,6 +571,7 @@ pub fn restore(file: &Path, db: &Path, group: Option<(u64, &BTreeMap<u64, String
                 None => {
                     batch.delete(Cf::Raft, APPLIED);
                     batch.delete(Cf::Raft, MEMBERSHIP);
+                    batch.delete(Cf::Raft, GROUP);
                 }
             }
             crate::namespace::prepare_restored(&store, &mut batch)?;

@@ -529,7 +529,7 @@ fn a_backup_restores_as_a_new_group_or_a_lone_namespace_and_nothing_is_overwritt
         [(4, "10.0.0.4:9400".to_string()), (5, "10.0.0.5:9400".to_string())].into();
     let group = dir.path().join("group");
     fs::create_dir_all(&group).unwrap();
-    assert_eq!(super::state::restore(&backup, &group.join("sm"), Some((4, &members))).unwrap(), 3);
+    assert_eq!(super::state::restore(&backup, &group.join("sm"), Some((4, &members)), 0).unwrap(), 3);
     let restored = StateMachine::open(&group).unwrap();
     assert_eq!(get(&restored, Cf::Inodes, "a"), get(&sm, Cf::Inodes, "a"));
     assert_eq!(get(&restored, Cf::Inodes, "a").as_deref(), Some("2"));
@@ -543,21 +543,77 @@ fn a_backup_restores_as_a_new_group_or_a_lone_namespace_and_nothing_is_overwritt
 
     // As a lone metaserver's database: the data without the Raft state.
     let lone = dir.path().join("lone");
-    assert_eq!(super::state::restore(&backup, &lone, None).unwrap(), 3);
+    assert_eq!(super::state::restore(&backup, &lone, None, 0).unwrap(), 3);
     let db = crate::store::RocksStore::open(&lone, cairn_common::config::SyncMode::Never).unwrap();
     assert!(db.get(Cf::Inodes, b"a").unwrap().is_some());
     assert!(db.get(Cf::Raft, b"applied").unwrap().is_none());
     drop(db);
 
     // Never over an existing database; a truncated backup is refused and leaves nothing.
-    let e = super::state::restore(&backup, &lone, None).unwrap_err();
+    let e = super::state::restore(&backup, &lone, None, 0).unwrap_err();
     assert!(e.message().contains("exists"), "{e}");
     let bytes = fs::read(&backup).unwrap();
     fs::write(&backup, &bytes[..bytes.len() - 10]).unwrap();
     let other = dir.path().join("other");
-    let e = super::state::restore(&backup, &other, None).unwrap_err();
+    let e = super::state::restore(&backup, &other, None, 0).unwrap_err();
     assert!(e.message().contains("not a whole Cairn metadata backup"), "{e}");
     assert!(!other.exists() && !other.with_extension("restoring").exists());
+}
+
+#[test]
+fn a_backup_says_which_group_it_holds_and_restores_only_into_that_group() {
+    use super::node::GROUP_FILE;
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let pack = |sm: &StateMachine, name: &str| {
+        let (_, mut file, _) = super::state::pack_copy(sm.store()).unwrap();
+        let backup = dir.path().join(name);
+        std::io::copy(&mut file, &mut fs::File::create(&backup).unwrap()).unwrap();
+        backup
+    };
+    let replica_dir = |name: &str, group: u32| {
+        let raft = dir.path().join(name);
+        fs::create_dir_all(&raft).unwrap();
+        fs::write(raft.join(GROUP_FILE), format!("{group}\n")).unwrap();
+        raft
+    };
+    let members: BTreeMap<u64, String> = [(1, "10.0.0.1:9400".to_string())].into();
+    let one = rt.block_on(applied_three(&replica_dir("source-1", 1)));
+    let zero = rt.block_on(applied_three(&dir.path().join("source-0")));
+    let (of_one, of_zero) = (pack(&one, "g1.backup"), pack(&zero, "g0.backup"));
+
+    // Group 1's backup goes neither into a replica of group 0 nor into a lone metaserver.
+    let wrong = replica_dir("wrong", 0);
+    let e = super::state::restore(&of_one, &wrong.join("sm"), Some((1, &members)), 0).unwrap_err();
+    assert!(
+        e.message().contains("is a backup of metadata group 1: restore it into a replica of group 1"),
+        "{e}"
+    );
+    assert!(!wrong.join("sm").exists() && !wrong.join("sm.restoring").exists());
+    let e = super::state::restore(&of_one, &dir.path().join("lone"), None, 0).unwrap_err();
+    assert!(e.message().contains("backup of metadata group 1"), "{e}");
+    // Nor group 0's (made before groups had numbers, as this one's state machine) into group 2's.
+    let e = super::state::restore(&of_zero, &replica_dir("two", 2).join("sm"), Some((1, &members)), 2)
+        .unwrap_err();
+    assert!(e.message().contains("backup of metadata group 0"), "{e}");
+
+    // Into group 1's replica it restores, and says so in turn.
+    let right = replica_dir("right", 1);
+    assert_eq!(super::state::restore(&of_one, &right.join("sm"), Some((1, &members)), 1).unwrap(), 3);
+    let restored = StateMachine::open(&right).unwrap();
+    assert_eq!(get(&restored, Cf::Inodes, "a").as_deref(), Some("2"));
+    let again = pack(&restored, "again.backup");
+    let e = super::state::restore(&again, &wrong.join("sm"), Some((1, &members)), 0).unwrap_err();
+    assert!(e.message().contains("backup of metadata group 1"), "{e}");
+    drop(restored);
+
+    // A state machine whose group disagrees with its directory's stamp is damage.
+    fs::write(right.join(GROUP_FILE), "0\n").unwrap();
+    let e = StateMachine::open(&right).err().expect("refused");
+    assert!(
+        e.message().contains("holds metadata group 1's data, but the directory is stamped group 0"),
+        "{e}"
+    );
 }
 
 /// A one-replica group in `dir`, leading and caught up.
