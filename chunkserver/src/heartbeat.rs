@@ -183,7 +183,7 @@ impl Heartbeat {
             return Err(e);
         }
         self.caps.learn_from_leader(&reply.cap_keys, reply.fence);
-        self.fence.raise(reply.fence).await
+        self.fence.raise(0, reply.fence).await
     }
 }
 

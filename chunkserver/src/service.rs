@@ -171,7 +171,7 @@ impl Chunk for ChunkService {
             return Err(capability::refused("shard delete", other.ino, Refusal::WrongInode).into());
         }
         self.authorize(peer.as_ref(), req.cap.as_ref(), "shard delete", ino, capability::WRITE).await?;
-        let _admitted = self.fence.admit(req.fence, &req.cluster_id).await?;
+        let _admitted = self.fence.admit(req.group, req.fence, &req.cluster_id).await?;
         let deleted = self.store.delete(&ids).await?;
         Ok(Response::new(DeleteShardsReply { deleted }))
     }

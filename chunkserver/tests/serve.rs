@@ -362,6 +362,12 @@ async fn deletes_from_a_deposed_metaserver_are_refused() {
         .delete_shards(DeleteShardsRequest { ids: vec![sid(7, 0)], fence: 1_000, ..Default::default() })
         .await;
     assert_eq!(kind(stale), ErrorKind::NotLeader);
+    // Another metadata group's epochs are its own: its leader at epoch 5 passes (group 0's
+    // fence is far above), a deposed one of it does not.
+    let of_group_1 =
+        |fence| DeleteShardsRequest { ids: vec![sid(8, 0)], fence, group: 1, ..Default::default() };
+    client.delete_shards(of_group_1(5)).await.unwrap();
+    assert_eq!(kind(client.delete_shards(of_group_1(4)).await), ErrorKind::NotLeader);
     drop(client);
     chunk.stop().await;
 
@@ -373,6 +379,7 @@ async fn deletes_from_a_deposed_metaserver_are_refused() {
         .delete_shards(DeleteShardsRequest { ids: vec![sid(7, 0)], fence: 1_000, ..Default::default() })
         .await;
     assert_eq!(kind(stale), ErrorKind::NotLeader);
+    assert_eq!(kind(client.delete_shards(of_group_1(4)).await), ErrorKind::NotLeader, "group 1's fence kept");
     let ok = client
         .delete_shards(DeleteShardsRequest { ids: vec![sid(7, 0)], fence: 0, ..Default::default() })
         .await
@@ -423,7 +430,7 @@ async fn a_metaserver_of_another_cluster_is_not_joined() {
         ids: vec![sid(5, 0)],
         fence: 1,
         cluster_id: cluster_id.into(),
-        cap: None,
+        ..Default::default()
     };
     let refused = client.delete_shards(delete("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb")).await;
     assert_eq!(kind(refused), ErrorKind::InvalidArgument);

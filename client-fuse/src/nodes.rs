@@ -414,6 +414,7 @@ impl Nodes {
                     fence: 0,
                     cluster_id: String::new(),
                     cap: Some(cap),
+                    group: 0,
                 };
                 c.delete_shards(req)
             })

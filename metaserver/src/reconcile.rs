@@ -154,6 +154,8 @@ impl Repair {
                         fence: self.ns.fence(),
                         cluster_id: self.ns.cluster_id().to_string(),
                         cap: None,
+                        // Only group 0 opens a namespace (and so deletes) today.
+                        group: 0,
                     })
                     .await
                     .map_err(CairnError::from)?;
