@@ -86,38 +86,43 @@ impl MetaService {
     }
 
     /// What is wrong with each group of `map` that has no leader or replicas that do not
-    /// answer. Its replicas are asked at once, each given [`HEALTH_TIMEOUT`].
+    /// answer. Every replica of every group is asked at once, each given [`HEALTH_TIMEOUT`], so
+    /// a round takes about that long however many groups are down.
     async fn group_health(&self, map: &GroupMap) -> BTreeMap<u32, String> {
-        let mut problems = BTreeMap::new();
-        for group in &map.groups {
-            let addrs: Vec<String> =
-                group.replicas.iter().map(|r| groups::replica_addr(r).to_string()).collect();
-            let asked = addrs.iter().map(|addr| async move {
-                let mut client = self.channels.meta(addr).ok()?;
-                let reply = tokio::time::timeout(HEALTH_TIMEOUT, client.raft_status(cairn_proto::Empty {}))
-                    .await
-                    .ok()?
-                    .ok()?
-                    .into_inner();
-                (reply.group == group.group).then_some(reply.state == "leader")
-            });
-            let answers: Vec<Option<bool>> = futures::future::join_all(asked).await;
-            let answering = answers.iter().filter(|a| a.is_some()).count();
-            let (g, n) = (group.group, addrs.len());
-            // A leader cut off from the others may still call itself one: a majority answering
-            // is what lets the group change.
-            let problem = if answering < n / 2 + 1 {
-                format!("metadata group {g} has lost its majority: {answering} of {n} replicas answer")
-            } else if !answers.contains(&Some(true)) {
-                format!("metadata group {g} has no leader")
-            } else if answering < n {
-                format!("metadata group {g}: {} of {n} replicas do not answer", n - answering)
-            } else {
-                continue;
-            };
-            problems.insert(g, problem);
+        let asked = map.groups.iter().map(|group| async move { (group.group, self.one_group(group).await) });
+        futures::future::join_all(asked)
+            .await
+            .into_iter()
+            .filter_map(|(g, problem)| problem.map(|p| (g, p)))
+            .collect()
+    }
+
+    /// What is wrong with `group`, if anything.
+    async fn one_group(&self, group: &MetaGroup) -> Option<String> {
+        let addrs: Vec<&str> = group.replicas.iter().map(|r| groups::replica_addr(r)).collect();
+        let asked = addrs.iter().map(|addr| async move {
+            let mut client = self.channels.meta(addr).ok()?;
+            let reply = tokio::time::timeout(HEALTH_TIMEOUT, client.raft_status(cairn_proto::Empty {}))
+                .await
+                .ok()?
+                .ok()?
+                .into_inner();
+            (reply.group == group.group).then_some(reply.state == "leader")
+        });
+        let answers: Vec<Option<bool>> = futures::future::join_all(asked).await;
+        let answering = answers.iter().filter(|a| a.is_some()).count();
+        let (g, n) = (group.group, addrs.len());
+        // A leader cut off from the others may still call itself one: a majority answering is
+        // what lets the group change.
+        if answering < n / 2 + 1 {
+            Some(format!("metadata group {g} has lost its majority: {answering} of {n} replicas answer"))
+        } else if !answers.contains(&Some(true)) {
+            Some(format!("metadata group {g} has no leader"))
+        } else if answering < n {
+            Some(format!("metadata group {g}: {} of {n} replicas do not answer", n - answering))
+        } else {
+            None
         }
-        problems
     }
 
     /// The replica at `addr` answers as replica `id` of `wanted`.
