@@ -81,6 +81,22 @@ pub fn stamp_dir(dir: &Path, name: &GroupName) -> Result<()> {
     check_group_dir(dir, name.group, made_before_groups)
 }
 
+/// The group the Raft directory `dir` is stamped with (`raft/group`), if it is.
+pub fn stamped_group(dir: &Path) -> Result<Option<u32>> {
+    let path = dir.join(GROUP_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => text.trim().parse::<u32>().map(Some).map_err(|_| {
+            CairnError::corrupt(format!(
+                "{} reads {:?}, not a group number: the replica's data directory is damaged",
+                path.display(),
+                text.trim()
+            ))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(CairnError::from_io(&format!("cannot read {}", path.display()), &e)),
+    }
+}
+
 /// Whether the directory was stamped before (by a build that may have known no groups).
 fn check_cluster_dir(dir: &Path, cluster: &str) -> Result<bool> {
     let path = dir.join(CLUSTER_FILE);
@@ -106,18 +122,11 @@ fn check_cluster_dir(dir: &Path, cluster: &str) -> Result<bool> {
 
 fn check_group_dir(dir: &Path, group: u32, stamped_before: bool) -> Result<()> {
     let path = dir.join(GROUP_FILE);
-    let found = match std::fs::read_to_string(&path) {
-        Ok(text) => text.trim().parse::<u32>().map_err(|_| {
-            CairnError::corrupt(format!(
-                "{} reads {:?}, not a group number: the replica's data directory is damaged",
-                path.display(),
-                text.trim()
-            ))
-        })?,
+    let found = match stamped_group(dir)? {
+        Some(found) => found,
         // Stamped by a build before groups: that directory holds group 0.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && stamped_before => 0,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => group,
-        Err(e) => return Err(CairnError::from_io(&format!("cannot read {}", path.display()), &e)),
+        None if stamped_before => 0,
+        None => group,
     };
     if found != group {
         return Err(CairnError::invalid(format!(

@@ -80,7 +80,8 @@ impl SmStore {
             db: RwLock::new(None),
             current: Mutex::new(None),
             seq: AtomicU64::new(0),
-            group: stamped_group(raft_dir)?,
+            // Unstamped: group 0, as a directory stamped before groups had numbers.
+            group: super::node::stamped_group(raft_dir)?.unwrap_or(0),
         };
         if store.marker().exists() {
             tracing::warn!(dir = %raft_dir.display(), "finishing a snapshot install that was interrupted");
@@ -102,22 +103,20 @@ impl SmStore {
     /// another group.
     fn keep_group(&self) -> Result<()> {
         let db = self.current();
-        let held = group_in(&*db)?;
-        if held.is_some_and(|g| g != self.group) {
-            return Err(CairnError::corrupt(format!(
-                "the state machine in {} holds metadata group {}'s data, but the directory is stamped \
+        match group_in(&*db)? {
+            Some(held) if held != self.group => Err(CairnError::corrupt(format!(
+                "the state machine in {} holds metadata group {held}'s data, but the directory is stamped \
                  group {}: the replica's data directory is damaged",
                 self.dir.display(),
-                held.unwrap_or_default(),
                 self.group
-            )));
+            ))),
+            Some(_) => Ok(()),
+            None => {
+                let mut batch = Batch::new();
+                batch.put(Cf::Raft, GROUP, self.group.to_string().into_bytes());
+                db.write(batch)
+            }
         }
-        if held.is_none() {
-            let mut batch = Batch::new();
-            batch.put(Cf::Raft, GROUP, self.group.to_string().into_bytes());
-            db.write(batch)?;
-        }
-        Ok(())
     }
 
     fn sm(&self) -> PathBuf {
@@ -243,19 +242,6 @@ impl SmStore {
         drop(slot);
         swapped?;
         self.keep_group()
-    }
-}
-
-/// The group a replica's Raft directory is stamped with (`raft/group`; none: group 0, as for a
-/// directory stamped before groups had numbers).
-fn stamped_group(raft_dir: &Path) -> Result<u32> {
-    let path = raft_dir.join(super::node::GROUP_FILE);
-    match fs::read_to_string(&path) {
-        Ok(text) => text.trim().parse().map_err(|_| {
-            CairnError::corrupt(format!("{} reads {:?}, not a group number", path.display(), text.trim()))
-        }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
-        Err(e) => Err(io_context("cannot read", &path)(e)),
     }
 }
 
