@@ -173,6 +173,15 @@ impl ClusterFile {
             .collect()
     }
 
+    /// Every port the cluster's servers listen on.
+    fn ports(&self) -> Vec<u16> {
+        std::iter::once(self.meta_port)
+            .chain(self.meta_ports.iter().copied())
+            .chain(self.chunk_ports.iter().copied())
+            .chain(self.group_ports.iter().flatten().copied())
+            .collect()
+    }
+
     /// Each metadata group's replicas' addresses, group 0 first.
     fn group_addrs(&self) -> Vec<Vec<String>> {
         std::iter::once(self.meta_addrs())
@@ -249,12 +258,14 @@ fn io_err(what: &str, path: &Path) -> impl Fn(std::io::Error) -> CairnError {
     move |e| CairnError::from_io(&context, &e)
 }
 
+/// Ports this process chose, or must not choose (other clusters' recorded ones).
+static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+
 /// A port free now, for a server started a moment later. Taken below the kernel's ephemeral
 /// range: a port the kernel handed out for `:0` is also what it hands out as the source port of
 /// outgoing connections (the chunkservers' own, to the metaserver), so one of those could take
 /// it before the server binds it ("Address already in use" at start-up).
 fn free_port() -> Result<u16> {
-    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..100 {
         let port = probe_port()?;
@@ -294,6 +305,66 @@ impl PortLock {
         }
         PortLock { _file: Some(file) }
     }
+}
+
+/// The ports every cluster on this machine recorded (`cairn-up-ports` in the temp dir, beside
+/// the lock): one line per cluster, its `cluster.json` and the ports it holds, so a cluster
+/// stopped for a while finds its ports free when it starts again (another `cairn up` choosing
+/// ports meanwhile — first start or metrics endpoint — avoids them). A line whose
+/// `cluster.json` is gone (the cluster was deleted) is dropped. Read and written under
+/// [`PortLock`]; a registry that cannot be read or written only loses this protection.
+struct PortRegistry {
+    path: PathBuf,
+    /// (cluster.json, its ports)
+    clusters: Vec<(PathBuf, Vec<u16>)>,
+}
+
+impl PortRegistry {
+    fn load(path: PathBuf) -> PortRegistry {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let clusters = text
+            .lines()
+            .filter_map(|line| {
+                let (file, ports) = line.rsplit_once('\t')?;
+                let ports = ports.split(',').map(|p| p.parse::<u16>().ok()).collect::<Option<Vec<_>>>()?;
+                Some((PathBuf::from(file), ports))
+            })
+            .filter(|(file, _)| file.exists())
+            .collect();
+        PortRegistry { path, clusters }
+    }
+
+    /// Every port recorded by a cluster other than the one at `own` (its `cluster.json`).
+    fn others(&self, own: &Path) -> Vec<u16> {
+        self.clusters
+            .iter()
+            .filter(|(file, _)| file != own)
+            .flat_map(|(_, ports)| ports.iter().copied())
+            .collect()
+    }
+
+    /// Record `ports` as the cluster at `own`'s, replacing what it had.
+    fn record(&mut self, own: &Path, ports: Vec<u16>) {
+        self.clusters.retain(|(file, _)| file != own);
+        self.clusters.push((own.to_path_buf(), ports));
+        let text: String = self
+            .clusters
+            .iter()
+            .map(|(file, ports)| {
+                let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+                format!("{}\t{}\n", file.display(), ports.join(","))
+            })
+            .collect();
+        let tmp = self.path.with_extension("tmp");
+        if let Err(e) = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &self.path)) {
+            eprintln!("cairn up: cannot record this cluster's ports in {}: {e}", self.path.display());
+        }
+    }
+}
+
+/// Keep [`free_port`] off `ports` from now on (another cluster's).
+fn avoid_ports(ports: &[u16]) {
+    HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(ports);
 }
 
 /// One candidate port (see [`free_port`] for why below the ephemeral range).
@@ -423,6 +494,9 @@ async fn up(args: UpArgs, plaintext: bool) -> Result<()> {
     }
     // Held until every child has bound its ports (the mount is up): see `PortLock`.
     let port_lock = PortLock::acquire().await;
+    let cluster_path = dir.join("cluster.json");
+    let mut registry = PortRegistry::load(std::env::temp_dir().join("cairn-up-ports"));
+    avoid_ports(&registry.others(&cluster_path));
     let cluster = cluster_file(&args)?;
     let layout = Layout::parse_ec(&cluster.ec)?;
     if args.chunkservers < layout.width() {
@@ -433,9 +507,9 @@ async fn up(args: UpArgs, plaintext: bool) -> Result<()> {
             args.chunkservers
         )));
     }
-    let cluster_path = dir.join("cluster.json");
     std::fs::write(&cluster_path, serde_json::to_string_pretty(&cluster).expect("json"))
         .map_err(io_err("write", &cluster_path))?;
+    registry.record(&cluster_path, cluster.ports());
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs).map_err(io_err("create", &logs))?;
     let groups = cluster.group_addrs();
@@ -767,7 +841,33 @@ async fn stop(child: &mut Child) {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{parse_size, PortRegistry};
+
+    #[test]
+    fn the_port_registry_keeps_other_clusters_ports_and_forgets_deleted_clusters() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
+        std::fs::write(&a, "{}").unwrap();
+        std::fs::write(&b, "{}").unwrap();
+        let path = dir.path().join("ports");
+        let mut registry = PortRegistry::load(path.clone());
+        assert!(registry.others(&a).is_empty());
+        registry.record(&a, vec![10001, 10002]);
+        registry.record(&b, vec![20001]);
+        let registry = PortRegistry::load(path.clone());
+        assert_eq!(registry.others(&a), vec![20001]);
+        assert_eq!(registry.others(&b), vec![10001, 10002]);
+        // A cluster records its ports again (a chunkserver added): its line is replaced.
+        let mut registry = PortRegistry::load(path.clone());
+        registry.record(&a, vec![10001, 10002, 10003]);
+        assert_eq!(PortRegistry::load(path.clone()).others(&b), vec![10001, 10002, 10003]);
+        // A deleted cluster's ports are free again; a damaged line is skipped.
+        std::fs::remove_file(&b).unwrap();
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str("garbage line\n/x\tnot,ports\n");
+        std::fs::write(&path, text).unwrap();
+        assert!(PortRegistry::load(path).others(&a).is_empty());
+    }
 
     #[test]
     fn sizes_parse_in_powers_of_1024() {
