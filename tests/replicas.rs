@@ -659,9 +659,19 @@ fn cairn_up_starts_and_registers_a_second_metadata_group() {
     assert!(out.contains("replica of metadata group 1") && out.contains("ask group 0"), "{out}");
 
     fs::write(cluster.mnt.join("with-two-groups"), "two").unwrap();
+    // Empty slots move to group 1; the mount's files (all in slot 0) are unaffected.
+    let (code, out) = cli_on(&cluster, &cluster.meta_addr, &["meta", "groups", "move", "1-99,4095", "1"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("100 namespace slots are metadata group 1's (group map version 2)"), "{out}");
+    let (code, out) = cli_on(&cluster, &cluster.meta_addr, &["meta", "groups", "move", "0", "1"]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("slot 0 holds the root directory"), "{out}");
     cluster.stop();
     cluster.restart();
     let again = listed(&cluster);
-    assert_eq!(again["version"], 1, "registered once: {again}");
+    assert_eq!(again["version"], 2, "registered once, slots moved once: {again}");
+    let slots: Vec<u64> =
+        again["groups"].as_array().unwrap().iter().map(|g| g["slots"].as_u64().unwrap()).collect();
+    assert_eq!(slots, [3996, 100], "{again}");
     assert_eq!(fs::read_to_string(cluster.mnt.join("with-two-groups")).unwrap(), "two");
 }

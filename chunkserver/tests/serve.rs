@@ -121,6 +121,7 @@ fake_meta! {
     get_group_map(Empty) -> cairn_proto::GroupMap;
     add_group(cairn_proto::MetaGroup) -> cairn_proto::GroupMap;
     remove_group(cairn_proto::GroupRequest) -> cairn_proto::GroupMap;
+    move_slots(cairn_proto::MoveSlotsRequest) -> cairn_proto::GroupMap;
 }
 
 /// Serve the fake metaserver on `listener` in the background.

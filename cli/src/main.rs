@@ -134,6 +134,16 @@ enum GroupAction {
         #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
         meta: String,
     },
+    /// Give namespace slots to a metadata group (0 or one in the map). Only empty slots move
+    /// for now: moving a slot's records is not built, and slot 0 (the root, every inode so
+    /// far) stays in group 0.
+    Move {
+        /// Slots, comma-separated, each N or N-M (e.g. 1-1023,2048).
+        slots: String,
+        group: u32,
+        #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
+        meta: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -503,6 +513,10 @@ fn main() -> ExitCode {
             action: Some(MetaAction::Groups { action: Some(GroupAction::Remove { group, meta }), .. }),
             ..
         } => runtime().and_then(|rt| rt.block_on(replicas::remove_group(&meta, group))),
+        Command::Meta {
+            action: Some(MetaAction::Groups { action: Some(GroupAction::Move { slots, group, meta }), .. }),
+            ..
+        } => runtime().and_then(|rt| rt.block_on(replicas::move_slots(&meta, &slots, group))),
         Command::Meta { action: Some(MetaAction::Backup { dir, meta }), .. } => {
             runtime().and_then(|rt| rt.block_on(replicas::backup(&meta, &dir))).map(|_| ())
         }

@@ -336,6 +336,46 @@ pub async fn register_group(meta: &str, group: u32, replicas: &[String]) -> Resu
     .await
 }
 
+/// `cairn meta groups move SLOTS GROUP`: give empty namespace slots to a group.
+pub async fn move_slots(meta: &str, slots: &str, group: u32) -> Result<()> {
+    let request = p::MoveSlotsRequest { slots: parse_slots(slots)?, group };
+    let map = on_leader(meta, Duration::from_secs(60), |mut client| {
+        let request = request.clone();
+        async move { client.move_slots(request).await }
+    })
+    .await?;
+    let counts = cairn_meta::groups::slot_counts(&map);
+    println!(
+        "{} namespace slots are metadata group {group}'s (group map version {}); it owns {} in all",
+        request.slots.len(),
+        map.version,
+        counts.get(&group).copied().unwrap_or(0)
+    );
+    Ok(())
+}
+
+/// Slots as `cairn meta groups move` takes them: comma-separated, each `N` or `N-M`.
+fn parse_slots(text: &str) -> Result<Vec<u32>> {
+    let bad = |part: &str| CairnError::invalid(format!("{part:?}: slots are N or N-M, comma-separated"));
+    let mut slots = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (from, to) = part.split_once('-').unwrap_or((part, part));
+        let from: u32 = from.trim().parse().map_err(|_| bad(part))?;
+        let to: u32 = to.trim().parse().map_err(|_| bad(part))?;
+        if from > to || to as usize >= cairn_meta::groups::SLOTS {
+            return Err(CairnError::invalid(format!(
+                "{part:?}: slots are numbered 0 to {}, lowest first",
+                cairn_meta::groups::SLOTS - 1
+            )));
+        }
+        slots.extend(from..=to);
+    }
+    if slots.is_empty() {
+        return Err(CairnError::invalid("name the namespace slots to move"));
+    }
+    Ok(slots)
+}
+
 /// `cairn meta groups remove GROUP`: forget a metadata group that owns no slots.
 pub async fn remove_group(meta: &str, group: u32) -> Result<()> {
     let map = on_leader(meta, Duration::from_secs(60), |mut client| async move {
@@ -344,4 +384,17 @@ pub async fn remove_group(meta: &str, group: u32) -> Result<()> {
     .await?;
     println!("metadata group {group} is not in the group map (version {})", map.version);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_slots;
+
+    #[test]
+    fn slots_are_numbers_and_ranges() {
+        assert_eq!(parse_slots("1-3, 7,4095").unwrap(), vec![1, 2, 3, 7, 4095]);
+        for bad in ["", ",", "a", "3-1", "1-4096", "5-", "-5", "1.5"] {
+            assert!(parse_slots(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -251,6 +251,23 @@ impl CairnError {
     pub fn not_found(m: impl Into<String>) -> Self {
         Self::new(ErrorKind::NotFound, m)
     }
+
+    /// A `WrongGroup` answer from a metaserver whose group map has `version`: its message ends
+    /// with the version, which [`CairnError::map_version`] reads back, so a caller knows
+    /// whether its own map is older (then it refreshes it from group 0) or not.
+    pub fn wrong_group(m: impl Into<String>, version: u64) -> Self {
+        Self::new(ErrorKind::WrongGroup, format!("{} (group map version {version})", m.into()))
+    }
+
+    /// The group map version a `WrongGroup` answer was given under (see
+    /// [`CairnError::wrong_group`]); `None` for other errors and for a message without one.
+    pub fn map_version(&self) -> Option<u64> {
+        if self.kind != ErrorKind::WrongGroup {
+            return None;
+        }
+        let (_, tail) = self.message.rsplit_once("(group map version ")?;
+        tail.strip_suffix(')')?.parse().ok()
+    }
     pub fn invalid(m: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidArgument, m)
     }
@@ -323,6 +340,16 @@ impl From<tonic::Status> for CairnError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wrong_group_answer_carries_its_map_version_over_grpc() {
+        let e = CairnError::wrong_group("inode 5 is in slot 1 (of group 2)", 17);
+        assert_eq!(e.map_version(), Some(17));
+        let back = CairnError::from(tonic::Status::from(e.clone()));
+        assert_eq!((back.kind(), back.map_version()), (ErrorKind::WrongGroup, Some(17)));
+        assert_eq!(CairnError::new(ErrorKind::WrongGroup, "no version").map_version(), None);
+        assert_eq!(CairnError::not_found("(group map version 3)").map_version(), None);
+    }
 
     #[test]
     fn kinds_survive_grpc() {

@@ -59,7 +59,7 @@ impl Cluster {
         let registry = Arc::new(Registry::open(store.clone(), node_timeout)?);
         let next_client = crate::schema::read_counter(&*store, counter::NEXT_CLIENT)?.unwrap_or(1);
         Ok(Arc::new(Cluster {
-            groups: Groups::open(store.clone()),
+            groups: Groups::open(store.clone())?,
             store,
             registry,
             sessions: Arc::new(Sessions::new(client_lease)),

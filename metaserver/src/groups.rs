@@ -9,7 +9,7 @@ use std::sync::Arc;
 use cairn_common::config::{parse_replicas, MAX_GROUPS};
 use cairn_common::{CairnError, ErrorKind, Result};
 use cairn_proto::{GroupMap, MetaGroup};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use crate::schema;
 use crate::store::{Batch, Cf, MetaStore};
@@ -29,11 +29,102 @@ pub struct Groups {
     /// leader, no majority, replicas not answering; `service/groups.rs`): absent while a group
     /// is well. Health reports read it, so they never wait on other groups.
     health: Mutex<BTreeMap<u32, String>>,
+    /// The slots' owners as last read or written: every request's slot check reads them. Only
+    /// the serving leader (or lone metaserver) writes the map, through [`Groups::write`].
+    owners: RwLock<Arc<Owners>>,
+}
+
+/// Which group owns each slot, and the map version that says so.
+#[derive(Default)]
+struct Owners {
+    version: u64,
+    /// Empty: every slot is group 0's.
+    slots: Vec<u32>,
+}
+
+impl Owners {
+    fn of(map: &GroupMap) -> Arc<Owners> {
+        let slots = if map.slots.iter().all(|g| *g == 0) { Vec::new() } else { map.slots.clone() };
+        Arc::new(Owners { version: map.version, slots })
+    }
 }
 
 impl Groups {
-    pub fn open(store: Arc<dyn MetaStore>) -> Groups {
-        Groups { store, changing: Mutex::new(()), health: Mutex::new(BTreeMap::new()) }
+    pub fn open(store: Arc<dyn MetaStore>) -> Result<Groups> {
+        let groups = Groups {
+            store,
+            changing: Mutex::new(()),
+            health: Mutex::new(BTreeMap::new()),
+            owners: RwLock::new(Arc::default()),
+        };
+        *groups.owners.write() = Owners::of(&groups.map()?);
+        Ok(groups)
+    }
+
+    /// The group owning inode `ino`'s slot, and the map version that says so.
+    pub fn owner_of(&self, ino: u64) -> (u32, u64) {
+        let owners = self.owners.read();
+        let slot = cairn_common::ids::slot_of(ino) as usize;
+        (owners.slots.get(slot).copied().unwrap_or(0), owners.version)
+    }
+
+    /// Give `slots` to `to` (0 or a group of the map), answering the map and whether it
+    /// changed. Only empty slots move (`docs/ARCHITECTURE.md`, "Several metadata groups":
+    /// moving a slot's records is not built): `holds(slot)` says whether group 0 has records in
+    /// one of its slots. A group other than 0 holds no records yet — it opens no namespace and
+    /// nothing allocates in its slots — so its slots are empty by construction; once groups
+    /// other than 0 hold inodes, moving their slots must ask them. Slot 0 holds the root and
+    /// every inode made so far and never moves. Slots already `to`'s are left as they are.
+    pub fn move_empty_slots(
+        &self,
+        slots: &[u32],
+        to: u32,
+        holds: impl Fn(u32) -> Result<bool>,
+    ) -> Result<(GroupMap, bool)> {
+        if slots.is_empty() {
+            return Err(CairnError::invalid("name the namespace slots to move"));
+        }
+        let _changing = self.changing.lock();
+        let mut map = self.map()?;
+        if to != 0 && !map.groups.iter().any(|g| g.group == to) {
+            return Err(CairnError::new(
+                ErrorKind::NotFound,
+                format!("metadata group {to} is not in the group map: add it first (cairn meta groups add)"),
+            ));
+        }
+        let mut owners = if map.slots.is_empty() { vec![0; SLOTS] } else { map.slots.clone() };
+        let mut changed = false;
+        for &slot in slots {
+            let Some(owner) = owners.get_mut(slot as usize) else {
+                return Err(CairnError::invalid(format!(
+                    "namespace slot {slot}: slots are numbered 0 to {}",
+                    SLOTS - 1
+                )));
+            };
+            if slot == 0 {
+                return Err(CairnError::invalid(
+                    "namespace slot 0 holds the root directory and every inode made before groups: it stays in metadata group 0",
+                ));
+            }
+            if *owner == to {
+                continue;
+            }
+            if *owner == 0 && holds(slot)? {
+                return Err(CairnError::new(
+                    ErrorKind::NotEmpty,
+                    format!(
+                        "namespace slot {slot} holds records in metadata group 0: moving a slot's records is not built yet, only empty slots move"
+                    ),
+                ));
+            }
+            *owner = to;
+            changed = true;
+        }
+        if !changed {
+            return Ok((map, false));
+        }
+        map.slots = if owners.iter().all(|g| *g == 0) { Vec::new() } else { owners };
+        Ok((self.write(map)?, true))
     }
 
     /// Keep what the latest round of questions found wrong, by group.
@@ -127,8 +218,23 @@ impl Groups {
         // handed out again with other contents.
         batch.set_durable();
         self.store.write(batch)?;
+        *self.owners.write() = Owners::of(&map);
         Ok(map)
     }
+}
+
+/// Whether `store` (group 0's) has any record of an inode in `slot`: every column family keyed
+/// by an inode number first, over the slot's range of numbers.
+pub fn slot_holds_records(store: &dyn MetaStore, slot: u32) -> Result<bool> {
+    let shift = cairn_common::ids::SLOT_SHIFT;
+    let start = (slot as u64) << shift;
+    let end = schema::prefix_end(start | ((1u64 << shift) - 1));
+    for cf in [Cf::Inodes, Cf::Dentries, Cf::Xattrs, Cf::Symlinks, Cf::Stripes, Cf::Orphans] {
+        if !store.scan(cf, &schema::ino_key(start), &end, 1)?.is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// The address of a replica as a group map names it (`ID=HOST:PORT`).
@@ -183,7 +289,7 @@ mod tests {
     #[test]
     fn groups_are_added_once_and_removed_and_each_change_raises_the_version() {
         let store: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
-        let groups = Groups::open(store.clone());
+        let groups = Groups::open(store.clone()).unwrap();
         assert_eq!(groups.map().unwrap(), GroupMap::default());
         let zero = vec!["1=10.0.0.1:9400".to_string()];
         let one = group(1, &["10.0.1.1:9400", "10.0.1.2:9400", "10.0.1.3:9400"]);
@@ -204,7 +310,7 @@ mod tests {
         assert_eq!(map.groups.iter().map(|g| g.group).collect::<Vec<_>>(), [1, 3]);
         assert_eq!(slot_counts(&map), BTreeMap::from([(0, SLOTS), (1, 0), (3, 0)]));
         // Reopened (a new leadership): the same map.
-        assert_eq!(Groups::open(store.clone()).map().unwrap(), map);
+        assert_eq!(Groups::open(store.clone()).unwrap().map().unwrap(), map);
 
         assert_eq!(groups.remove(0).unwrap_err().kind(), ErrorKind::InvalidArgument);
         let map = groups.remove(1).unwrap();
@@ -218,5 +324,60 @@ mod tests {
         let owning = groups.write(owning).unwrap();
         assert_eq!(owner(&owning, 7), 3);
         assert_eq!(groups.remove(3).unwrap_err().kind(), ErrorKind::NotEmpty);
+    }
+
+    #[test]
+    fn only_empty_slots_move_and_each_move_raises_the_version_and_the_owners_requests_read() {
+        let store: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
+        let groups = Groups::open(store.clone()).unwrap();
+        let zero = vec!["1=10.0.0.1:9400".to_string()];
+        groups.add(&group(1, &["10.0.1.1:9400"]), &zero).unwrap();
+        groups.add(&group(2, &["10.0.2.1:9400"]), &zero).unwrap();
+        let in_slot = |slot: u64, n: u64| (slot << cairn_common::ids::SLOT_SHIFT) | n;
+        assert_eq!(groups.owner_of(in_slot(5, 1)), (0, 2));
+
+        // Group 0 has an inode in slot 9 and an xattr of one in the last slot.
+        let mut batch = Batch::new();
+        batch.put(Cf::Inodes, schema::ino_key(in_slot(9, 77)), b"x".to_vec());
+        batch.put(Cf::Xattrs, schema::xattr_key(in_slot(4095, 3), b"user.a"), b"x".to_vec());
+        store.write(batch).unwrap();
+        let holds = |slot| slot_holds_records(&*store, slot);
+        assert!(holds(9).unwrap() && holds(4095).unwrap());
+        assert!(!holds(8).unwrap() && !holds(10).unwrap() && !holds(4094).unwrap());
+
+        let (map, changed) = groups.move_empty_slots(&[5, 6, 7, 8], 1, holds).unwrap();
+        assert!(changed);
+        assert_eq!((map.version, owner(&map, 5), owner(&map, 8), owner(&map, 9)), (3, 1, 1, 0));
+        assert_eq!(groups.owner_of(in_slot(5, 1)), (1, 3));
+        assert_eq!(groups.owner_of(in_slot(0, 1)), (0, 3));
+        // Again (an answer lost): nothing changes.
+        assert_eq!(groups.move_empty_slots(&[5, 6], 1, holds).unwrap(), (map.clone(), false));
+
+        for (slots, to, kind) in [
+            (vec![9], 1, ErrorKind::NotEmpty),
+            (vec![4095], 2, ErrorKind::NotEmpty),
+            (vec![0], 1, ErrorKind::InvalidArgument),
+            (vec![4096], 1, ErrorKind::InvalidArgument),
+            (vec![], 1, ErrorKind::InvalidArgument),
+            (vec![10], 3, ErrorKind::NotFound),
+        ] {
+            let e = groups.move_empty_slots(&slots, to, holds).unwrap_err();
+            assert_eq!(e.kind(), kind, "{slots:?} to {to}: {e}");
+        }
+        // A refused move changes none of its slots, also those before the refused one.
+        let e = groups.move_empty_slots(&[10, 9], 2, holds).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotEmpty);
+        assert_eq!(groups.map().unwrap(), map);
+
+        // From one group to another, and back to 0; a group owning slots stays in the map.
+        let (map, _) = groups.move_empty_slots(&[7, 8], 2, holds).unwrap();
+        assert_eq!(slot_counts(&map), BTreeMap::from([(0, SLOTS - 4), (1, 2), (2, 2)]));
+        assert_eq!(groups.remove(2).unwrap_err().kind(), ErrorKind::NotEmpty);
+        let (map, _) = groups.move_empty_slots(&[5, 6, 7, 8], 0, holds).unwrap();
+        assert!(map.slots.is_empty(), "every slot group 0's again is stored as no list");
+        assert_eq!((groups.owner_of(in_slot(7, 1)), map.version), ((0, 5), 5));
+        // A new leadership reads the owners from the store.
+        groups.move_empty_slots(&[100], 2, holds).unwrap();
+        assert_eq!(Groups::open(store).unwrap().owner_of(in_slot(100, 9)), (2, 6));
     }
 }

@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 use cairn_common::config::MetaConfig;
 use cairn_common::{CairnError, ErrorKind};
 use cairn_proto::meta_client::MetaClient;
-use cairn_proto::{Empty, GroupRequest, LookupRequest, MetaGroup, MkdirRequest, RaftStatusReply};
+use cairn_proto::{
+    Empty, GroupRequest, InoRequest, LookupRequest, MetaGroup, MkdirRequest, MoveSlotsRequest,
+    RaftStatusReply,
+};
 use tempfile::TempDir;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -247,9 +250,10 @@ async fn a_replica_needs_its_data_made_and_one_made_to_join_never_founds() {
 }
 
 /// A Raft group of metadata group 1 beside group 0: it elects its own leader, answers clients
-/// `WrongGroup` (it owns no namespace slots yet), group 0 will not take one of its replicas as a
-/// member, group 0's group map takes it only as the replicas it is (and keeps it through a
-/// restart), group 0's status warns when it loses its majority, and its data directory is
+/// `WrongGroup` (it serves no namespace yet), group 0 will not take one of its replicas as a
+/// member, group 0's group map takes it only as the replicas it is (and keeps it, and the empty
+/// slots moved to it, through a restart; group 0 then answers requests in those slots
+/// `WrongGroup` with the map's version), group 0's status warns when it loses its majority, and its data directory is
 /// refused to a replica of group 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
@@ -325,12 +329,52 @@ async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
     assert_eq!(map.version, 1);
     assert_eq!(map.groups.iter().map(|g| g.group).collect::<Vec<_>>(), [0, 1]);
     assert_eq!(add(named(1, &[1, 2, 3])).await.unwrap().version, 1, "added again: no change");
+
+    // Empty slots move to group 1 (slot 0, the root's, never; nor to a group not in the map);
+    // group 0 then answers a request about an inode in one of them `WrongGroup`, with the
+    // map's version, so a caller knows to refresh its map.
+    let move_slots = |slots: Vec<u32>, group| {
+        let addr = group0_addr.clone();
+        async move {
+            let req = MoveSlotsRequest { slots, group };
+            client(&addr).await.move_slots(req).await.map(|r| r.into_inner()).map_err(CairnError::from)
+        }
+    };
+    let e = move_slots(vec![0], 1).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    let e = move_slots(vec![5], 2).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    let map = move_slots((1..=9).collect(), 1).await.unwrap();
+    assert_eq!(map.version, 2);
+    assert_eq!(cairn_meta::groups::slot_counts(&map)[&1], 9);
+    assert_eq!(map.groups[0].group, 0, "answered as GetGroupMap answers");
+    let get_attr = |ino| {
+        let addr = group0_addr.clone();
+        async move { client(&addr).await.get_attr(InoRequest { ino }).await.map_err(CairnError::from) }
+    };
+    let in_slot_5 = (5u64 << cairn_common::ids::SLOT_SHIFT) | 2;
+    let wrong = |e: CairnError| {
+        assert_eq!(e.kind(), ErrorKind::WrongGroup, "{e}");
+        assert_eq!(e.map_version(), Some(2), "{e}");
+        assert!(e.message().contains("slot 5, which metadata group 1 owns"), "{e}");
+    };
+    wrong(get_attr(in_slot_5).await.unwrap_err());
+    get_attr(1).await.unwrap();
+    let remove =
+        CairnError::from(client(&zero[0]).await.remove_group(GroupRequest { group: 1 }).await.unwrap_err());
+    assert_eq!(remove.kind(), ErrorKind::NotEmpty, "{remove}");
+
     // Kept in group 0's replicated state: the same after its leader restarts.
     group0.stop().await;
     group0 = start(config(&dir.path().join("group0"), 1, &zero)).await;
     serving_leader(&zero, 30).await;
     let again = client(&zero[0]).await.get_group_map(Empty {}).await.unwrap().into_inner();
     assert_eq!(again, map);
+    wrong(get_attr(in_slot_5).await.unwrap_err());
+    // Given back, so the group can be removed below.
+    let map = move_slots((1..=9).collect(), 0).await.unwrap();
+    assert_eq!((map.version, map.slots.len()), (3, 0));
+    assert_eq!(get_attr(in_slot_5).await.unwrap_err().kind(), ErrorKind::NotFound);
     // Only group 0 keeps the map.
     let e = CairnError::from(client(&leader).await.get_group_map(Empty {}).await.unwrap_err());
     assert_eq!(e.kind(), ErrorKind::WrongGroup, "{e}");
@@ -360,7 +404,7 @@ async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let removed = client(&zero[0]).await.remove_group(GroupRequest { group: 1 }).await.unwrap().into_inner();
-    assert_eq!((removed.version, removed.groups.len()), (2, 1));
+    assert_eq!((removed.version, removed.groups.len()), (4, 1));
     assert!(
         !checks().await.iter().any(|c| c.contains("metadata group")),
         "a removed group is no longer reported: {:?}",
@@ -369,10 +413,10 @@ async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
 
     // A replica of group 0 started on a group 1 replica's data is refused.
     replicas[2].stop().await;
-    let mut wrong = config(&dir.path().join("group1"), 3, &ones);
-    wrong.group = 0;
-    let listener = tokio::net::TcpListener::bind(&wrong.listen).await.unwrap();
-    let e = cairn_meta::serve(wrong, listener, async {}).await.unwrap_err();
+    let mut other = config(&dir.path().join("group1"), 3, &ones);
+    other.group = 0;
+    let listener = tokio::net::TcpListener::bind(&other.listen).await.unwrap();
+    let e = cairn_meta::serve(other, listener, async {}).await.unwrap_err();
     assert!(e.message().contains("holds metadata group 1, not 0"), "{e}");
 
     for mut replica in replicas.into_iter().take(2) {

@@ -72,6 +72,7 @@ fn known(service: &str, method: &str) -> bool {
                 "GetGroupMap",
                 "AddGroup",
                 "RemoveGroup",
+                "MoveSlots",
             ]
             .contains(&method)
                 || ids.filter_map(crate::wire::meta::method_name).any(|m| m == method)
@@ -198,6 +199,7 @@ mod tests {
             "ClusterStatus",
             "AddGroup",
             "RemoveGroup",
+            "MoveSlots",
         ] {
             assert!(!allowed("meta", m, &client), "{m}");
             assert!(!allowed("meta", m, &chunk), "{m}");

@@ -40,9 +40,26 @@ impl MetaService {
         Ok(Some(self.access.subtree_root(&path, |p| ns.resolve_dir(p))?))
     }
 
-    /// Refuse `req` where its caller is limited to a subtree and any of `inos` lies outside
-    /// (`docs/ARCHITECTURE.md`, "Subtree rules"). Nothing is read for other callers.
+    /// Refuse `req` where any of `inos` lies in a namespace slot another metadata group owns
+    /// (`WrongGroup`, with this map's version: the caller asks that group), or where its
+    /// caller is limited to a subtree and any of them lies outside (`docs/ARCHITECTURE.md`,
+    /// "Subtree rules"; nothing is read for other callers). Operations spanning groups are not
+    /// built, so every inode a request names must be this group's.
     pub(super) fn within<T>(&self, req: &Request<T>, inos: &[u64]) -> Result<(), Status> {
+        let cluster = self.cluster()?;
+        for &ino in inos {
+            let (group, version) = cluster.groups().owner_of(ino);
+            if group != 0 {
+                return Err(CairnError::wrong_group(
+                    format!(
+                        "inode {ino} is in namespace slot {}, which metadata group {group} owns: ask its metaservers",
+                        cairn_common::ids::slot_of(ino)
+                    ),
+                    version,
+                )
+                .into());
+            }
+        }
         let Some(top) = self.subtree(req)? else { return Ok(()) };
         let ns = self.ns()?;
         for &ino in inos {

@@ -70,6 +70,25 @@ impl MetaService {
         Ok(map)
     }
 
+    pub(super) async fn move_slots(
+        &self,
+        req: cairn_proto::MoveSlotsRequest,
+    ) -> Result<GroupMap, tonic::Status> {
+        let (mut map, changed) = self
+            .run_serving(move |s| {
+                let store = s.ns.store().clone();
+                s.cluster
+                    .groups()
+                    .move_empty_slots(&req.slots, req.group, |slot| groups::slot_holds_records(&*store, slot))
+            })
+            .await?;
+        if changed {
+            tracing::info!(version = map.version, counts = ?groups::slot_counts(&map), "moved namespace slots");
+        }
+        map.groups.insert(0, self.group_zero());
+        Ok(map)
+    }
+
     /// Ask every registered group (other than 0) how it is, every `every` while this replica
     /// serves `cluster`, and keep the answers there for `cairn status` and the health checks
     /// ([`crate::groups::Groups::health`]): a request never waits on another group's replicas.

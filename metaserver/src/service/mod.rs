@@ -796,6 +796,10 @@ impl Meta for MetaService {
         Ok(Response::new(self.remove_group(req.into_inner().group).await?))
     }
 
+    async fn move_slots(&self, req: Request<MoveSlotsRequest>) -> Result<Response<GroupMap>, Status> {
+        Ok(Response::new(self.move_slots(req.into_inner()).await?))
+    }
+
     async fn raft_status(&self, _req: Request<Empty>) -> Result<Response<RaftStatusReply>, Status> {
         Ok(Response::new(match self.raft.get() {
             Some(raft) => raft.status(),

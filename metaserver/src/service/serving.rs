@@ -254,15 +254,16 @@ async fn inline_change<T>(ns: &Namespace, f: impl FnOnce(&Namespace) -> Result<T
     out.map_err(Status::from)
 }
 
-/// What a replica of a group other than 0 answers clients: the namespace's requests (and the
-/// cluster's, which group 0 holds) are for group 0 until slots move to other groups, which is
-/// not built yet (`docs/ARCHITECTURE.md`, "Several metadata groups").
+/// What a replica of a group other than 0 answers clients: it opens no namespace yet (slots
+/// moved to it are empty and stay so: nothing allocates in them), so the namespace's requests
+/// (and the cluster's, which group 0 holds) are group 0's (`docs/ARCHITECTURE.md`, "Several
+/// metadata groups").
 fn not_my_slots(group: u32) -> CairnError {
     CairnError::new(
         cairn_common::ErrorKind::WrongGroup,
         format!(
-            "this metaserver is a replica of metadata group {group}, which owns no namespace slots \
-             (every slot belongs to group 0): ask group 0's metaservers"
+            "this metaserver is a replica of metadata group {group}, which serves no namespace yet: \
+             ask group 0's metaservers"
         ),
     )
 }
