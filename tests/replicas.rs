@@ -673,5 +673,10 @@ fn cairn_up_starts_and_registers_a_second_metadata_group() {
     let slots: Vec<u64> =
         again["groups"].as_array().unwrap().iter().map(|g| g["slots"].as_u64().unwrap()).collect();
     assert_eq!(slots, [3996, 100], "{again}");
+    // Group 0's leader shares the map with group 1's, which keeps it through the restart.
+    support::eventually(15, "group 1's leader holds map version 2", || {
+        let (_, map) = support::cli_json(&cluster, &["meta", "groups"]);
+        map["groups"].as_array().unwrap().iter().all(|g| g["map_version"] == 2)
+    });
     assert_eq!(fs::read_to_string(cluster.mnt.join("with-two-groups")).unwrap(), "two");
 }

@@ -122,6 +122,7 @@ fake_meta! {
     add_group(cairn_proto::MetaGroup) -> cairn_proto::GroupMap;
     remove_group(cairn_proto::GroupRequest) -> cairn_proto::GroupMap;
     move_slots(cairn_proto::MoveSlotsRequest) -> cairn_proto::GroupMap;
+    share_group_map(cairn_proto::SharedGroupMap) -> cairn_proto::GroupMap;
 }
 
 /// Serve the fake metaserver on `listener` in the background.

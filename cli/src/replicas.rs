@@ -287,6 +287,7 @@ pub async fn groups(meta: &str, as_json: bool) -> Result<u8> {
                     "leader": l.as_ref().map(|l| l.id),
                     "leader_addr": l.as_ref().map(|l| l.leader_addr.clone()),
                     "term": l.as_ref().map(|l| l.term),
+                    "map_version": l.as_ref().map(|l| l.map_version),
                 })
             })
             .collect();
@@ -295,8 +296,12 @@ pub async fn groups(meta: &str, as_json: bool) -> Result<u8> {
         return Ok(code);
     }
     println!("group map version {}", map.version);
-    println!("{:>5} {:>6}  {:<32} REPLICAS", "GROUP", "SLOTS", "LEADER");
+    println!("{:>5} {:>6} {:>5}  {:<32} REPLICAS", "GROUP", "SLOTS", "MAP", "LEADER");
     for (g, l) in &rows {
+        // The map version the group's leader holds: behind the map's for a few seconds after
+        // a change, until group 0's leader has shared it.
+        let held =
+            l.as_ref().filter(|l| l.state != "single").map_or("-".to_string(), |l| l.map_version.to_string());
         let leader = match l {
             Some(l) if l.state == "single" => "(not replicated)".to_string(),
             Some(l) => format!("{} at {}, term {}", l.id, l.leader_addr, l.term),
@@ -304,7 +309,7 @@ pub async fn groups(meta: &str, as_json: bool) -> Result<u8> {
         };
         let replicas = if g.replicas.is_empty() { "-".to_string() } else { g.replicas.join(",") };
         println!(
-            "{:>5} {:>6}  {:<32} {replicas}",
+            "{:>5} {:>6} {held:>5}  {:<32} {replicas}",
             g.group,
             slots.get(&g.group).copied().unwrap_or(0),
             leader
@@ -374,6 +379,24 @@ fn parse_slots(text: &str) -> Result<Vec<u32>> {
         return Err(CairnError::invalid("name the namespace slots to move"));
     }
     Ok(slots)
+}
+
+/// Whether one of `replicas` (each `ID=HOST:PORT`) answers as its group's leader holding group
+/// map `version` or a newer one.
+pub async fn leader_holds(replicas: &[String], version: u64) -> bool {
+    let channels = Channels::new(Duration::from_secs(2), Duration::from_secs(5));
+    for replica in replicas {
+        let Ok(mut client) = channels.meta(cairn_meta::groups::replica_addr(replica)) else { continue };
+        if let Ok(Ok(reply)) =
+            tokio::time::timeout(Duration::from_secs(5), client.raft_status(p::Empty {})).await
+        {
+            let s = reply.into_inner();
+            if s.state == "leader" && s.map_version >= version {
+                return true;
+            }
+        }
+    }
+    false
 }
 
 /// `cairn meta groups remove GROUP`: forget a metadata group that owns no slots.

@@ -723,12 +723,13 @@ async fn up(args: UpArgs, plaintext: bool) -> Result<()> {
 }
 
 /// Register metadata group `group` (its replicas `ID=HOST:PORT`) in group 0's map, once its
-/// replicas answer (they start alongside).
+/// replicas answer (they start alongside), then wait until the group has a leader holding
+/// that map (group 0's leader shares it), so the cluster is whole when `cairn up` says so.
 async fn register_group(meta_addr: &str, group: u32, replicas: &[String], procs: &mut [Proc]) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let version = loop {
         match crate::replicas::register_group(meta_addr, group, replicas).await {
-            Ok(_) => return Ok(()),
+            Ok(map) => break map.version,
             Err(e) if Instant::now() > deadline => {
                 return Err(CairnError::unavailable(format!(
                     "metadata group {group} was not registered: {e}"
@@ -738,7 +739,17 @@ async fn register_group(meta_addr: &str, group: u32, replicas: &[String], procs:
         }
         none_exited(procs)?;
         tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    while !crate::replicas::leader_holds(replicas, version).await {
+        if Instant::now() > deadline {
+            return Err(CairnError::unavailable(format!(
+                "metadata group {group} has no leader holding group map version {version}: see its replicas' logs"
+            )));
+        }
+        none_exited(procs)?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    Ok(())
 }
 
 /// An error naming the first of `procs` that has exited (during start-up, where none may).

@@ -61,6 +61,48 @@ impl Groups {
         Ok(groups)
     }
 
+    /// The version of the map held.
+    pub fn version(&self) -> u64 {
+        self.owners.read().version
+    }
+
+    /// Keep `map`, shared by group 0's leader with this group (one other than 0), and the
+    /// cluster's identity: written (one durable write, with the id the first time) only when
+    /// its version is newer than the map held, so what a group holds never goes back. A map of
+    /// another cluster than the one this group holds is refused. Answers the map held after.
+    pub fn adopt(&self, map: GroupMap, cluster_id: &str) -> Result<GroupMap> {
+        if cluster_id.len() != 32 || !cluster_id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(CairnError::invalid(format!("{cluster_id:?} is not a cluster id (32 hex digits)")));
+        }
+        if !(map.slots.is_empty() || map.slots.len() == SLOTS) || map.slots.iter().any(|g| *g >= MAX_GROUPS) {
+            return Err(CairnError::invalid(format!(
+                "a group map names {} slots (or none), each a group below {MAX_GROUPS}",
+                SLOTS
+            )));
+        }
+        let _changing = self.changing.lock();
+        let held_id = self.store.get(Cf::Counters, schema::counter::CLUSTER_ID)?;
+        if let Some(held) = held_id.as_deref().filter(|held| *held != cluster_id.as_bytes()) {
+            return Err(CairnError::invalid(format!(
+                "this metadata group belongs to cluster {}, and the group map offered is of cluster {cluster_id}",
+                String::from_utf8_lossy(held)
+            )));
+        }
+        let held = self.map()?;
+        if map.version <= held.version {
+            return Ok(held);
+        }
+        let mut batch = Batch::new();
+        batch.put(Cf::Counters, KEY, schema::encode(&map));
+        if held_id.is_none() {
+            batch.put(Cf::Counters, schema::counter::CLUSTER_ID, cluster_id.as_bytes().to_vec());
+        }
+        batch.set_durable();
+        self.store.write(batch)?;
+        *self.owners.write() = Owners::of(&map);
+        Ok(map)
+    }
+
     /// The group owning inode `ino`'s slot, and the map version that says so.
     pub fn owner_of(&self, ino: u64) -> (u32, u64) {
         let owners = self.owners.read();
@@ -379,5 +421,36 @@ mod tests {
         // A new leadership reads the owners from the store.
         groups.move_empty_slots(&[100], 2, holds).unwrap();
         assert_eq!(Groups::open(store).unwrap().owner_of(in_slot(100, 9)), (2, 6));
+    }
+
+    #[test]
+    fn another_group_keeps_the_newest_map_it_is_shared_and_only_its_clusters() {
+        let zero: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
+        let group0 = Groups::open(zero.clone()).unwrap();
+        group0.add(&group(1, &["10.0.1.1:9400"]), &["1=10.0.0.1:9400".to_string()]).unwrap();
+        let (moved, _) = group0.move_empty_slots(&[3, 4], 1, |_| Ok(false)).unwrap();
+        let id = "0123456789abcdef0123456789abcdef";
+
+        let store: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
+        let one = Groups::open(store.clone()).unwrap();
+        let in_slot_3 = 3 << cairn_common::ids::SLOT_SHIFT;
+        assert_eq!((one.version(), one.owner_of(in_slot_3)), (0, (0, 0)));
+        assert_eq!(one.adopt(moved.clone(), id).unwrap(), moved);
+        assert_eq!(one.owner_of(in_slot_3), (1, 2));
+        let cluster_id = store.get(Cf::Counters, schema::counter::CLUSTER_ID).unwrap();
+        assert_eq!(cluster_id.as_deref(), Some(id.as_bytes()));
+        // An older map (a deposed leader of group 0, a message overtaken) changes nothing.
+        let older = GroupMap { version: 1, ..moved.clone() };
+        assert_eq!(one.adopt(older, id).unwrap(), moved);
+        // Another cluster's map, or a malformed one, is refused.
+        let newer = GroupMap { version: 9, ..moved.clone() };
+        let e = one.adopt(newer.clone(), "ffffffffffffffffffffffffffffffff").unwrap_err();
+        assert!(e.message().contains("belongs to cluster 0123"), "{e}");
+        for bad_id in ["", "xyz", "0123456789abcdef0123456789abcdeg"] {
+            assert!(one.adopt(newer.clone(), bad_id).is_err(), "{bad_id:?}");
+        }
+        let short = GroupMap { slots: vec![1; 10], ..newer.clone() };
+        assert!(one.adopt(short, id).is_err());
+        assert_eq!(Groups::open(store).unwrap().map().unwrap(), moved, "kept, and nothing else");
     }
 }

@@ -339,12 +339,13 @@ async fn serve_replicated(
             Namespace::open_with_cluster(store, layout, node_timeout, lease)
         }
     };
-    // A group other than 0 owns no namespace slots yet: its leader opens no namespace (it would
-    // make a root directory of its own) and its service answers clients `WrongGroup`.
+    // A group other than 0 serves no namespace yet: its leader opens none (it would make a root
+    // directory of its own) and holds only the group map group 0's leader shares with it; its
+    // service answers clients `WrongGroup`.
     let leading = if node.group() == 0 {
-        tokio::spawn(lead(node.clone(), service.clone(), open, background))
+        tokio::spawn(lead(node.clone(), ServeNamespace { service: service.clone(), open, background }))
     } else {
-        tokio::spawn(std::future::pending())
+        tokio::spawn(lead(node.clone(), HoldMap(service.clone())))
     };
     let result = match server.await {
         Ok(r) => r.map_err(|e| CairnError::io(format!("metaserver: {e}"))),
@@ -412,16 +413,78 @@ fn start_background(
 /// How often the leader of group 0 asks the other metadata groups how they are.
 const GROUP_HEALTH_EVERY: Duration = Duration::from_secs(5);
 
-/// Serve clients while this replica leads: once it leads and has applied everything committed,
-/// open the namespace over the replicated store (which reads the leader's in-memory state
-/// from what was applied) and start the background work; stop both when it stops leading, its
-/// term changes, or a write failed (the namespace's memory may then disagree with the store).
-async fn lead(
-    node: Arc<raft::node::RaftNode>,
+/// What one leadership of a replica runs: opened over the replicated store once the replica
+/// leads and has applied everything committed, stopped when the leadership ends ([`lead`]).
+trait Leadership: Send + 'static {
+    type Opened: Send + 'static;
+    /// What it serves, for the log.
+    const WHAT: &'static str;
+    /// Open over the store (on the blocking pool).
+    fn open(&self) -> impl Fn(Arc<raft::node::RaftStore>) -> Result<Self::Opened> + Send + 'static;
+    /// Start serving what was opened; the tasks returned stop with the leadership.
+    fn start(&self, opened: Self::Opened) -> Tasks;
+    /// Stop answering clients (before the tasks stop).
+    fn stop(&self);
+}
+
+/// Group 0's leadership: the namespace, its background work and the watch over other groups.
+struct ServeNamespace<F> {
     service: Arc<MetaService>,
-    open: impl Fn(Arc<raft::node::RaftStore>) -> Result<(Namespace, Arc<Cluster>)> + Clone + Send + 'static,
+    open: F,
     background: Background,
-) {
+}
+
+impl<F> Leadership for ServeNamespace<F>
+where
+    F: Fn(Arc<raft::node::RaftStore>) -> Result<(Namespace, Arc<Cluster>)> + Clone + Send + 'static,
+{
+    type Opened = (Namespace, Arc<Cluster>);
+    const WHAT: &'static str = "the namespace";
+
+    fn open(&self) -> impl Fn(Arc<raft::node::RaftStore>) -> Result<Self::Opened> + Send + 'static {
+        self.open.clone()
+    }
+
+    fn start(&self, (ns, cluster): Self::Opened) -> Tasks {
+        let ns = Arc::new(ns);
+        let (serving, mut tasks) = start_background(ns.clone(), cluster.clone(), self.background.clone());
+        tasks.0.push(tokio::spawn(self.service.clone().watch_groups(ns, cluster, GROUP_HEALTH_EVERY)));
+        self.service.serve(Some(serving));
+        tasks
+    }
+
+    fn stop(&self) {
+        self.service.serve(None);
+    }
+}
+
+/// The leadership of a group other than 0: the group map group 0's leader shares with it.
+struct HoldMap(Arc<MetaService>);
+
+impl Leadership for HoldMap {
+    type Opened = groups::Groups;
+    const WHAT: &'static str = "the group map";
+
+    fn open(&self) -> impl Fn(Arc<raft::node::RaftStore>) -> Result<Self::Opened> + Send + 'static {
+        |store: Arc<raft::node::RaftStore>| groups::Groups::open(store)
+    }
+
+    fn start(&self, opened: Self::Opened) -> Tasks {
+        self.0.hold_map(Some(Arc::new(opened)));
+        Tasks(Vec::new())
+    }
+
+    fn stop(&self) {
+        self.0.hold_map(None);
+    }
+}
+
+/// Serve while this replica leads: once it leads and has applied everything committed, open
+/// what `leadership` serves over the replicated store (which reads the leader's in-memory
+/// state from what was applied) and start it; stop it when the replica stops leading, its term
+/// changes, or a write failed (what was opened may then disagree with the store).
+async fn lead<L: Leadership>(node: Arc<raft::node::RaftNode>, leadership: L) {
+    let what = L::WHAT;
     let mut metrics = node.raft.metrics();
     let mut current: Option<(u64, Tasks)> = None;
     loop {
@@ -430,34 +493,28 @@ async fn lead(
         let poisoned = node.take_poisoned();
         if let Some((served, _)) = &current {
             if !leads || *served != term || poisoned {
-                service.serve(None);
+                leadership.stop();
                 let (served, tasks) = current.take().expect("checked above");
                 tasks.stop().await;
                 metrics::clear();
-                // Requests already inside the old namespace finish (or fail) before a new one
+                // Requests already inside what was served finish (or fail) before a new one
                 // may open: see `RaftNode::retire_stores`.
                 let retiring = node.clone();
                 let _ = tokio::task::spawn_blocking(move || retiring.retire_stores()).await;
-                tracing::info!(term = served, leads, poisoned, "stopped serving the namespace");
+                tracing::info!(term = served, leads, poisoned, "stopped serving {what}");
             }
         }
         if leads && current.is_none() {
             match node.caught_up().await {
                 Ok(()) => {
-                    let (open, opener) = (open.clone(), node.clone());
+                    let (open, opener) = (leadership.open(), node.clone());
                     match tokio::task::spawn_blocking(move || open(opener.store())).await {
-                        Ok(Ok((ns, cluster))) => {
-                            let (serving, mut tasks) =
-                                start_background(Arc::new(ns), cluster.clone(), background.clone());
-                            tasks.0.push(tokio::spawn(
-                                service.clone().watch_groups(cluster, GROUP_HEALTH_EVERY),
-                            ));
-                            service.serve(Some(serving));
-                            current = Some((term, tasks));
-                            tracing::info!(term, id = node.id(), "leading: serving the namespace");
+                        Ok(Ok(opened)) => {
+                            current = Some((term, leadership.start(opened)));
+                            tracing::info!(term, id = node.id(), "leading: serving {what}");
                         }
-                        Ok(Err(e)) => tracing::warn!("opening the namespace as leader: {e}"),
-                        Err(e) => tracing::warn!("opening the namespace as leader: {e}"),
+                        Ok(Err(e)) => tracing::warn!("opening {what} as leader: {e}"),
+                        Err(e) => tracing::warn!("opening {what} as leader: {e}"),
                     }
                 }
                 Err(e) => tracing::info!("not serving yet: {e}"),

@@ -10,8 +10,8 @@ use cairn_common::config::MetaConfig;
 use cairn_common::{CairnError, ErrorKind};
 use cairn_proto::meta_client::MetaClient;
 use cairn_proto::{
-    Empty, GroupRequest, InoRequest, LookupRequest, MetaGroup, MkdirRequest, MoveSlotsRequest,
-    RaftStatusReply,
+    Empty, GroupMap, GroupRequest, InoRequest, LookupRequest, MetaGroup, MkdirRequest, MoveSlotsRequest,
+    RaftStatusReply, SharedGroupMap,
 };
 use tempfile::TempDir;
 use tokio::sync::oneshot;
@@ -364,6 +364,38 @@ async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
         CairnError::from(client(&zero[0]).await.remove_group(GroupRequest { group: 1 }).await.unwrap_err());
     assert_eq!(remove.kind(), ErrorKind::NotEmpty, "{remove}");
 
+    // Group 0's leader shares its map, with the cluster's identity, with group 1's leader (at
+    // once after a change), which keeps it in its own replicated state; followers hold none.
+    let held = |addr: String| async move { status(&addr).await.map_or(0, |s| s.map_version) };
+    let holds = |addr: String, version: u64| async move {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while held(addr.clone()).await != version {
+            assert!(Instant::now() < deadline, "{addr} holds group map version {version}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    holds(leader.clone(), 2).await;
+    assert_eq!(held(zero[0].clone()).await, 2, "group 0's leader reports its own");
+    let follower = ones.iter().find(|a| **a != leader).unwrap().clone();
+    assert_eq!(held(follower.clone()).await, 0);
+    let share = |addr: String, map: GroupMap, cluster_id: &str| {
+        let req = SharedGroupMap { map: Some(map), cluster_id: cluster_id.to_string() };
+        async move {
+            client(&addr).await.share_group_map(req).await.map(|r| r.into_inner()).map_err(CairnError::from)
+        }
+    };
+    let other_cluster = "ffffffffffffffffffffffffffffffff";
+    let e = share(zero[0].clone(), map.clone(), other_cluster).await.unwrap_err();
+    assert!(e.message().contains("group 0 keeps the group map"), "{e}");
+    let e = share(follower.clone(), map.clone(), other_cluster).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotLeader, "{e}");
+    let e = share(leader.clone(), GroupMap { version: 99, ..map.clone() }, other_cluster).await.unwrap_err();
+    let ours = e.message().split("belongs to cluster ").nth(1).and_then(|t| t.split(',').next()).unwrap();
+    assert_eq!(ours.len(), 32, "{e}");
+    let older = GroupMap { version: 1, slots: Vec::new(), ..map.clone() };
+    assert_eq!(share(leader.clone(), older, ours).await.unwrap().version, 2, "an older map changes nothing");
+    assert_eq!(held(leader.clone()).await, 2);
+
     // Kept in group 0's replicated state: the same after its leader restarts.
     group0.stop().await;
     group0 = start(config(&dir.path().join("group0"), 1, &zero)).await;
@@ -375,6 +407,26 @@ async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
     let map = move_slots((1..=9).collect(), 0).await.unwrap();
     assert_eq!((map.version, map.slots.len()), (3, 0));
     assert_eq!(get_attr(in_slot_5).await.unwrap_err().kind(), ErrorKind::NotFound);
+    holds(leader.clone(), 3).await;
+    // Group 1's next leader holds it too: it is in the group's log, not in one process.
+    let at = ones.iter().position(|a| *a == leader).unwrap();
+    replicas[at].stop().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let next = loop {
+        let mut found = None;
+        for addr in ones.iter().filter(|a| **a != leader) {
+            if status(addr).await.is_some_and(|s| s.state == "leader") {
+                found = Some(addr.clone());
+            }
+        }
+        if let Some(addr) = found {
+            break addr;
+        }
+        assert!(Instant::now() < deadline, "group 1 elects another leader");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    holds(next, 3).await;
+    replicas[at] = start(group1(at as u64 + 1)).await;
     // Only group 0 keeps the map.
     let e = CairnError::from(client(&leader).await.get_group_map(Empty {}).await.unwrap_err());
     assert_eq!(e.kind(), ErrorKind::WrongGroup, "{e}");

@@ -18,6 +18,8 @@ pub fn required(service: &str, method: &str) -> Roles {
     let roles: &[Role] = match (service, method) {
         // Raft replication: metaservers among themselves only.
         ("meta", "RaftVote" | "RaftAppend" | "RaftSnapshot") => &[Meta],
+        // Group 0's leader handing the group map to the other groups.
+        ("meta", "ShareGroupMap") => &[Meta],
         // Finding the leader: anyone of the cluster.
         ("meta", "RaftStatus") => &[Meta, Chunk, Client, Admin],
         // Which metadata group owns which part of the namespace: anyone of the cluster.
@@ -73,6 +75,7 @@ fn known(service: &str, method: &str) -> bool {
                 "AddGroup",
                 "RemoveGroup",
                 "MoveSlots",
+                "ShareGroupMap",
             ]
             .contains(&method)
                 || ids.filter_map(crate::wire::meta::method_name).any(|m| m == method)
@@ -207,6 +210,10 @@ mod tests {
         }
         for role in [&client, &chunk, &meta, &admin] {
             assert!(allowed("meta", "GetGroupMap", role), "every process of the cluster routes by the map");
+        }
+        assert!(allowed("meta", "ShareGroupMap", &meta));
+        for role in [&client, &chunk, &admin] {
+            assert!(!allowed("meta", "ShareGroupMap", role), "only metaservers hand the map on");
         }
         assert!(allowed("meta", "RaftAppend", &meta));
         assert!(!allowed("meta", "RaftAppend", &admin));

@@ -512,6 +512,8 @@ impl RaftNode {
             cluster: self.settings.name.cluster.to_string(),
             election_ms: self.settings.election.as_millis() as u64,
             group: self.settings.name.group,
+            // The service adds it (the map is not the Raft node's).
+            map_version: 0,
         }
     }
 

@@ -7,13 +7,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_common::{CairnError, ErrorKind, Result};
-use cairn_proto::{GroupMap, MetaGroup};
+use cairn_proto::{GroupMap, MetaGroup, SharedGroupMap};
 
 use super::MetaService;
 use crate::cluster::Cluster;
 use crate::groups;
 use crate::raft::network::GroupName;
 use crate::raft::node::answers_as;
+
+/// What group 0's leader found when it asked a group's replicas.
+struct GroupSeen {
+    /// What is wrong with the group, if anything.
+    problem: Option<String>,
+    /// The replica that answered as its leader, and the map version it holds.
+    leader: Option<(String, u64)>,
+}
 
 /// How long each replica of a group being added has to answer.
 const ASK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -59,6 +67,7 @@ impl MetaService {
         let (mut map, changed) = self.run_serving(move |s| s.cluster.groups().add(&added, &taken)).await?;
         if changed {
             tracing::info!(group = group.group, replicas = ?group.replicas, version = map.version, "added a metadata group");
+            self.groups_changed.notify_one();
         }
         map.groups.insert(0, self.group_zero());
         Ok(map)
@@ -84,40 +93,104 @@ impl MetaService {
             .await?;
         if changed {
             tracing::info!(version = map.version, counts = ?groups::slot_counts(&map), "moved namespace slots");
+            self.groups_changed.notify_one();
         }
         map.groups.insert(0, self.group_zero());
         Ok(map)
     }
 
-    /// Ask every registered group (other than 0) how it is, every `every` while this replica
-    /// serves `cluster`, and keep the answers there for `cairn status` and the health checks
-    /// ([`crate::groups::Groups::health`]): a request never waits on another group's replicas.
-    pub async fn watch_groups(self: Arc<Self>, cluster: Arc<Cluster>, every: Duration) {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            match cluster.groups().map() {
-                Ok(map) => cluster.groups().set_health(self.group_health(&map).await),
-                Err(e) => tracing::warn!("reading the group map to ask its groups: {e}"),
+    /// The version of the group map this replica's group holds, while it leads (0 otherwise).
+    pub(super) fn map_version(&self) -> u64 {
+        if let Some(held) = self.held_map.read().as_ref() {
+            return held.version();
+        }
+        match self.serving.read().as_ref() {
+            Some(serving) if self.raft.get().is_some_and(|r| r.group() == 0) => {
+                serving.cluster.groups().version()
             }
+            _ => 0,
         }
     }
 
-    /// What is wrong with each group of `map` that has no leader or replicas that do not
-    /// answer. Every replica of every group is asked at once, each given [`HEALTH_TIMEOUT`], so
-    /// a round takes about that long however many groups are down.
-    async fn group_health(&self, map: &GroupMap) -> BTreeMap<u32, String> {
-        let asked = map.groups.iter().map(|group| async move { (group.group, self.one_group(group).await) });
-        futures::future::join_all(asked)
-            .await
-            .into_iter()
-            .filter_map(|(g, problem)| problem.map(|p| (g, p)))
-            .collect()
+    /// Keep the map group 0's leader shares with this group's leader (`ShareGroupMap`).
+    pub(super) async fn share_group_map(&self, shared: SharedGroupMap) -> Result<GroupMap, tonic::Status> {
+        let Some(raft) = self.raft.get() else {
+            return Err(CairnError::invalid(
+                "this metaserver runs alone: it is metadata group 0 and keeps its own map",
+            )
+            .into());
+        };
+        if raft.group() == 0 {
+            return Err(
+                CairnError::invalid("metadata group 0 keeps the group map: it takes no other's").into()
+            );
+        }
+        let map = shared.map.ok_or_else(|| CairnError::invalid("ShareGroupMap without a map"))?;
+        let held = self.held_map.read().clone().ok_or_else(|| raft.not_leader())?;
+        match tokio::task::spawn_blocking(move || held.adopt(map, &shared.cluster_id)).await {
+            Ok(result) => Ok(result?),
+            Err(e) => Err(CairnError::internal(format!("keeping the shared group map: {e}")).into()),
+        }
     }
 
-    /// What is wrong with `group`, if anything.
-    async fn one_group(&self, group: &MetaGroup) -> Option<String> {
+    /// While this replica serves `ns` and `cluster` as group 0's leader: every `every` (and at
+    /// once after the map changed), ask every registered group (other than 0) how it is, keep
+    /// the answers for `cairn status` and the health checks ([`crate::groups::Groups::health`]:
+    /// a request never waits on another group's replicas), and share the map with each group
+    /// whose leader holds an older one.
+    pub async fn watch_groups(
+        self: Arc<Self>,
+        ns: Arc<crate::namespace::Namespace>,
+        cluster: Arc<Cluster>,
+        every: Duration,
+    ) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = self.groups_changed.notified() => {}
+            }
+            let map = match self.group_map() {
+                Ok(map) => map,
+                Err(e) => {
+                    tracing::warn!("reading the group map to ask its groups: {}", e.message());
+                    continue;
+                }
+            };
+            let seen = self.ask_groups(&map).await;
+            let problems = seen.iter().filter_map(|(g, s)| s.problem.clone().map(|p| (*g, p))).collect();
+            cluster.groups().set_health(problems);
+            let shared = SharedGroupMap { map: Some(map.clone()), cluster_id: ns.cluster_id().to_string() };
+            let behind = seen.values().filter_map(|s| s.leader.as_ref()).filter(|(_, v)| *v < map.version);
+            let this = &self;
+            let sharing = behind.map(|(addr, _)| {
+                let shared = shared.clone();
+                async move {
+                    let this = this;
+                    let mut client = this.channels.meta(addr).ok()?;
+                    let asked = client.share_group_map(shared);
+                    if let Err(e) = tokio::time::timeout(HEALTH_TIMEOUT, asked).await.ok()? {
+                        tracing::warn!(%addr, "sharing the group map: {}", e.message());
+                    }
+                    Some(())
+                }
+            });
+            futures::future::join_all(sharing).await;
+        }
+    }
+
+    /// How each group of `map` other than 0 is. Every replica of every group is asked at once,
+    /// each given [`HEALTH_TIMEOUT`], so a round takes about that long however many groups are
+    /// down.
+    async fn ask_groups(&self, map: &GroupMap) -> BTreeMap<u32, GroupSeen> {
+        let others = map.groups.iter().filter(|g| g.group != 0);
+        let asked = others.map(|group| async move { (group.group, self.one_group(group).await) });
+        futures::future::join_all(asked).await.into_iter().collect()
+    }
+
+    /// How `group` is: what is wrong with it, if anything, and its leader.
+    async fn one_group(&self, group: &MetaGroup) -> GroupSeen {
         let addrs: Vec<&str> = group.replicas.iter().map(|r| groups::replica_addr(r)).collect();
         let asked = addrs.iter().map(|addr| async move {
             let mut client = self.channels.meta(addr).ok()?;
@@ -126,22 +199,25 @@ impl MetaService {
                 .ok()?
                 .ok()?
                 .into_inner();
-            (reply.group == group.group).then_some(reply.state == "leader")
+            (reply.group == group.group)
+                .then_some((reply.state == "leader").then(|| (addr.to_string(), reply.map_version)))
         });
-        let answers: Vec<Option<bool>> = futures::future::join_all(asked).await;
+        let answers: Vec<Option<Option<(String, u64)>>> = futures::future::join_all(asked).await;
         let answering = answers.iter().filter(|a| a.is_some()).count();
+        let leader = answers.iter().flatten().flatten().next().cloned();
         let (g, n) = (group.group, addrs.len());
         // A leader cut off from the others may still call itself one: a majority answering is
         // what lets the group change.
-        if answering < n / 2 + 1 {
+        let problem = if answering < n / 2 + 1 {
             Some(format!("metadata group {g} has lost its majority: {answering} of {n} replicas answer"))
-        } else if !answers.contains(&Some(true)) {
+        } else if leader.is_none() {
             Some(format!("metadata group {g} has no leader"))
         } else if answering < n {
             Some(format!("metadata group {g}: {} of {n} replicas do not answer", n - answering))
         } else {
             None
-        }
+        };
+        GroupSeen { problem, leader }
     }
 
     /// The replica at `addr` answers as replica `id` of `wanted`.

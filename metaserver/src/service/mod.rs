@@ -53,6 +53,11 @@ pub struct MetaService {
     access: Arc<Access>,
     /// The access rules' generation the capabilities signed since were granted under.
     caps_generation: std::sync::atomic::AtomicU64,
+    /// On a leader of a group other than 0: the group map its group holds, as group 0's leader
+    /// shared it (`ShareGroupMap`).
+    held_map: RwLock<Option<Arc<crate::groups::Groups>>>,
+    /// Woken by every change of group 0's map, so its leader shares it at once.
+    groups_changed: tokio::sync::Notify,
 }
 
 /// Most shards one damage report from a client may name (a reader reports what one read
@@ -800,9 +805,13 @@ impl Meta for MetaService {
         Ok(Response::new(self.move_slots(req.into_inner()).await?))
     }
 
+    async fn share_group_map(&self, req: Request<SharedGroupMap>) -> Result<Response<GroupMap>, Status> {
+        Ok(Response::new(self.share_group_map(req.into_inner()).await?))
+    }
+
     async fn raft_status(&self, _req: Request<Empty>) -> Result<Response<RaftStatusReply>, Status> {
         Ok(Response::new(match self.raft.get() {
-            Some(raft) => raft.status(),
+            Some(raft) => RaftStatusReply { map_version: self.map_version(), ..raft.status() },
             None if self.replicated => RaftStatusReply { state: "starting".into(), ..Default::default() },
             None => RaftStatusReply { state: "single".into(), ..Default::default() },
         }))

@@ -28,6 +28,8 @@ impl MetaService {
             channels: confirm_channels(),
             access: Access::none(),
             caps_generation: Default::default(),
+            held_map: RwLock::new(None),
+            groups_changed: Default::default(),
         }
     }
 
@@ -60,6 +62,8 @@ impl MetaService {
             channels: confirm_channels(),
             access: Access::none(),
             caps_generation: Default::default(),
+            held_map: RwLock::new(None),
+            groups_changed: Default::default(),
         }
     }
 
@@ -74,6 +78,8 @@ impl MetaService {
             channels: confirm_channels(),
             access: Access::none(),
             caps_generation: Default::default(),
+            held_map: RwLock::new(None),
+            groups_changed: Default::default(),
         }
     }
 
@@ -89,6 +95,12 @@ impl MetaService {
             self.caps.new_key();
         }
         *self.serving.write() = serving.map(Arc::new);
+    }
+
+    /// Start (`Some`) or stop (`None`) holding the group map of this group, one other than 0,
+    /// while it leads (`lib.rs` `lead`): group 0's leader shares it ([`MetaService::share_group_map`]).
+    pub fn hold_map(&self, groups: Option<Arc<crate::groups::Groups>>) {
+        *self.held_map.write() = groups;
     }
 
     pub(super) fn serving(&self) -> Result<Arc<Serving>, Status> {
