@@ -658,6 +658,20 @@ fn cairn_up_starts_and_registers_a_second_metadata_group() {
     assert_ne!(code, 0, "{out}");
     assert!(out.contains("replica of metadata group 1") && out.contains("ask group 0"), "{out}");
 
+    // Group 1's leader fences every chunkserver with its own epoch (`fence-g1`), beside group
+    // 0's (`fence`); a later leadership of it raises it.
+    let fences = |cluster: &Cluster| -> Vec<u64> {
+        (1..=6)
+            .map(|i| {
+                let path = cluster.data.join(format!("chunk-{i}/fence-g1"));
+                fs::read_to_string(path).map_or(0, |t| t.trim().parse().unwrap())
+            })
+            .collect()
+    };
+    support::eventually(15, "every chunkserver is fenced by group 1", || {
+        fences(&cluster).iter().all(|f| *f > 0)
+    });
+    let first = fences(&cluster);
     fs::write(cluster.mnt.join("with-two-groups"), "two").unwrap();
     // Empty slots move to group 1; the mount's files (all in slot 0) are unaffected.
     let (code, out) = cli_on(&cluster, &cluster.meta_addr, &["meta", "groups", "move", "1-99,4095", "1"]);
@@ -673,6 +687,9 @@ fn cairn_up_starts_and_registers_a_second_metadata_group() {
     let slots: Vec<u64> =
         again["groups"].as_array().unwrap().iter().map(|g| g["slots"].as_u64().unwrap()).collect();
     assert_eq!(slots, [3996, 100], "{again}");
+    support::eventually(15, "group 1's next leadership raises its fence", || {
+        fences(&cluster).iter().zip(&first).all(|(now, before)| now > before)
+    });
     // Group 0's leader shares the map with group 1's, which keeps it through the restart.
     support::eventually(15, "group 1's leader holds map version 2", || {
         let (_, map) = support::cli_json(&cluster, &["meta", "groups"]);

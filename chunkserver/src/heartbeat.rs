@@ -182,7 +182,7 @@ impl Heartbeat {
             self.node_id.store(0, Ordering::Relaxed);
             return Err(e);
         }
-        self.caps.learn_from_leader(&reply.cap_keys, reply.fence);
+        self.caps.learn_from_leader(0, &reply.cap_keys, reply.fence);
         self.fence.raise(0, reply.fence).await
     }
 }

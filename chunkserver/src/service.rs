@@ -107,6 +107,29 @@ impl Chunk for ChunkService {
         Ok(Response::new(WriteShardReply { tier: tier.as_str().into() }))
     }
 
+    async fn fence(&self, request: Request<cairn_proto::FenceRequest>) -> Result<Response<Empty>, Status> {
+        let req = request.into_inner();
+        if req.group == 0 || req.group >= cairn_common::config::MAX_GROUPS {
+            return Err(CairnError::invalid(format!(
+                "fence of metadata group {}: a group other than 0 (group 0's leader fences through heartbeats)",
+                req.group
+            ))
+            .into());
+        }
+        if req.epoch == 0 || req.cluster_id.is_empty() {
+            return Err(CairnError::invalid(
+                "a fence names its cluster and its leadership's namespace epoch",
+            )
+            .into());
+        }
+        // The cluster check of a delete, and the same refusal of an older leadership: what
+        // holds for its deletes holds for its keys.
+        let admitted = self.fence.admit(req.group, req.epoch, &req.cluster_id).await?;
+        drop(admitted);
+        self.caps.learn_from_leader(req.group, &req.cap_keys, req.epoch);
+        Ok(Response::new(Empty {}))
+    }
+
     async fn sync_shards(&self, request: Request<SyncShardsRequest>) -> Result<Response<Empty>, Status> {
         let ino = request.get_ref().ino;
         let (peer, cap) = (request.extensions().get::<Peer>(), request.get_ref().cap.as_ref());

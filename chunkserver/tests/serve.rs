@@ -448,6 +448,54 @@ async fn a_metaserver_of_another_cluster_is_not_joined() {
     chunk.stop().await;
 }
 
+/// A leader of metadata group 1 fences the chunkserver with `Fence`: its epoch becomes group
+/// 1's fence (kept in `fence-g1`), after which group 1's deletes and fences from an older
+/// leadership are refused; a fence of another cluster, of group 0, or without an epoch is
+/// refused and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_groups_leader_fences_the_chunkserver() {
+    let ours = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let root = tempfile::tempdir().unwrap();
+    let (meta, meta_addr) = fake_meta().await;
+    *meta.cluster.lock() = ours.into();
+    meta.fence.store(1_000, Ordering::SeqCst);
+    let chunk = start_chunk(config(root.path(), meta_addr, IoEngineKind::Pread)).await;
+    eventually("heartbeats", || meta.heartbeats.lock().len() >= 2).await;
+    let mut client = chunk.client().await;
+    let fence = |group, epoch, cluster_id: &str| cairn_proto::FenceRequest {
+        group,
+        epoch,
+        cluster_id: cluster_id.into(),
+        cap_keys: Vec::new(),
+    };
+    let path = root.path().join("state/fence-g1");
+    for (bad, want) in [
+        (fence(1, 7, "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"), ErrorKind::InvalidArgument),
+        (fence(0, 7, ours), ErrorKind::InvalidArgument),
+        (fence(1, 0, ours), ErrorKind::InvalidArgument),
+        (fence(1, 7, ""), ErrorKind::InvalidArgument),
+    ] {
+        assert_eq!(kind(client.fence(bad.clone()).await), want, "{bad:?}");
+        assert!(!path.exists(), "{bad:?} changed nothing");
+    }
+    client.fence(fence(1, 7, ours)).await.unwrap();
+    assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), "7");
+    client.fence(fence(1, 7, ours)).await.unwrap();
+    assert_eq!(kind(client.fence(fence(1, 6, ours)).await), ErrorKind::NotLeader);
+    let of_group_1 = |fence| DeleteShardsRequest {
+        ids: vec![sid(8, 0)],
+        fence,
+        group: 1,
+        cluster_id: ours.into(),
+        ..Default::default()
+    };
+    assert_eq!(kind(client.delete_shards(of_group_1(6)).await), ErrorKind::NotLeader);
+    client.delete_shards(of_group_1(7)).await.unwrap();
+    // Group 0's fence is its own.
+    assert_eq!(std::fs::read_to_string(root.path().join("state/fence")).unwrap().trim(), "1000");
+    chunk.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registers_heartbeats_and_reregisters() {
     let root = tempfile::tempdir().unwrap();

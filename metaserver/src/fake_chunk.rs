@@ -43,6 +43,9 @@ impl Chunk for FakeChunk {
     async fn stat(&self, _: Request<Empty>) -> Result<Response<ChunkStatReply>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn fence(&self, _: Request<cairn_proto::FenceRequest>) -> Result<Response<Empty>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
     async fn promote(&self, _: Request<PromoteRequest>) -> Result<Response<PromoteReply>, Status> {
         Err(Status::unimplemented("fake"))
     }

@@ -61,6 +61,23 @@ impl Groups {
         Ok(groups)
     }
 
+    /// Open the map a group other than 0 holds, for one leadership of it: with the
+    /// leadership's namespace epoch, raised and written (durably) here, which its `Fence`
+    /// messages carry to chunkservers.
+    pub fn open_leadership(store: Arc<dyn MetaStore>) -> Result<(Groups, u64)> {
+        let mut batch = Batch::new();
+        let epoch = crate::namespace::next_epoch(&*store, &mut batch)?;
+        batch.set_durable();
+        store.write(batch)?;
+        Ok((Groups::open(store)?, epoch))
+    }
+
+    /// The cluster id this group holds (group 0's, once shared), if any.
+    pub fn cluster_id(&self) -> Result<Option<String>> {
+        let id = self.store.get(Cf::Counters, schema::counter::CLUSTER_ID)?;
+        Ok(id.map(|id| String::from_utf8_lossy(&id).into_owned()))
+    }
+
     /// The version of the map held.
     pub fn version(&self) -> u64 {
         self.owners.read().version

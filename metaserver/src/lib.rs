@@ -458,20 +458,25 @@ where
     }
 }
 
-/// The leadership of a group other than 0: the group map group 0's leader shares with it.
+/// The leadership of a group other than 0: the group map group 0's leader shares with it, and
+/// the fence (its namespace epoch and capability keys) it sends chunkservers every second.
 struct HoldMap(Arc<MetaService>);
 
+/// How often a leader of a group other than 0 fences the chunkservers.
+const FENCE_EVERY: Duration = Duration::from_secs(1);
+
 impl Leadership for HoldMap {
-    type Opened = groups::Groups;
+    type Opened = (groups::Groups, u64);
     const WHAT: &'static str = "the group map";
 
     fn open(&self) -> impl Fn(Arc<raft::node::RaftStore>) -> Result<Self::Opened> + Send + 'static {
-        |store: Arc<raft::node::RaftStore>| groups::Groups::open(store)
+        |store: Arc<raft::node::RaftStore>| groups::Groups::open_leadership(store)
     }
 
-    fn start(&self, opened: Self::Opened) -> Tasks {
-        self.0.hold_map(Some(Arc::new(opened)));
-        Tasks(Vec::new())
+    fn start(&self, (held, epoch): Self::Opened) -> Tasks {
+        let held = Arc::new(held);
+        self.0.hold_map(Some(held.clone()));
+        Tasks(vec![tokio::spawn(self.0.clone().fence_chunkservers(held, epoch, FENCE_EVERY))])
     }
 
     fn stop(&self) {

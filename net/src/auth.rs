@@ -47,6 +47,8 @@ pub fn required(service: &str, method: &str) -> Roles {
         ("chunk", "WriteShard" | "SyncShards" | "DeleteShards") => &[Meta, Client, Admin],
         ("chunk", "Stat") => &[Meta, Chunk, Client, Admin],
         ("chunk", "RebuildShard" | "ListShards" | "CheckShards" | "Promote" | "Pin") => &[Meta, Admin],
+        // Another metadata group's leader fencing chunkservers and sending its keys.
+        ("chunk", "Fence") => &[Meta],
         _ => &[Admin],
     };
     Roles::of(roles)
@@ -80,7 +82,7 @@ fn known(service: &str, method: &str) -> bool {
             .contains(&method)
                 || ids.filter_map(crate::wire::meta::method_name).any(|m| m == method)
         }
-        "chunk" => ids.filter_map(crate::wire::chunk::method_name).any(|m| m == method),
+        "chunk" => method == "Fence" || ids.filter_map(crate::wire::chunk::method_name).any(|m| m == method),
         _ => false,
     }
 }
@@ -219,6 +221,10 @@ mod tests {
         assert!(!allowed("meta", "RaftAppend", &admin));
         assert!(allowed("meta", "RaftAddMember", &admin));
         assert!(!allowed("meta", "RaftAddMember", &meta));
+        assert!(allowed("chunk", "Fence", &meta));
+        for role in [&client, &chunk, &admin] {
+            assert!(!allowed("chunk", "Fence", role), "only metaservers fence chunkservers");
+        }
         assert!(!allowed("chunk", "DeleteShards", &chunk));
         assert!(allowed("chunk", "DeleteShards", &meta));
         assert!(!allowed("chunk", "ListShards", &client));

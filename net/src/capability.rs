@@ -30,7 +30,8 @@ const SKEW_SECS: i64 = 60;
 
 const DOMAIN: &[u8] = b"cairn shard capability v1";
 
-/// The MAC of `cap`'s fields under `secret`.
+/// The MAC of `cap`'s fields under `secret`. A capability of metadata group 0 (every one
+/// signed before groups) covers the fields it always did; another group's covers its group too.
 fn mac(secret: &[u8; 32], cap: &Capability) -> blake3::Hash {
     let mut h = blake3::Hasher::new_keyed(secret);
     h.update(DOMAIN);
@@ -40,6 +41,9 @@ fn mac(secret: &[u8; 32], cap: &Capability) -> blake3::Hash {
     h.update(&cap.key_id.to_le_bytes());
     h.update(&(cap.holder.len() as u32).to_le_bytes());
     h.update(cap.holder.as_bytes());
+    if cap.group != 0 {
+        h.update(&cap.group.to_le_bytes());
+    }
     h.finalize()
 }
 
@@ -82,6 +86,9 @@ impl Key {
 /// a new key).
 pub struct Signer {
     keys: Mutex<(Key, Vec<Key>)>,
+    /// The metadata group whose inodes it signs for (chunkservers keep each group's keys
+    /// apart: `Verifier`).
+    group: std::sync::atomic::AtomicU32,
 }
 
 impl Default for Signer {
@@ -91,8 +98,19 @@ impl Default for Signer {
 }
 
 impl Signer {
+    /// Metadata group 0's signer.
     pub fn new() -> Signer {
-        Signer { keys: Mutex::new((Key::new(unix_secs()), Vec::new())) }
+        Signer::for_group(0)
+    }
+
+    /// The signer of metadata group `group`'s leaderships.
+    pub fn for_group(group: u32) -> Signer {
+        Signer { keys: Mutex::new((Key::new(unix_secs()), Vec::new())), group: group.into() }
+    }
+
+    /// Sign for metadata group `group` from now on (a replica learns its group as it starts).
+    pub fn set_group(&self, group: u32) {
+        self.group.store(group, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// A capability for `holder` to do `ops` on inode `ino`'s shards for [`LIFETIME`].
@@ -149,6 +167,7 @@ impl Signer {
             key_id: key.id,
             holder: holder.to_string(),
             mac: Vec::new(),
+            group: self.group.load(std::sync::atomic::Ordering::Relaxed),
         };
         cap.mac = mac(&key.secret, &cap).as_bytes().to_vec();
         cap
@@ -196,13 +215,18 @@ pub fn required_of(peer: Option<&Peer>) -> bool {
     peer.is_some_and(|p| !p.roles.intersects(Roles::of(&[Role::Meta, Role::Chunk, Role::Admin])))
 }
 
-/// A chunkserver's keys, as metaservers sent them, each until it retires.
+/// A key's secret and when it retires (Unix seconds).
+type KnownKey = ([u8; 32], i64);
+
+/// A chunkserver's keys, as metaservers sent them, each until it retires, kept per metadata
+/// group: a key checks only capabilities of the group that sent it.
 #[derive(Default)]
 pub struct Verifier {
-    keys: RwLock<HashMap<u64, ([u8; 32], i64)>>,
-    /// The highest namespace epoch (fence) a reply carrying keys had: the leadership whose keys
-    /// count. Keys the leader of a higher epoch does not send are retired.
-    epoch: parking_lot::Mutex<u64>,
+    /// By (group, key id): the secret and when it retires.
+    keys: RwLock<HashMap<(u32, u64), KnownKey>>,
+    /// Per group, the highest namespace epoch (fence) a message carrying its keys had: the
+    /// leadership whose keys count. Keys the leader of a higher epoch does not send are retired.
+    epoch: parking_lot::Mutex<HashMap<u32, u64>>,
     /// Woken when a capability names a key not known yet (the heartbeat then goes at once).
     wanted: tokio::sync::Notify,
 }
@@ -211,47 +235,55 @@ pub struct Verifier {
 const KEY_WAIT: Duration = Duration::from_secs(2);
 
 impl Verifier {
-    /// Keep `keys` (from a registration reply), and forget retired ones.
+    /// Keep `keys` (metadata group 0's, from a registration reply), and forget retired ones.
     pub fn learn(&self, keys: &[CapabilityKey]) {
-        self.learn_at(keys, unix_secs());
+        self.learn_at(0, keys, unix_secs());
     }
 
-    /// Keep `keys` from a heartbeat reply of the leadership with namespace epoch `epoch` (its
-    /// fence; 0: a metaserver that sends none). The first reply of a newer leadership retires
-    /// every key it does not send — a deposed leader's, or a restarted metaserver's old ones —
-    /// so what they signed is refused once the clock skew allowance passes, and their holders
-    /// ask the new leader; keys in a reply of an older leadership (a deposed leader answering
-    /// before it knows) are not taken.
-    pub fn learn_from_leader(&self, keys: &[CapabilityKey], epoch: u64) {
-        self.learn_from_leader_at(keys, epoch, unix_secs());
+    /// Keep `keys` of metadata group `group` from its leadership with namespace epoch `epoch`
+    /// (its fence; 0: a metaserver that sends none) — group 0's in heartbeat replies, another
+    /// group's in its `Fence` messages. The first message of a newer leadership of the group
+    /// retires every key of that group it does not send — a deposed leader's, or a restarted
+    /// metaserver's old ones — so what they signed is refused once the clock skew allowance
+    /// passes, and their holders ask the new leader; keys from an older leadership (a deposed
+    /// leader answering before it knows) are not taken. Other groups' keys are left alone.
+    pub fn learn_from_leader(&self, group: u32, keys: &[CapabilityKey], epoch: u64) {
+        self.learn_from_leader_at(group, keys, epoch, unix_secs());
     }
 
-    fn learn_from_leader_at(&self, keys: &[CapabilityKey], epoch: u64, now: i64) {
-        let mut highest = self.epoch.lock();
+    fn learn_from_leader_at(&self, group: u32, keys: &[CapabilityKey], epoch: u64, now: i64) {
+        let mut epochs = self.epoch.lock();
+        let highest = epochs.entry(group).or_default();
         if epoch != 0 && epoch < *highest {
-            tracing::debug!(epoch, highest = *highest, "ignored capability keys of an older leadership");
+            tracing::debug!(
+                group,
+                epoch,
+                highest = *highest,
+                "ignored capability keys of an older leadership"
+            );
             return;
         }
         if epoch > *highest {
             let mut known = self.keys.write();
-            for (id, (_, retire)) in known.iter_mut() {
-                if !keys.iter().any(|k| k.id == *id) {
+            for ((of, id), (_, retire)) in known.iter_mut() {
+                if *of == group && !keys.iter().any(|k| k.id == *id) {
                     *retire = (*retire).min(now);
                 }
             }
             drop(known);
             if *highest != 0 {
                 tracing::info!(
+                    group,
                     epoch,
                     "a new metaserver leadership: retired the capability keys it does not send"
                 );
             }
             *highest = epoch;
         }
-        self.learn_at(keys, now);
+        self.learn_at(group, keys, now);
     }
 
-    fn learn_at(&self, keys: &[CapabilityKey], now: i64) {
+    fn learn_at(&self, group: u32, keys: &[CapabilityKey], now: i64) {
         let mut known = self.keys.write();
         known.retain(|_, (_, retire)| *retire + SKEW_SECS > now);
         for k in keys {
@@ -264,14 +296,14 @@ impl Verifier {
                 continue;
             };
             // A key's retirement only ever comes earlier (a revocation).
-            let retire = known.get(&k.id).map_or(k.retire, |(_, known)| k.retire.min(*known));
-            known.insert(k.id, (secret, retire));
+            let retire = known.get(&(group, k.id)).map_or(k.retire, |(_, known)| k.retire.min(*known));
+            known.insert((group, k.id), (secret, retire));
         }
     }
 
-    /// Whether key `id` is known.
-    pub fn knows(&self, id: u64) -> bool {
-        self.keys.read().contains_key(&id)
+    /// Whether key `id` of metadata group `group` is known.
+    pub fn knows(&self, group: u32, id: u64) -> bool {
+        self.keys.read().contains_key(&(group, id))
     }
 
     /// Resolves when a check met a key it does not know: the owner then asks the metaserver
@@ -291,10 +323,10 @@ impl Verifier {
     ) -> std::result::Result<(), Refusal> {
         match self.check(cap, ino, op, holder) {
             Err(Refusal::UnknownKey) => {
-                let key = cap.map_or(0, |c| c.key_id);
+                let (group, key) = cap.map_or((0, 0), |c| (c.group, c.key_id));
                 self.wanted.notify_one();
                 let deadline = tokio::time::Instant::now() + KEY_WAIT;
-                while !self.knows(key) && tokio::time::Instant::now() < deadline {
+                while !self.knows(group, key) && tokio::time::Instant::now() < deadline {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 self.check(cap, ino, op, holder)
@@ -323,7 +355,7 @@ impl Verifier {
         now: i64,
     ) -> std::result::Result<(), Refusal> {
         let cap = cap.ok_or(Refusal::Missing)?;
-        let (secret, retire) = *self.keys.read().get(&cap.key_id).ok_or(Refusal::UnknownKey)?;
+        let (secret, retire) = *self.keys.read().get(&(cap.group, cap.key_id)).ok_or(Refusal::UnknownKey)?;
         if mac(&secret, cap) != blake3::Hash::from_slice(&cap.mac).map_err(|_| Refusal::BadMac)? {
             return Err(Refusal::BadMac);
         }

@@ -160,6 +160,19 @@ pub fn prepare_restored(store: &dyn MetaStore, batch: &mut Batch) -> Result<()> 
     Ok(())
 }
 
+/// The namespace epoch of a leadership (or lone metaserver) starting over `store`, put in
+/// `batch`: above the last one, and above the epochs a group lost after a backup handed out
+/// (`docs/ARCHITECTURE.md`, "Fencing a deposed leader"). Chunkservers refuse deletes (and
+/// another group's fences) from below the highest epoch they have seen of the group.
+pub fn next_epoch(store: &dyn MetaStore, batch: &mut Batch) -> Result<u64> {
+    let since_1970 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let epoch = (read_counter(store, counter::GC_EPOCH)?.unwrap_or(0) + 1).max(since_1970);
+    batch.put(Cf::Counters, counter::GC_EPOCH, schema::encode(&Counter { value: epoch }));
+    Ok(epoch)
+}
+
 /// The ranges `prepare_restored` recorded.
 fn read_foreign_inos(store: &dyn MetaStore) -> Result<Vec<(u64, u64)>> {
     let raw = store.get(Cf::Counters, counter::FOREIGN_INOS)?.unwrap_or_default();
@@ -215,14 +228,8 @@ impl Namespace {
             };
             stats.push(Mutex::new(s));
         }
-        // The namespace epoch: above the last one, and above the epochs a group lost after a
-        // backup handed out (`docs/ARCHITECTURE.md`, "Fencing a deposed leader").
-        let since_1970 = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let gc_epoch = (read_counter(&*store, counter::GC_EPOCH)?.unwrap_or(0) + 1).max(since_1970);
         let mut batch = Batch::new();
-        batch.put(Cf::Counters, counter::GC_EPOCH, schema::encode(&Counter { value: gc_epoch }));
+        let gc_epoch = next_epoch(&*store, &mut batch)?;
         // The cluster's identity, drawn by the first opening (`docs/ARCHITECTURE.md`, "Cluster
         // identity"); chunkservers of another cluster are refused.
         let cluster_id = match store.get(Cf::Counters, counter::CLUSTER_ID)? {

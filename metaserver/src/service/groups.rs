@@ -133,6 +133,74 @@ impl MetaService {
         }
     }
 
+    /// While this replica leads a group other than 0 (`held`, its map, at namespace epoch
+    /// `epoch`): every `every`, send each chunkserver group 0 lists a `Fence` with the epoch,
+    /// the cluster's id and this leadership's capability keys, so its deletes pass and a
+    /// deposed leader's are refused. Nothing is sent before group 0's leader has shared the map
+    /// (the cluster's id and group 0's replicas come with it).
+    pub async fn fence_chunkservers(self: Arc<Self>, held: Arc<groups::Groups>, epoch: u64, every: Duration) {
+        let group = self.raft.get().map_or(0, |r| r.group());
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut warned = false;
+        loop {
+            tick.tick().await;
+            let (map, cluster_id) = match (held.map(), held.cluster_id()) {
+                (Ok(map), Ok(Some(id))) => (map, id),
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::warn!("reading the group map held: {}", e.message());
+                    continue;
+                }
+                (Ok(_), Ok(None)) => continue,
+            };
+            let nodes = match self.nodes_of_group_zero(&map).await {
+                Ok(nodes) => nodes,
+                Err(e) => {
+                    if !warned {
+                        tracing::warn!("cannot fence chunkservers: {}", e.message());
+                        warned = true;
+                    }
+                    continue;
+                }
+            };
+            warned = false;
+            let fence = cairn_proto::FenceRequest { group, epoch, cluster_id, cap_keys: self.caps.keys() };
+            let channels = &self.channels;
+            let sent = nodes.iter().map(|addr| {
+                let fence = fence.clone();
+                async move {
+                    let mut client = channels.chunk(addr).ok()?;
+                    match tokio::time::timeout(HEALTH_TIMEOUT, client.fence(fence)).await {
+                        Ok(Err(e)) => tracing::debug!(%addr, "fencing a chunkserver: {}", e.message()),
+                        Err(_) => tracing::debug!(%addr, "fencing a chunkserver: no answer"),
+                        Ok(Ok(_)) => {}
+                    }
+                    Some(())
+                }
+            });
+            futures::future::join_all(sent).await;
+        }
+    }
+
+    /// The chunkservers' addresses, as group 0's leader lists them (its replicas from `map`).
+    async fn nodes_of_group_zero(&self, map: &GroupMap) -> Result<Vec<String>> {
+        let zero =
+            map.groups.iter().find(|g| g.group == 0).map(|g| g.replicas.as_slice()).unwrap_or_default();
+        let mut last = CairnError::unavailable("the group map names no replica of metadata group 0");
+        for replica in zero {
+            let addr = groups::replica_addr(replica);
+            let Ok(mut client) = self.channels.meta(addr) else { continue };
+            match tokio::time::timeout(HEALTH_TIMEOUT, client.list_nodes(cairn_proto::Empty {})).await {
+                Ok(Ok(reply)) => return Ok(reply.into_inner().nodes.into_iter().map(|n| n.addr).collect()),
+                Ok(Err(status)) => last = CairnError::from(status),
+                Err(_) => {
+                    last = CairnError::unavailable(format!("group 0's replica at {addr} does not answer"))
+                }
+            }
+        }
+        Err(last)
+    }
+
     /// While this replica serves `ns` and `cluster` as group 0's leader: every `every` (and at
     /// once after the map changed), ask every registered group (other than 0) how it is, keep
     /// the answers for `cairn status` and the health checks ([`crate::groups::Groups::health`]:
@@ -163,12 +231,11 @@ impl MetaService {
             cluster.groups().set_health(problems);
             let shared = SharedGroupMap { map: Some(map.clone()), cluster_id: ns.cluster_id().to_string() };
             let behind = seen.values().filter_map(|s| s.leader.as_ref()).filter(|(_, v)| *v < map.version);
-            let this = &self;
+            let channels = &self.channels;
             let sharing = behind.map(|(addr, _)| {
                 let shared = shared.clone();
                 async move {
-                    let this = this;
-                    let mut client = this.channels.meta(addr).ok()?;
+                    let mut client = channels.meta(addr).ok()?;
                     let asked = client.share_group_map(shared);
                     if let Err(e) = tokio::time::timeout(HEALTH_TIMEOUT, asked).await.ok()? {
                         tracing::warn!(%addr, "sharing the group map: {}", e.message());

@@ -84,6 +84,7 @@ impl MetaService {
     }
 
     pub fn set_raft(&self, raft: Arc<RaftNode>) {
+        self.caps.set_group(raft.group());
         let _ = self.raft.set(raft);
     }
 
@@ -100,6 +101,9 @@ impl MetaService {
     /// Start (`Some`) or stop (`None`) holding the group map of this group, one other than 0,
     /// while it leads (`lib.rs` `lead`): group 0's leader shares it ([`MetaService::share_group_map`]).
     pub fn hold_map(&self, groups: Option<Arc<crate::groups::Groups>>) {
+        if groups.is_some() {
+            self.caps.new_key();
+        }
         *self.held_map.write() = groups;
     }
 

@@ -49,7 +49,7 @@ fn another_metaservers_key_is_unknown_until_learned() {
     let v = verifier_of(&ours);
     let cap = theirs.grant(7, READ, "c");
     assert_eq!(v.check(Some(&cap), 7, READ, "c"), Err(Refusal::UnknownKey));
-    assert!(!v.knows(cap.key_id));
+    assert!(!v.knows(0, cap.key_id));
     v.learn(&theirs.keys());
     assert_eq!(v.check(Some(&cap), 7, READ, "c"), Ok(()));
     // The first metaserver's tokens stay good (a former leader's, after an election).
@@ -108,7 +108,7 @@ fn revoked_tokens_are_refused_once_chunkservers_learn_it_and_new_ones_pass() {
 fn a_key_of_the_wrong_length_is_ignored() {
     let v = Verifier::default();
     v.learn(&[CapabilityKey { id: 5, secret: vec![1; 16], retire: unix_secs() + 100 }]);
-    assert!(!v.knows(5));
+    assert!(!v.knows(0, 5));
 }
 
 #[test]
@@ -169,19 +169,19 @@ fn a_new_leadership_retires_the_keys_it_does_not_send() {
     let (old_leader, new_leader) = (Signer::new(), Signer::new());
     let v = Verifier::default();
     let now = unix_secs();
-    v.learn_from_leader_at(&old_leader.keys(), 5, now);
+    v.learn_from_leader_at(0, &old_leader.keys(), 5, now);
     let before = old_leader.grant_at(7, READ, "c", now);
     assert_eq!(v.check_at(Some(&before), 7, READ, "c", now), Ok(()));
-    v.learn_from_leader_at(&new_leader.keys(), 6, now);
+    v.learn_from_leader_at(0, &new_leader.keys(), 6, now);
     let after = new_leader.grant_at(7, READ, "c", now);
     assert_eq!(v.check_at(Some(&after), 7, READ, "c", now + SKEW_SECS + 1), Ok(()));
     assert_eq!(v.check_at(Some(&before), 7, READ, "c", now + SKEW_SECS + 1), Err(Refusal::Expired));
     // The deposed leader answering late (its older epoch) changes nothing.
-    v.learn_from_leader_at(&old_leader.keys(), 5, now);
+    v.learn_from_leader_at(0, &old_leader.keys(), 5, now);
     assert_eq!(v.check_at(Some(&before), 7, READ, "c", now + SKEW_SECS + 1), Err(Refusal::Expired));
     // It leads again later: its new key counts, its old one stays retired.
     old_leader.new_key();
-    v.learn_from_leader_at(&old_leader.keys(), 7, now);
+    v.learn_from_leader_at(0, &old_leader.keys(), 7, now);
     let again = old_leader.grant_at(7, READ, "c", now);
     assert_ne!(again.key_id, before.key_id);
     assert_eq!(v.check_at(Some(&again), 7, READ, "c", now + SKEW_SECS + 1), Ok(()));
@@ -189,8 +189,47 @@ fn a_new_leadership_retires_the_keys_it_does_not_send() {
     assert_eq!(v.check_at(Some(&after), 7, READ, "c", now + SKEW_SECS + 1), Err(Refusal::Expired));
     // A metaserver that sends no epoch (0) is heard as before: nothing retired.
     let lone = Signer::new();
-    v.learn_from_leader_at(&lone.keys(), 0, now);
+    v.learn_from_leader_at(0, &lone.keys(), 0, now);
     let theirs = lone.grant_at(7, READ, "c", now);
     assert_eq!(v.check_at(Some(&theirs), 7, READ, "c", now + SKEW_SECS + 1), Ok(()));
     assert_eq!(v.check_at(Some(&again), 7, READ, "c", now + SKEW_SECS + 1), Ok(()));
+}
+
+/// Each metadata group's keys check only its own capabilities, and a group's new leadership
+/// retires only that group's keys.
+#[test]
+fn each_metadata_group_has_its_own_keys() {
+    let (zero, one, one_next) = (Signer::new(), Signer::for_group(1), Signer::for_group(1));
+    let v = Verifier::default();
+    let now = unix_secs();
+    v.learn_from_leader_at(0, &zero.keys(), 100, now);
+    v.learn_from_leader_at(1, &one.keys(), 5, now);
+    let of_zero = zero.grant_at(7, READ, "c", now);
+    let of_one = one.grant_at(9, READ, "c", now);
+    assert_eq!((of_zero.group, of_one.group), (0, 1));
+    assert_eq!(v.check_at(Some(&of_zero), 7, READ, "c", now), Ok(()));
+    assert_eq!(v.check_at(Some(&of_one), 9, READ, "c", now), Ok(()));
+    // The group is part of what is signed: relabelled, a capability finds no key, or fails
+    // its MAC under the other group's key of the same id.
+    let relabelled = Capability { group: 0, ..of_one.clone() };
+    assert_eq!(v.check_at(Some(&relabelled), 9, READ, "c", now), Err(Refusal::UnknownKey));
+    let mut forged = of_one.clone();
+    forged.group = 0;
+    forged.key_id = of_zero.key_id;
+    assert_eq!(v.check_at(Some(&forged), 9, READ, "c", now), Err(Refusal::BadMac));
+    // Group 1's keys sent as another group's (a confused sender) check nothing of group 1.
+    let v2 = Verifier::default();
+    v2.learn_from_leader_at(2, &one.keys(), 5, now);
+    assert_eq!(v2.check_at(Some(&of_one), 9, READ, "c", now), Err(Refusal::UnknownKey));
+    // Group 1's next leadership retires group 1's old keys only (an epoch below group 0's is
+    // still newer for group 1: each group's epochs are its own).
+    v.learn_from_leader_at(1, &one_next.keys(), 6, now);
+    let later = now + SKEW_SECS + 1;
+    assert_eq!(v.check_at(Some(&of_one), 9, READ, "c", later), Err(Refusal::Expired));
+    assert_eq!(v.check_at(Some(&of_zero), 7, READ, "c", later), Ok(()));
+    let next = one_next.grant_at(9, READ, "c", now);
+    assert_eq!(v.check_at(Some(&next), 9, READ, "c", later), Ok(()));
+    // An older leadership of group 1 is not heard.
+    v.learn_from_leader_at(1, &one.keys(), 5, now);
+    assert_eq!(v.check_at(Some(&of_one), 9, READ, "c", later), Err(Refusal::Expired));
 }
