@@ -37,6 +37,9 @@ pub struct Fence {
     cluster_path: PathBuf,
     /// The cluster this node belongs to; `None` until a metaserver first names one.
     cluster: Mutex<Option<String>>,
+    /// Which group owns each namespace slot: a group's deletes and capabilities count only
+    /// for its own.
+    slots: crate::slots::Slots,
 }
 
 /// 32 hex digits: a node identity or a cluster id.
@@ -105,7 +108,13 @@ impl Fence {
             groups: Mutex::new(groups),
             cluster_path,
             cluster: Mutex::new(cluster),
+            slots: Default::default(),
         })
+    }
+
+    /// Which group owns each namespace slot, as this node last heard.
+    pub fn slots(&self) -> &crate::slots::Slots {
+        &self.slots
     }
 
     /// The cluster this node belongs to, if it joined one.

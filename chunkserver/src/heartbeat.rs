@@ -183,7 +183,13 @@ impl Heartbeat {
             return Err(e);
         }
         self.caps.learn_from_leader(0, &reply.cap_keys, reply.fence);
-        self.fence.raise(0, reply.fence).await
+        self.fence.raise(0, reply.fence).await?;
+        if reply.map_version > self.fence.slots().version() {
+            let map =
+                self.meta.call(|mut c| async move { c.get_group_map(cairn_proto::Empty {}).await }).await?;
+            self.fence.slots().update(&map);
+        }
+        Ok(())
     }
 }
 

@@ -32,6 +32,7 @@ pub mod rebuild;
 pub mod scrub;
 pub mod service;
 pub mod shard;
+pub mod slots;
 pub mod statefile;
 pub mod store;
 pub mod throttle;

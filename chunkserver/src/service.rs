@@ -72,7 +72,9 @@ impl ChunkService {
             return Ok(());
         }
         let holder = peer.map_or("", |p| p.name.as_str());
-        capability::enforce(self.caps.check_or_learn(cap, ino, op, holder).await, what, ino)
+        capability::enforce(self.caps.check_or_learn(cap, ino, op, holder).await, what, ino)?;
+        // A group's capabilities count only for inodes in its own slots.
+        self.fence.slots().check(cap.map_or(0, |c| c.group), ino, what)
     }
 }
 
@@ -194,6 +196,12 @@ impl Chunk for ChunkService {
             return Err(capability::refused("shard delete", other.ino, Refusal::WrongInode).into());
         }
         self.authorize(peer.as_ref(), req.cap.as_ref(), "shard delete", ino, capability::WRITE).await?;
+        // A metadata group deletes only shards of inodes in its own slots.
+        if from_meta && req.fence != 0 {
+            for id in &ids {
+                self.fence.slots().check(req.group, id.ino, "shard delete")?;
+            }
+        }
         let _admitted = self.fence.admit(req.group, req.fence, &req.cluster_id).await?;
         let deleted = self.store.delete(&ids).await?;
         Ok(Response::new(DeleteShardsReply { deleted }))

@@ -30,6 +30,8 @@ struct FakeMeta {
     fence: AtomicU64,
     /// The cluster id replies name ("" as a metaserver too old to name one).
     cluster: Mutex<String>,
+    /// The group map GetGroupMap answers (its version in heartbeat replies).
+    map: Mutex<cairn_proto::GroupMap>,
 }
 
 macro_rules! fake_meta {
@@ -58,7 +60,12 @@ macro_rules! fake_meta {
                     fence: self.fence.load(Ordering::SeqCst),
                     cluster_id: self.cluster.lock().clone(),
                     cap_keys: Vec::new(),
+                    map_version: self.map.lock().version,
                 }))
+            }
+
+            async fn get_group_map(&self, _request: Request<Empty>) -> Result<Response<cairn_proto::GroupMap>, Status> {
+                Ok(Response::new(self.map.lock().clone()))
             }
 
             type RaftBackupStream = tokio_stream::Empty<Result<cairn_proto::BackupChunk, Status>>;
@@ -118,11 +125,20 @@ fake_meta! {
     raft_status(Empty) -> RaftStatusReply;
     raft_add_member(cairn_proto::RaftMemberRequest) -> RaftStatusReply;
     raft_remove_member(cairn_proto::RaftMemberRequest) -> RaftStatusReply;
-    get_group_map(Empty) -> cairn_proto::GroupMap;
     add_group(cairn_proto::MetaGroup) -> cairn_proto::GroupMap;
     remove_group(cairn_proto::GroupRequest) -> cairn_proto::GroupMap;
     move_slots(cairn_proto::MoveSlotsRequest) -> cairn_proto::GroupMap;
     share_group_map(cairn_proto::SharedGroupMap) -> cairn_proto::GroupMap;
+}
+
+/// An inode number in namespace slot 5.
+const IN_SLOT_5: u64 = (5 << cairn_common::ids::SLOT_SHIFT) | 8;
+
+/// A group map giving slot 5 to metadata group 1.
+fn slot_5_of_group_1() -> cairn_proto::GroupMap {
+    let mut slots = vec![0; 4096];
+    slots[5] = 1;
+    cairn_proto::GroupMap { version: 1, groups: Vec::new(), slots }
 }
 
 /// Serve the fake metaserver on `listener` in the background.
@@ -324,6 +340,7 @@ async fn deletes_from_a_deposed_metaserver_are_refused() {
     let root = tempfile::tempdir().unwrap();
     let (meta, meta_addr) = fake_meta().await;
     meta.fence.store(1_000, Ordering::SeqCst);
+    *meta.map.lock() = slot_5_of_group_1();
     let chunk = start_chunk(config(root.path(), meta_addr, IoEngineKind::Pread)).await;
     let mut client = chunk.client().await;
     for ino in [5, 6, 7] {
@@ -367,9 +384,19 @@ async fn deletes_from_a_deposed_metaserver_are_refused() {
     // Another metadata group's epochs are its own: its leader at epoch 5 passes (group 0's
     // fence is far above), a deposed one of it does not.
     let of_group_1 =
-        |fence| DeleteShardsRequest { ids: vec![sid(8, 0)], fence, group: 1, ..Default::default() };
+        |fence| DeleteShardsRequest { ids: vec![sid(IN_SLOT_5, 0)], fence, group: 1, ..Default::default() };
     client.delete_shards(of_group_1(5)).await.unwrap();
     assert_eq!(kind(client.delete_shards(of_group_1(4)).await), ErrorKind::NotLeader);
+    // Each group deletes only in its own slots, whatever its epoch.
+    let outside = DeleteShardsRequest {
+        ids: vec![sid(IN_SLOT_5, 0), sid(5, 0)],
+        fence: 5,
+        group: 1,
+        ..Default::default()
+    };
+    assert_eq!(kind(client.delete_shards(outside).await), ErrorKind::PermissionDenied);
+    let of_group_0 = DeleteShardsRequest { ids: vec![sid(IN_SLOT_5, 0)], fence: 1_001, ..Default::default() };
+    assert_eq!(kind(client.delete_shards(of_group_0).await), ErrorKind::PermissionDenied);
     drop(client);
     chunk.stop().await;
 
@@ -381,6 +408,9 @@ async fn deletes_from_a_deposed_metaserver_are_refused() {
         .delete_shards(DeleteShardsRequest { ids: vec![sid(7, 0)], fence: 1_000, ..Default::default() })
         .await;
     assert_eq!(kind(stale), ErrorKind::NotLeader);
+    // Until the group map is fetched again, every slot is group 0's: group 1 may delete nothing.
+    let beats = meta.heartbeats.lock().len();
+    eventually("the map fetched again", || meta.heartbeats.lock().len() >= beats + 2).await;
     assert_eq!(kind(client.delete_shards(of_group_1(4)).await), ErrorKind::NotLeader, "group 1's fence kept");
     let ok = client
         .delete_shards(DeleteShardsRequest { ids: vec![sid(7, 0)], fence: 0, ..Default::default() })
@@ -459,6 +489,7 @@ async fn another_groups_leader_fences_the_chunkserver() {
     let (meta, meta_addr) = fake_meta().await;
     *meta.cluster.lock() = ours.into();
     meta.fence.store(1_000, Ordering::SeqCst);
+    *meta.map.lock() = slot_5_of_group_1();
     let chunk = start_chunk(config(root.path(), meta_addr, IoEngineKind::Pread)).await;
     eventually("heartbeats", || meta.heartbeats.lock().len() >= 2).await;
     let mut client = chunk.client().await;
@@ -483,7 +514,7 @@ async fn another_groups_leader_fences_the_chunkserver() {
     client.fence(fence(1, 7, ours)).await.unwrap();
     assert_eq!(kind(client.fence(fence(1, 6, ours)).await), ErrorKind::NotLeader);
     let of_group_1 = |fence| DeleteShardsRequest {
-        ids: vec![sid(8, 0)],
+        ids: vec![sid(IN_SLOT_5, 0)],
         fence,
         group: 1,
         cluster_id: ours.into(),

@@ -613,13 +613,14 @@ impl Meta for MetaService {
                 check_cluster(s, &r.cluster_id, &r.addr)?;
                 s.cluster.registry().heartbeat(r.node_id, &r.addr, r.tiers, r.pid, &cert)?;
                 s.cluster.registry().set_cert_expiry(r.node_id, r.cert_not_after);
-                Ok((s.ns.fence(), s.ns.cluster_id().to_string()))
+                Ok((s.ns.fence(), s.ns.cluster_id().to_string(), s.cluster.groups().version()))
             })
             .await?;
         Ok(Response::new(HeartbeatReply {
             fence: fence.0,
             cluster_id: fence.1,
             cap_keys: self.signer().keys(),
+            map_version: fence.2,
         }))
     }
 
