@@ -85,8 +85,9 @@ impl Groups {
 
     /// Keep `map`, shared by group 0's leader with this group (one other than 0), and the
     /// cluster's identity: written (one durable write, with the id the first time) only when
-    /// its version is newer than the map held, so what a group holds never goes back. A map of
-    /// another cluster than the one this group holds is refused. Answers the map held after.
+    /// it differs from the map held and its version is not older, so what a group holds never
+    /// goes back. A map of another cluster than the one this group holds is refused. Answers
+    /// the map held after.
     pub fn adopt(&self, map: GroupMap, cluster_id: &str) -> Result<GroupMap> {
         if cluster_id.len() != 32 || !cluster_id.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(CairnError::invalid(format!("{cluster_id:?} is not a cluster id (32 hex digits)")));
@@ -106,7 +107,9 @@ impl Groups {
             )));
         }
         let held = self.map()?;
-        if map.version <= held.version {
+        // The same version may come with other replicas of group 0 (its Raft membership, not
+        // part of the versioned record, changed): kept, so this group can still reach it.
+        if map.version < held.version || map == held {
             return Ok(held);
         }
         let mut batch = Batch::new();
@@ -459,6 +462,11 @@ mod tests {
         // An older map (a deposed leader of group 0, a message overtaken) changes nothing.
         let older = GroupMap { version: 1, ..moved.clone() };
         assert_eq!(one.adopt(older, id).unwrap(), moved);
+        // The same version with group 0's replicas changed (they are not part of the version).
+        let mut moved = moved;
+        moved.groups.insert(0, group(0, &["10.0.0.9:9400"]));
+        assert_eq!(one.adopt(moved.clone(), id).unwrap(), moved);
+        assert_eq!(one.map().unwrap(), moved);
         // Another cluster's map, or a malformed one, is refused.
         let newer = GroupMap { version: 9, ..moved.clone() };
         let e = one.adopt(newer.clone(), "ffffffffffffffffffffffffffffffff").unwrap_err();

@@ -19,8 +19,8 @@ use crate::raft::node::answers_as;
 struct GroupSeen {
     /// What is wrong with the group, if anything.
     problem: Option<String>,
-    /// The replica that answered as its leader, and the map version it holds.
-    leader: Option<(String, u64)>,
+    /// The address of the replica that answered as its leader.
+    leader: Option<String>,
 }
 
 /// How long each replica of a group being added has to answer.
@@ -204,8 +204,8 @@ impl MetaService {
     /// While this replica serves `ns` and `cluster` as group 0's leader: every `every` (and at
     /// once after the map changed), ask every registered group (other than 0) how it is, keep
     /// the answers for `cairn status` and the health checks ([`crate::groups::Groups::health`]:
-    /// a request never waits on another group's replicas), and share the map with each group
-    /// whose leader holds an older one.
+    /// a request never waits on another group's replicas), and share the map with each group's
+    /// leader.
     pub async fn watch_groups(
         self: Arc<Self>,
         ns: Arc<crate::namespace::Namespace>,
@@ -230,9 +230,11 @@ impl MetaService {
             let problems = seen.iter().filter_map(|(g, s)| s.problem.clone().map(|p| (*g, p))).collect();
             cluster.groups().set_health(problems);
             let shared = SharedGroupMap { map: Some(map.clone()), cluster_id: ns.cluster_id().to_string() };
-            let behind = seen.values().filter_map(|s| s.leader.as_ref()).filter(|(_, v)| *v < map.version);
+            // Every round, not only to leaders behind: group 0's replicas (in the map shared,
+            // outside its version) may have changed. A leader writes only what changed.
+            let leaders = seen.values().filter_map(|s| s.leader.as_ref());
             let channels = &self.channels;
-            let sharing = behind.map(|(addr, _)| {
+            let sharing = leaders.map(|addr| {
                 let shared = shared.clone();
                 async move {
                     let mut client = channels.meta(addr).ok()?;
@@ -266,10 +268,9 @@ impl MetaService {
                 .ok()?
                 .ok()?
                 .into_inner();
-            (reply.group == group.group)
-                .then_some((reply.state == "leader").then(|| (addr.to_string(), reply.map_version)))
+            (reply.group == group.group).then_some((reply.state == "leader").then(|| addr.to_string()))
         });
-        let answers: Vec<Option<Option<(String, u64)>>> = futures::future::join_all(asked).await;
+        let answers: Vec<Option<Option<String>>> = futures::future::join_all(asked).await;
         let answering = answers.iter().filter(|a| a.is_some()).count();
         let leader = answers.iter().flatten().flatten().next().cloned();
         let (g, n) = (group.group, addrs.len());
