@@ -110,6 +110,25 @@ async fn serving_leader(addrs: &[String], secs: u64) -> String {
     }
 }
 
+/// The address of the replica of `group` among `addrs` that leads it, other than `not`,
+/// waiting up to 30 s.
+async fn group_leader(addrs: &[String], group: u32, not: Option<&str>) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        for addr in addrs.iter().filter(|a| Some(a.as_str()) != not) {
+            // A replica still starting knows no group yet.
+            if let Some(s) = status(addr).await.filter(|s| s.state != "starting") {
+                assert_eq!(s.group, group, "{s:?}");
+                if s.state == "leader" {
+                    return addr.clone();
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "group {group} elects a leader");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn free_addrs(n: usize) -> Vec<String> {
     let listeners: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
     listeners.iter().map(|l| l.local_addr().unwrap().to_string()).collect()
@@ -268,24 +287,7 @@ async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
     let mut group0 = start(config(&dir.path().join("group0"), 1, &zero)).await;
     serving_leader(&zero, 30).await;
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let leader = loop {
-        let mut found = None;
-        for addr in &ones {
-            // A replica still starting knows no group yet.
-            if let Some(s) = status(addr).await.filter(|s| s.state != "starting") {
-                assert_eq!(s.group, 1, "{s:?}");
-                if s.state == "leader" {
-                    found = Some(addr.clone());
-                }
-            }
-        }
-        if let Some(addr) = found {
-            break addr;
-        }
-        assert!(Instant::now() < deadline, "group 1 elects a leader");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let leader = group_leader(&ones, 1, None).await;
     for addr in [&leader, &ones[0], &ones[1]] {
         let e = lookup(addr, "anything").await.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::WrongGroup, "{e}");
@@ -411,20 +413,7 @@ async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
     // Group 1's next leader holds it too: it is in the group's log, not in one process.
     let at = ones.iter().position(|a| *a == leader).unwrap();
     replicas[at].stop().await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let next = loop {
-        let mut found = None;
-        for addr in ones.iter().filter(|a| **a != leader) {
-            if status(addr).await.is_some_and(|s| s.state == "leader") {
-                found = Some(addr.clone());
-            }
-        }
-        if let Some(addr) = found {
-            break addr;
-        }
-        assert!(Instant::now() < deadline, "group 1 elects another leader");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let next = group_leader(&ones, 1, Some(&leader)).await;
     holds(next, 3).await;
     replicas[at] = start(group1(at as u64 + 1)).await;
     // Only group 0 keeps the map.
@@ -475,4 +464,50 @@ async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
         replica.stop().await;
     }
     group0.stop().await;
+}
+
+/// A group that holds another cluster's identity (its replicas once served another cluster of
+/// the same name) is registered — the Raft group answers as itself — but refuses group 0's map,
+/// and group 0's status says so instead of reporting health.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_that_refuses_the_map_is_a_health_warning() {
+    let dir = TempDir::new().unwrap();
+    let ones = free_addrs(3);
+    let group1 = |id| MetaConfig { group: 1, ..config(&dir.path().join("group1"), id, &ones) };
+    let mut replicas = Vec::new();
+    for id in 1..=3 {
+        replicas.push(start(group1(id)).await);
+    }
+    let zero = free_addrs(1);
+    let group0 = start(config(&dir.path().join("group0"), 1, &zero)).await;
+    serving_leader(&zero, 30).await;
+    let leader = group_leader(&ones, 1, None).await;
+    let other = SharedGroupMap {
+        map: Some(GroupMap { version: 1, ..Default::default() }),
+        cluster_id: "f".repeat(32),
+    };
+    client(&leader).await.share_group_map(other).await.unwrap();
+
+    let group = MetaGroup {
+        group: 1,
+        replicas: ones.iter().enumerate().map(|(i, addr)| format!("{}={addr}", i + 1)).collect(),
+    };
+    client(&zero[0]).await.add_group(group).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let status = client(&zero[0]).await.cluster_status(Empty {}).await.unwrap().into_inner();
+        let warned = status.health_checks.iter().any(|c| {
+            c.starts_with("metadata group 1's leader was not given the group map")
+                && c.contains(&format!("belongs to cluster {}", "f".repeat(32)))
+        });
+        if warned {
+            assert_ne!(status.health, "HEALTH_OK");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no warning: {:?}", status.health_checks);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for mut replica in replicas.into_iter().chain([group0]) {
+        replica.stop().await;
+    }
 }

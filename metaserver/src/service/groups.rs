@@ -227,25 +227,45 @@ impl MetaService {
                 }
             };
             let seen = self.ask_groups(&map).await;
-            let problems = seen.iter().filter_map(|(g, s)| s.problem.clone().map(|p| (*g, p))).collect();
-            cluster.groups().set_health(problems);
             let shared = SharedGroupMap { map: Some(map.clone()), cluster_id: ns.cluster_id().to_string() };
             // Every round, not only to leaders behind: group 0's replicas (in the map shared,
             // outside its version) may have changed. A leader writes only what changed.
-            let leaders = seen.values().filter_map(|s| s.leader.as_ref());
-            let channels = &self.channels;
-            let sharing = leaders.map(|addr| {
+            let leaders = seen.iter().filter_map(|(g, s)| s.leader.as_ref().map(|addr| (*g, addr)));
+            let this = &*self;
+            let sharing = leaders.map(|(group, addr)| {
                 let shared = shared.clone();
-                async move {
-                    let mut client = channels.meta(addr).ok()?;
-                    let asked = client.share_group_map(shared);
-                    if let Err(e) = tokio::time::timeout(HEALTH_TIMEOUT, asked).await.ok()? {
-                        tracing::warn!(%addr, "sharing the group map: {}", e.message());
-                    }
-                    Some(())
-                }
+                async move { (group, this.share_with(addr, shared).await) }
             });
-            futures::future::join_all(sharing).await;
+            let mut behind: BTreeMap<u32, String> = futures::future::join_all(sharing)
+                .await
+                .into_iter()
+                .filter_map(|(group, result)| match result {
+                    Ok(held) if held.version >= map.version => None,
+                    Ok(held) => {
+                        Some((group, format!("holds group map version {} of {}", held.version, map.version)))
+                    }
+                    Err(e) => Some((group, format!("was not given the group map: {}", e.message()))),
+                })
+                .collect();
+            // A group's own problem (no leader, no majority) says more than the map it lacks.
+            let problems = seen
+                .into_iter()
+                .filter_map(|(g, s)| {
+                    let lacking = behind.remove(&g).map(|why| format!("metadata group {g}'s leader {why}"));
+                    s.problem.or(lacking).map(|p| (g, p))
+                })
+                .collect();
+            cluster.groups().set_health(problems);
+        }
+    }
+
+    /// Hand `shared` to the leader of another group at `addr`: the map it holds afterwards.
+    async fn share_with(&self, addr: &str, shared: SharedGroupMap) -> Result<GroupMap> {
+        let mut client = self.channels.meta(addr)?;
+        match tokio::time::timeout(HEALTH_TIMEOUT, client.share_group_map(shared)).await {
+            Ok(Ok(held)) => Ok(held.into_inner()),
+            Ok(Err(status)) => Err(CairnError::from(status)),
+            Err(_) => Err(CairnError::unavailable(format!("{addr} did not answer"))),
         }
     }
 
