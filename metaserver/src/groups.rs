@@ -285,6 +285,24 @@ impl Groups {
     }
 }
 
+/// fsck's check of the map against the data (`CheckNamespace`): every slot the map gives to
+/// another group must hold no records in `store` (group 0's). One problem per slot that does;
+/// none is repaired (nothing here moves a slot's records).
+pub fn misplaced_slots(groups: &Groups, store: &dyn MetaStore) -> Result<Vec<String>> {
+    let map = groups.map()?;
+    let mut problems = Vec::new();
+    for slot in 0..SLOTS {
+        let group = owner(&map, slot);
+        if group != 0 && slot_holds_records(store, slot as u32)? {
+            problems.push(format!(
+                "namespace slot {slot} holds records in metadata group 0, and the group map (version {}) gives it to group {group}: they cannot be reached (not repaired)",
+                map.version
+            ));
+        }
+    }
+    Ok(problems)
+}
+
 /// Whether `store` (group 0's) has any record of an inode in `slot`: every column family keyed
 /// by an inode number first, over the slot's range of numbers.
 pub fn slot_holds_records(store: &dyn MetaStore, slot: u32) -> Result<bool> {
@@ -440,7 +458,18 @@ mod tests {
         assert_eq!((groups.owner_of(in_slot(7, 1)), map.version), ((0, 5), 5));
         // A new leadership reads the owners from the store.
         groups.move_empty_slots(&[100], 2, holds).unwrap();
-        assert_eq!(Groups::open(store).unwrap().owner_of(in_slot(100, 9)), (2, 6));
+        assert_eq!(Groups::open(store.clone()).unwrap().owner_of(in_slot(100, 9)), (2, 6));
+
+        // fsck: records in a slot given away (planted here: a move refuses such a slot) are a
+        // problem; those in group 0's own slots are not.
+        assert!(misplaced_slots(&groups, &*store).unwrap().is_empty());
+        let mut batch = Batch::new();
+        batch.put(Cf::Stripes, schema::stripe_key(in_slot(100, 4), 0), b"x".to_vec());
+        store.write(batch).unwrap();
+        let found = misplaced_slots(&groups, &*store).unwrap();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].starts_with("namespace slot 100 holds records in metadata group 0"), "{found:?}");
+        assert!(found[0].contains("gives it to group 2"), "{found:?}");
     }
 
     #[test]

@@ -663,20 +663,20 @@ impl Meta for MetaService {
         req: Request<CheckNamespaceRequest>,
     ) -> Result<Response<CheckNamespaceReply>, Status> {
         let repair = req.into_inner().repair;
-        let report = self
-            .run(move |ns| {
-                let report = ns.check(repair)?;
+        let (report, misplaced) = self
+            .run_serving(move |s| {
+                let report = s.ns.check(repair)?;
                 if repair {
-                    ns.store().sync()?;
+                    s.ns.store().sync()?;
                 }
-                Ok(report)
+                Ok((report, crate::groups::misplaced_slots(s.cluster.groups(), &**s.ns.store())?))
             })
             .await?;
         Ok(Response::new(CheckNamespaceReply {
             inodes: report.inodes,
             dentries: report.dentries,
             stripes: report.stripes,
-            problems: report.problems.iter().map(|p| p.to_string()).collect(),
+            problems: report.problems.iter().map(|p| p.to_string()).chain(misplaced).collect(),
             repaired: report.repaired,
         }))
     }
