@@ -196,6 +196,14 @@ impl Chunk for ChunkService {
             return Err(capability::refused("shard delete", other.ino, Refusal::WrongInode).into());
         }
         self.authorize(peer.as_ref(), req.cap.as_ref(), "shard delete", ino, capability::WRITE).await?;
+        // Only group 0 (whose fence older metaservers may leave out) deletes without a fence.
+        if from_meta && req.group != 0 && req.fence == 0 {
+            return Err(CairnError::invalid(format!(
+                "a delete of metadata group {} names its leadership's fence",
+                req.group
+            ))
+            .into());
+        }
         // A metadata group deletes only shards of inodes in its own slots.
         if from_meta && req.fence != 0 {
             for id in &ids {

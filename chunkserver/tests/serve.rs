@@ -387,6 +387,7 @@ async fn deletes_from_a_deposed_metaserver_are_refused() {
         |fence| DeleteShardsRequest { ids: vec![sid(IN_SLOT_5, 0)], fence, group: 1, ..Default::default() };
     client.delete_shards(of_group_1(5)).await.unwrap();
     assert_eq!(kind(client.delete_shards(of_group_1(4)).await), ErrorKind::NotLeader);
+    assert_eq!(kind(client.delete_shards(of_group_1(0)).await), ErrorKind::InvalidArgument, "no fence");
     // Each group deletes only in its own slots, whatever its epoch.
     let outside = DeleteShardsRequest {
         ids: vec![sid(IN_SLOT_5, 0), sid(5, 0)],
@@ -408,7 +409,7 @@ async fn deletes_from_a_deposed_metaserver_are_refused() {
         .delete_shards(DeleteShardsRequest { ids: vec![sid(7, 0)], fence: 1_000, ..Default::default() })
         .await;
     assert_eq!(kind(stale), ErrorKind::NotLeader);
-    // Until the group map is fetched again, every slot is group 0's: group 1 may delete nothing.
+    // Once the group map is fetched again (a heartbeat), group 1's fence is what refuses.
     let beats = meta.heartbeats.lock().len();
     eventually("the map fetched again", || meta.heartbeats.lock().len() >= beats + 2).await;
     assert_eq!(kind(client.delete_shards(of_group_1(4)).await), ErrorKind::NotLeader, "group 1's fence kept");

@@ -378,6 +378,8 @@ fn parse_slots(text: &str) -> Result<Vec<u32>> {
     if slots.is_empty() {
         return Err(CairnError::invalid("name the namespace slots to move"));
     }
+    slots.sort_unstable();
+    slots.dedup();
     Ok(slots)
 }
 
@@ -416,6 +418,7 @@ mod tests {
     #[test]
     fn slots_are_numbers_and_ranges() {
         assert_eq!(parse_slots("1-3, 7,4095").unwrap(), vec![1, 2, 3, 7, 4095]);
+        assert_eq!(parse_slots("7,1-3,2").unwrap(), vec![1, 2, 3, 7], "in order, each once");
         for bad in ["", ",", "a", "3-1", "1-4096", "5-", "-5", "1.5"] {
             assert!(parse_slots(bad).is_err(), "{bad:?}");
         }

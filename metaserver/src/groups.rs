@@ -285,6 +285,22 @@ impl Groups {
     }
 }
 
+/// Map versions a restore of group 0 skips: more than the lost changes since the backup can
+/// have handed out, so no version other groups or chunkservers hold comes back with other
+/// contents.
+pub const RESTORE_VERSION_GAP: u64 = 1 << 20;
+
+/// Prepare group 0's map just restored from a backup (in `store`, not serving): its version
+/// jumps by [`RESTORE_VERSION_GAP`], so the next map it shares is newer than any the lost
+/// changes handed out. Nothing is written when it has no map.
+pub fn prepare_restored(store: &dyn MetaStore, batch: &mut Batch) -> Result<()> {
+    let Some(bytes) = store.get(Cf::Counters, KEY)? else { return Ok(()) };
+    let mut map: GroupMap = schema::decode("group map", &bytes)?;
+    map.version += RESTORE_VERSION_GAP;
+    batch.put(Cf::Counters, KEY, schema::encode(&map));
+    Ok(())
+}
+
 /// fsck's check of the map against the data (`CheckNamespace`): every slot the map gives to
 /// another group must hold no records in `store` (group 0's). One problem per slot that does;
 /// none is repaired (nothing here moves a slot's records).
@@ -496,6 +512,16 @@ mod tests {
         moved.groups.insert(0, group(0, &["10.0.0.9:9400"]));
         assert_eq!(one.adopt(moved.clone(), id).unwrap(), moved);
         assert_eq!(one.map().unwrap(), moved);
+
+        // Group 0 restored from a backup: its map's version jumps past any handed out since.
+        let mut batch = Batch::new();
+        prepare_restored(&*zero, &mut batch).unwrap();
+        zero.write(batch).unwrap();
+        let restored = Groups::open(zero.clone()).unwrap().map().unwrap();
+        assert_eq!(restored.version, 2 + RESTORE_VERSION_GAP);
+        let mut batch = Batch::new();
+        prepare_restored(&*Arc::new(MemoryStore::new()), &mut batch).unwrap();
+        assert!(batch.is_empty(), "no map, nothing to raise");
         // Another cluster's map, or a malformed one, is refused.
         let newer = GroupMap { version: 9, ..moved.clone() };
         let e = one.adopt(newer.clone(), "ffffffffffffffffffffffffffffffff").unwrap_err();

@@ -561,6 +561,9 @@ pub fn restore(
                 }
             }
             crate::namespace::prepare_restored(&store, &mut batch)?;
+            if into == 0 {
+                crate::groups::prepare_restored(&store, &mut batch)?;
+            }
             store.write(batch)?;
         }
         Ok(index)

@@ -75,6 +75,7 @@ impl MetaService {
 
     pub(super) async fn remove_group(&self, group: u32) -> Result<GroupMap, tonic::Status> {
         let mut map = self.run_serving(move |s| s.cluster.groups().remove(group)).await?;
+        self.groups_changed.notify_one();
         map.groups.insert(0, self.group_zero());
         Ok(map)
     }
@@ -219,13 +220,16 @@ impl MetaService {
                 _ = tick.tick() => {}
                 _ = self.groups_changed.notified() => {}
             }
-            let map = match self.group_map() {
+            // From the cluster this task serves, not through `serving()`: the task may start
+            // before the service serves, or run on while the lease lapses for a moment.
+            let mut map = match cluster.groups().map() {
                 Ok(map) => map,
                 Err(e) => {
                     tracing::warn!("reading the group map to ask its groups: {}", e.message());
                     continue;
                 }
             };
+            map.groups.insert(0, self.group_zero());
             let seen = self.ask_groups(&map).await;
             let shared = SharedGroupMap { map: Some(map.clone()), cluster_id: ns.cluster_id().to_string() };
             // Every round, not only to leaders behind: group 0's replicas (in the map shared,
@@ -240,10 +244,11 @@ impl MetaService {
                 .await
                 .into_iter()
                 .filter_map(|(group, result)| match result {
-                    Ok(held) if held.version >= map.version => None,
-                    Ok(held) => {
-                        Some((group, format!("holds group map version {} of {}", held.version, map.version)))
-                    }
+                    Ok(held) if held.version == map.version => None,
+                    Ok(held) => Some((
+                        group,
+                        format!("holds group map version {}, and group 0's is {}", held.version, map.version),
+                    )),
                     Err(e) => Some((group, format!("was not given the group map: {}", e.message()))),
                 })
                 .collect();

@@ -217,10 +217,16 @@ fn each_metadata_group_has_its_own_keys() {
     forged.group = 0;
     forged.key_id = of_zero.key_id;
     assert_eq!(v.check_at(Some(&forged), 9, READ, "c", now), Err(Refusal::BadMac));
-    // Group 1's keys sent as another group's (a confused sender) check nothing of group 1.
+    // Group 1's keys sent as another group's (a confused sender) check nothing of group 1; and
+    // with the same key known under both groups, a capability relabelled from group 1 to 2
+    // fails its MAC: the group is signed.
     let v2 = Verifier::default();
     v2.learn_from_leader_at(2, &one.keys(), 5, now);
     assert_eq!(v2.check_at(Some(&of_one), 9, READ, "c", now), Err(Refusal::UnknownKey));
+    v2.learn_from_leader_at(1, &one.keys(), 5, now);
+    assert_eq!(v2.check_at(Some(&of_one), 9, READ, "c", now), Ok(()));
+    let as_two = Capability { group: 2, ..of_one.clone() };
+    assert_eq!(v2.check_at(Some(&as_two), 9, READ, "c", now), Err(Refusal::BadMac));
     // Group 1's next leadership retires group 1's old keys only (an epoch below group 0's is
     // still newer for group 1: each group's epochs are its own).
     v.learn_from_leader_at(1, &one_next.keys(), 6, now);
