@@ -129,6 +129,36 @@ async fn group_leader(addrs: &[String], group: u32, not: Option<&str>) -> String
     }
 }
 
+/// Replica `id` of metadata group 1, whose replicas are at `ones`, under `dir`.
+fn group1_config(dir: &Path, id: u64, ones: &[String]) -> MetaConfig {
+    MetaConfig { group: 1, ..config(&dir.join("group1"), id, ones) }
+}
+
+/// Metadata group 1 (three replicas) beside a one-replica group 0, started under a directory.
+struct TwoGroups {
+    /// Group 1's addresses and replicas, in id order.
+    ones: Vec<String>,
+    replicas: Vec<Replica>,
+    /// Group 0's address, its replica serving.
+    zero: Vec<String>,
+    group0: Replica,
+    /// Group 1's leader.
+    leader: String,
+}
+
+async fn two_groups(dir: &Path) -> TwoGroups {
+    let ones = free_addrs(3);
+    let mut replicas = Vec::new();
+    for id in 1..=3 {
+        replicas.push(start(group1_config(dir, id, &ones)).await);
+    }
+    let zero = free_addrs(1);
+    let group0 = start(config(&dir.join("group0"), 1, &zero)).await;
+    serving_leader(&zero, 30).await;
+    let leader = group_leader(&ones, 1, None).await;
+    TwoGroups { ones, replicas, zero, group0, leader }
+}
+
 fn free_addrs(n: usize) -> Vec<String> {
     let listeners: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
     listeners.iter().map(|l| l.local_addr().unwrap().to_string()).collect()
@@ -277,17 +307,8 @@ async fn a_replica_needs_its_data_made_and_one_made_to_join_never_founds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
     let dir = TempDir::new().unwrap();
-    let ones = free_addrs(3);
-    let group1 = |id| MetaConfig { group: 1, ..config(&dir.path().join("group1"), id, &ones) };
-    let mut replicas = Vec::new();
-    for id in 1..=3 {
-        replicas.push(start(group1(id)).await);
-    }
-    let zero = free_addrs(1);
-    let mut group0 = start(config(&dir.path().join("group0"), 1, &zero)).await;
-    serving_leader(&zero, 30).await;
-
-    let leader = group_leader(&ones, 1, None).await;
+    let TwoGroups { ones, mut replicas, zero, mut group0, leader } = two_groups(dir.path()).await;
+    let group1 = |id| group1_config(dir.path(), id, &ones);
     for addr in [&leader, &ones[0], &ones[1]] {
         let e = lookup(addr, "anything").await.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::WrongGroup, "{e}");
@@ -472,16 +493,7 @@ async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_group_that_refuses_the_map_is_a_health_warning() {
     let dir = TempDir::new().unwrap();
-    let ones = free_addrs(3);
-    let group1 = |id| MetaConfig { group: 1, ..config(&dir.path().join("group1"), id, &ones) };
-    let mut replicas = Vec::new();
-    for id in 1..=3 {
-        replicas.push(start(group1(id)).await);
-    }
-    let zero = free_addrs(1);
-    let group0 = start(config(&dir.path().join("group0"), 1, &zero)).await;
-    serving_leader(&zero, 30).await;
-    let leader = group_leader(&ones, 1, None).await;
+    let TwoGroups { ones, replicas, zero, group0, leader } = two_groups(dir.path()).await;
     let other = SharedGroupMap {
         map: Some(GroupMap { version: 1, ..Default::default() }),
         cluster_id: "f".repeat(32),
