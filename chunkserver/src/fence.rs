@@ -42,10 +42,7 @@ pub struct Fence {
     slots: crate::slots::Slots,
 }
 
-/// 32 hex digits: a node identity or a cluster id.
-pub fn is_id(text: &str) -> bool {
-    text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit())
-}
+pub use cairn_common::ids::is_id;
 
 /// The epoch kept in `path` (0 when there is none); damage is an error, not a fresh start,
 /// which would open the fence.

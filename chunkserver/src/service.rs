@@ -126,8 +126,7 @@ impl Chunk for ChunkService {
         }
         // The cluster check of a delete, and the same refusal of an older leadership: what
         // holds for its deletes holds for its keys.
-        let admitted = self.fence.admit(req.group, req.epoch, &req.cluster_id).await?;
-        drop(admitted);
+        self.fence.admit(req.group, req.epoch, &req.cluster_id).await?;
         self.caps.learn_from_leader(req.group, &req.cap_keys, req.epoch);
         Ok(Response::new(Empty {}))
     }

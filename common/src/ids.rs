@@ -15,6 +15,11 @@ pub const SLOT_SHIFT: u32 = 52;
 // One slot per possible group: the slot bits and the group numbers agree.
 const _: () = assert!(crate::config::MAX_GROUPS as u64 == 1 << (64 - SLOT_SHIFT));
 
+/// 32 hex digits: a cluster id or a chunkserver's node identity.
+pub fn is_id(text: &str) -> bool {
+    text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// The namespace slot of inode `ino`.
 pub fn slot_of(ino: u64) -> u32 {
     (ino >> SLOT_SHIFT) as u32

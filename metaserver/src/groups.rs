@@ -89,7 +89,7 @@ impl Groups {
     /// goes back. A map of another cluster than the one this group holds is refused. Answers
     /// the map held after.
     pub fn adopt(&self, map: GroupMap, cluster_id: &str) -> Result<GroupMap> {
-        if cluster_id.len() != 32 || !cluster_id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if !cairn_common::ids::is_id(cluster_id) {
             return Err(CairnError::invalid(format!("{cluster_id:?} is not a cluster id (32 hex digits)")));
         }
         if !(map.slots.is_empty() || map.slots.len() == SLOTS) || map.slots.iter().any(|g| *g >= MAX_GROUPS) {

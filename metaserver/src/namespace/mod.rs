@@ -233,15 +233,14 @@ impl Namespace {
         // The cluster's identity, drawn by the first opening (`docs/ARCHITECTURE.md`, "Cluster
         // identity"); chunkservers of another cluster are refused.
         let cluster_id = match store.get(Cf::Counters, counter::CLUSTER_ID)? {
-            Some(id) => String::from_utf8(id)
-                .ok()
-                .filter(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
-                .ok_or_else(|| {
+            Some(id) => {
+                String::from_utf8(id).ok().filter(|id| cairn_common::ids::is_id(id)).ok_or_else(|| {
                     CairnError::corrupt(
                         "the namespace's cluster id (counters/cluster_id) is not 32 hex digits: the \
                          metadata is damaged; restore it from a backup",
                     )
-                })?,
+                })?
+            }
             None => {
                 let id = format!("{:032x}", rand::random::<u128>());
                 batch.put(Cf::Counters, counter::CLUSTER_ID, id.clone().into_bytes());
