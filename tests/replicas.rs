@@ -631,9 +631,9 @@ fn a_directory_changed_by_several_clients_through_failed_commits_stays_consisten
 }
 
 /// `cairn up --meta-groups 2`: a second Raft group of three metaservers starts beside group 0
-/// and is registered in its group map; it elects its own leader and sends clients to group 0
-/// (it owns no slots); the mount serves as with one group; after a restart the same map, not
-/// a new version.
+/// and is registered in its group map; it elects its own leader and sends requests for the
+/// cluster's state to group 0; the mount serves as with one group; after a restart the same
+/// map, not a new version.
 #[test]
 fn cairn_up_starts_and_registers_a_second_metadata_group() {
     let mut cluster = Cluster::start_env(6, "4+2", 64, &["--meta-replicas", "3", "--meta-groups", "2"], &[]);

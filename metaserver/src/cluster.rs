@@ -44,7 +44,7 @@ pub struct Cluster {
     next_client: Mutex<u64>,
     degraded_hint: AtomicBool,
     repair_state: Mutex<RepairState>,
-    groups: Groups,
+    groups: Arc<Groups>,
 }
 
 impl Cluster {
@@ -56,10 +56,22 @@ impl Cluster {
         node_timeout: Duration,
         client_lease: Duration,
     ) -> Result<Arc<Cluster>> {
+        let groups = Arc::new(Groups::open(store.clone())?);
+        Cluster::open_with_groups(store, groups, node_timeout, client_lease)
+    }
+
+    /// [`Cluster::open`], with the group map already opened over `store` (a group other than
+    /// 0 holds the one its leadership keeps up to date).
+    pub fn open_with_groups(
+        store: Arc<dyn MetaStore>,
+        groups: Arc<Groups>,
+        node_timeout: Duration,
+        client_lease: Duration,
+    ) -> Result<Arc<Cluster>> {
         let registry = Arc::new(Registry::open(store.clone(), node_timeout)?);
         let next_client = crate::schema::read_counter(&*store, counter::NEXT_CLIENT)?.unwrap_or(1);
         Ok(Arc::new(Cluster {
-            groups: Groups::open(store.clone())?,
+            groups,
             store,
             registry,
             sessions: Arc::new(Sessions::new(client_lease)),

@@ -72,6 +72,12 @@ impl Groups {
         Ok((Groups::open(store)?, epoch))
     }
 
+    /// The store the map is kept in: a leadership's namespace opens over the same one (a
+    /// replica's next store retires the earlier ones).
+    pub fn store(&self) -> &Arc<dyn MetaStore> {
+        &self.store
+    }
+
     /// The cluster id this group holds (group 0's, once shared), if any.
     pub fn cluster_id(&self) -> Result<Option<String>> {
         let id = self.store.get(Cf::Counters, schema::counter::CLUSTER_ID)?;

@@ -339,13 +339,18 @@ async fn serve_replicated(
             Namespace::open_with_cluster(store, layout, node_timeout, lease)
         }
     };
-    // A group other than 0 serves no namespace yet: its leader opens none (it would make a root
-    // directory of its own) and holds only the group map group 0's leader shares with it; its
-    // service answers clients `WrongGroup`.
+    // A group other than 0 has no root directory: its leader holds the group map group 0's
+    // leader shares with it, fences the chunkservers and serves the namespace of its slots.
     let leading = if node.group() == 0 {
         tokio::spawn(lead(node.clone(), ServeNamespace { service: service.clone(), open, background }))
     } else {
-        tokio::spawn(lead(node.clone(), HoldMap(service.clone())))
+        let slots = ServeSlots {
+            service: service.clone(),
+            group: node.group(),
+            node_timeout: Duration::from_millis(config.node_timeout_ms),
+            client_lease: Duration::from_millis(config.client_lease_ms),
+        };
+        tokio::spawn(lead(node.clone(), slots))
     };
     let result = match server.await {
         Ok(r) => r.map_err(|e| CairnError::io(format!("metaserver: {e}"))),
@@ -458,29 +463,86 @@ where
     }
 }
 
-/// The leadership of a group other than 0: the group map group 0's leader shares with it, and
-/// the fence (its namespace epoch and capability keys) it sends chunkservers every second.
-struct HoldMap(Arc<MetaService>);
+/// The leadership of a group other than 0: the group map group 0's leader shares with it, the
+/// fence (its namespace epoch and capability keys) it sends chunkservers every second, and the
+/// namespace of its slots, opened once it holds the cluster's identity.
+struct ServeSlots {
+    service: Arc<MetaService>,
+    group: u32,
+    node_timeout: Duration,
+    client_lease: Duration,
+}
 
 /// How often a leader of a group other than 0 fences the chunkservers.
 const FENCE_EVERY: Duration = Duration::from_secs(1);
 
-impl Leadership for HoldMap {
-    type Opened = (groups::Groups, u64);
-    const WHAT: &'static str = "the group map";
+impl Leadership for ServeSlots {
+    type Opened = (Arc<groups::Groups>, u64);
+    const WHAT: &'static str = "the group map and its slots";
 
     fn open(&self) -> impl Fn(Arc<raft::node::RaftStore>) -> Result<Self::Opened> + Send + 'static {
-        |store: Arc<raft::node::RaftStore>| groups::Groups::open_leadership(store)
+        |store: Arc<raft::node::RaftStore>| {
+            let (held, epoch) = groups::Groups::open_leadership(store)?;
+            Ok((Arc::new(held), epoch))
+        }
     }
 
     fn start(&self, (held, epoch): Self::Opened) -> Tasks {
-        let held = Arc::new(held);
-        self.0.hold_map(Some(held.clone()));
-        Tasks(vec![tokio::spawn(self.0.clone().fence_chunkservers(held, epoch, FENCE_EVERY))])
+        self.service.hold_map(Some(held.clone()));
+        let fence = self.service.clone().fence_chunkservers(held.clone(), epoch, FENCE_EVERY);
+        let slots = serve_slots(
+            (self.service.clone(), self.group),
+            held,
+            epoch,
+            (self.node_timeout, self.client_lease),
+        );
+        Tasks(vec![tokio::spawn(fence), tokio::spawn(slots)])
     }
 
     fn stop(&self) {
-        self.0.hold_map(None);
+        // The map first: `serve_slots` serves only while its leadership's map is held.
+        self.service.hold_map(None);
+        self.service.serve(None);
+    }
+}
+
+/// Open the namespace of this group's slots (one other than 0) once it holds the cluster's
+/// identity — group 0's leader shares it with the map, within seconds of the group's adding —
+/// serve it, and reap its clients' sessions while it serves.
+async fn serve_slots(
+    (service, group): (Arc<MetaService>, u32),
+    held: Arc<groups::Groups>,
+    epoch: u64,
+    (node_timeout, client_lease): (Duration, Duration),
+) {
+    let mut said = String::new();
+    loop {
+        // The map's store, not a new one: taking a new store retires the earlier ones.
+        let (store, groups) = (held.store().clone(), held.clone());
+        let opened = tokio::task::spawn_blocking(move || {
+            let cluster = Cluster::open_with_groups(store.clone(), groups, node_timeout, client_lease)?;
+            let ns = Namespace::open_slots(store, group, epoch, cluster.clone())?;
+            Ok::<_, CairnError>((Arc::new(ns), cluster))
+        })
+        .await;
+        match opened {
+            Ok(Ok((ns, cluster))) => {
+                let serving = service::Serving { ns: ns.clone(), cluster: cluster.clone(), repair: None };
+                if service.serve_slots(&held, serving) {
+                    tracing::info!(group, epoch, "serving the namespace slots of this group");
+                    reap_sessions(ns, cluster).await;
+                }
+                return;
+            }
+            // Said once, not at every try: a new group waits here until group 0 shares.
+            Ok(Err(e)) if e.to_string() != said => {
+                tracing::info!("not serving this group's namespace slots yet: {e}");
+                said = e.to_string();
+            }
+            Ok(Err(_)) => {}
+            Err(e) => tracing::warn!("opening this group's namespace slots: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

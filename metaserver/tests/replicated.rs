@@ -10,8 +10,8 @@ use cairn_common::config::MetaConfig;
 use cairn_common::{CairnError, ErrorKind};
 use cairn_proto::meta_client::MetaClient;
 use cairn_proto::{
-    Empty, GroupMap, GroupRequest, InoRequest, LookupRequest, MetaGroup, MkdirRequest, MoveSlotsRequest,
-    RaftStatusReply, SharedGroupMap,
+    CheckNamespaceRequest, Empty, GroupMap, GroupRequest, InoRequest, LookupRequest, MetaGroup, MkdirRequest,
+    MoveSlotsRequest, RaftStatusReply, SharedGroupMap,
 };
 use tempfile::TempDir;
 use tokio::sync::oneshot;
@@ -298,8 +298,9 @@ async fn a_replica_needs_its_data_made_and_one_made_to_join_never_founds() {
     replica.stop().await;
 }
 
-/// A Raft group of metadata group 1 beside group 0: it elects its own leader, answers clients
-/// `WrongGroup` (it serves no namespace yet), group 0 will not take one of its replicas as a
+/// A Raft group of metadata group 1 beside group 0: it elects its own leader, serves the
+/// namespace of its slots once group 0 shared the cluster's identity (and sends the cluster's
+/// requests to group 0), group 0 will not take one of its replicas as a
 /// member, group 0's group map takes it only as the replicas it is (and keeps it, and the empty
 /// slots moved to it, through a restart; group 0 then answers requests in those slots
 /// `WrongGroup` with the map's version), group 0's status warns when it loses its majority, and its data directory is
@@ -309,13 +310,20 @@ async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
     let dir = TempDir::new().unwrap();
     let TwoGroups { ones, mut replicas, zero, mut group0, leader } = two_groups(dir.path()).await;
     let group1 = |id| group1_config(dir.path(), id, &ones);
-    for addr in [&leader, &ones[0], &ones[1]] {
+    // Before group 0 shares the cluster's identity, group 1's leader serves nothing yet and
+    // its followers send clients to it.
+    for addr in &ones {
         let e = lookup(addr, "anything").await.unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::WrongGroup, "{e}");
-        assert!(e.message().contains("metadata group 1"), "{e}");
-        let e = mkdir(addr, "d").await.unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::WrongGroup, "{e}");
+        if *addr == leader {
+            assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+            assert!(e.message().contains("leads metadata group 1 but does not serve"), "{e}");
+        } else {
+            assert_eq!(e.kind(), ErrorKind::NotLeader, "{e}");
+        }
     }
+    let e = CairnError::from(client(&leader).await.list_nodes(Empty {}).await.unwrap_err());
+    assert_eq!(e.kind(), ErrorKind::WrongGroup, "{e}");
+    assert!(e.message().contains("the cluster's state"), "{e}");
     assert_eq!(status(&zero[0]).await.unwrap().group, 0);
     mkdir(&zero[0], "in-group-0").await.unwrap();
 
@@ -393,12 +401,51 @@ async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
     let holds = |addr: String, version: u64| async move {
         let deadline = Instant::now() + Duration::from_secs(15);
         while held(addr.clone()).await != version {
-            assert!(Instant::now() < deadline, "{addr} holds group map version {version}");
+            assert!(
+                Instant::now() < deadline,
+                "{addr} holds group map version {version}: {:?}",
+                status(&addr).await
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };
     holds(leader.clone(), 2).await;
     assert_eq!(held(zero[0].clone()).await, 2, "group 0's leader reports its own");
+    // Holding the cluster's identity, group 1's leader serves the namespace of its slots:
+    // nothing is in them (nothing allocates there yet); the root is group 0's; the cluster's
+    // state (chunkservers, the map's changes, fsck) stays group 0's.
+    let get_attr_at = |addr: String, ino| async move {
+        client(&addr).await.get_attr(InoRequest { ino }).await.map_err(CairnError::from)
+    };
+    let served = |addr: String| async move {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            match get_attr_at(addr.clone(), in_slot_5).await {
+                Err(e) if e.kind() == ErrorKind::Unavailable => {
+                    assert!(Instant::now() < deadline, "{addr} serves its slots: {e}")
+                }
+                other => return other.unwrap_err(),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let e = served(leader.clone()).await;
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    let e = get_attr_at(leader.clone(), 1).await.unwrap_err();
+    assert_eq!((e.kind(), e.map_version()), (ErrorKind::WrongGroup, Some(2)), "{e}");
+    assert!(e.message().contains("slot 0, which metadata group 0 owns"), "{e}");
+    let e = mkdir(&leader, "d").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::WrongGroup, "the parent, the root, is group 0's: {e}");
+    let in_5 = MkdirRequest { parent: in_slot_5, name: b"d".to_vec(), mode: 0o755, ..Default::default() };
+    let e = CairnError::from(client(&leader).await.mkdir(in_5).await.unwrap_err());
+    assert_eq!(e.kind(), ErrorKind::NotFound, "no such parent in group 1's slots: {e}");
+    client(&leader).await.register_client(Empty {}).await.unwrap();
+    for e in [
+        client(&leader).await.check_namespace(CheckNamespaceRequest::default()).await.unwrap_err(),
+        client(&leader).await.stat_fs(Empty {}).await.unwrap_err(),
+    ] {
+        assert_eq!(CairnError::from(e).kind(), ErrorKind::WrongGroup);
+    }
     let follower = ones.iter().find(|a| **a != leader).unwrap().clone();
     assert_eq!(held(follower.clone()).await, 0);
     let share = |addr: String, map: GroupMap, cluster_id: &str| {
@@ -431,11 +478,16 @@ async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
     assert_eq!((map.version, map.slots.len()), (3, 0));
     assert_eq!(get_attr(in_slot_5).await.unwrap_err().kind(), ErrorKind::NotFound);
     holds(leader.clone(), 3).await;
-    // Group 1's next leader holds it too: it is in the group's log, not in one process.
+    let e = get_attr_at(leader.clone(), in_slot_5).await.unwrap_err();
+    assert_eq!((e.kind(), e.map_version()), (ErrorKind::WrongGroup, Some(3)), "given back: {e}");
+    // Group 1's next leader holds it too: it is in the group's log, not in one process; and it
+    // serves the group's slots (none now) as soon as it leads, the identity already held.
     let at = ones.iter().position(|a| *a == leader).unwrap();
     replicas[at].stop().await;
     let next = group_leader(&ones, 1, Some(&leader)).await;
-    holds(next, 3).await;
+    holds(next.clone(), 3).await;
+    let e = served(next).await;
+    assert_eq!((e.kind(), e.map_version()), (ErrorKind::WrongGroup, Some(3)), "{e}");
     replicas[at] = start(group1(at as u64 + 1)).await;
     // Only group 0 keeps the map.
     let e = CairnError::from(client(&leader).await.get_group_map(Empty {}).await.unwrap_err());

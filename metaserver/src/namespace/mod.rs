@@ -120,6 +120,8 @@ pub struct Namespace {
     gc_epoch: u64,
     cluster_id: String,
     gc_seq: AtomicU64,
+    /// The metadata group this namespace is (0: the one with the root directory).
+    group: u32,
 }
 
 /// How long a client that stopped heartbeating keeps its open files and locks.
@@ -287,7 +289,71 @@ impl Namespace {
             gc_epoch,
             cluster_id,
             gc_seq: AtomicU64::new(0),
+            group: 0,
         })
+    }
+
+    /// Open the namespace of a metadata group other than 0 over `store` (its replicated
+    /// state): the slots the group map gives it, without a root directory, with the epoch its
+    /// leadership raised for its fences (`groups::Groups::open_leadership`). It needs the
+    /// cluster's identity, which group 0's leader shares with it (`Unavailable` before); it
+    /// writes nothing. Nothing allocates inode numbers in its slots yet (`docs/ARCHITECTURE.md`,
+    /// "Several metadata groups"): a create there is refused.
+    pub fn open_slots(
+        store: Arc<dyn MetaStore>,
+        group: u32,
+        epoch: u64,
+        cluster: Arc<dyn Surroundings>,
+    ) -> Result<Namespace> {
+        if group == 0 {
+            return Err(CairnError::invalid("group 0's namespace opens with its root (Namespace::open)"));
+        }
+        let cluster_id = match store.get(Cf::Counters, counter::CLUSTER_ID)? {
+            Some(id) => {
+                String::from_utf8(id).ok().filter(|id| cairn_common::ids::is_id(id)).ok_or_else(|| {
+                    CairnError::corrupt(format!(
+                    "metadata group {group}'s copy of the cluster id (counters/cluster_id) is not 32 hex \
+                     digits: the metadata is damaged"
+                ))
+                })?
+            }
+            None => {
+                return Err(CairnError::unavailable(format!(
+                    "metadata group {group} does not hold the cluster's identity yet: group 0's leader \
+                     shares it (with the group map) within seconds of the group being added"
+                )))
+            }
+        };
+        let mut stats = Vec::with_capacity(STATS_SHARDS);
+        for shard in 0..STATS_SHARDS {
+            let s = match store.get(Cf::Counters, &stats_key(shard))? {
+                Some(v) => schema::decode::<Stats>("stats", &v)?,
+                None => Stats::default(),
+            };
+            stats.push(Mutex::new(s));
+        }
+        Ok(Namespace {
+            foreign_inos: read_foreign_inos(&*store)?,
+            store,
+            cluster,
+            locks: LockTable::new(),
+            rename_lock: Mutex::new(()),
+            inos: Arc::new(Inos {
+                alloc: Mutex::new(InoAlloc { next: 0, reserved_end: 0, reserving: false }),
+                reserved: Condvar::new(),
+            }),
+            stats,
+            stats_cursor: AtomicUsize::new(0),
+            gc_epoch: epoch,
+            cluster_id,
+            gc_seq: AtomicU64::new(0),
+            group,
+        })
+    }
+
+    /// The metadata group this namespace is.
+    pub fn group(&self) -> u32 {
+        self.group
     }
 
     /// An in-memory namespace and its cluster (tests): nodes time out after a minute, clients
@@ -373,6 +439,16 @@ impl Namespace {
 
     /// A new inode number, never handed out before (also across restarts).
     fn alloc_ino(&self) -> Result<u64> {
+        if self.group != 0 {
+            return Err(CairnError::new(
+                ErrorKind::NotSupported,
+                format!(
+                    "metadata group {} hands out no inode numbers yet: a new inode goes to group 0 \
+                     (creating in another group's slots needs cross-group operations, not built)",
+                    self.group
+                ),
+            ));
+        }
         let mut a = self.inos.alloc.lock();
         while a.next >= a.reserved_end {
             if a.reserving {

@@ -675,3 +675,43 @@ fn inode_numbers_end_at_the_last_of_slot_0() {
     assert_eq!(e.kind(), ErrorKind::NoSpace, "{e}");
     assert!(ns.lookup(ROOT_INO, b"past").is_err(), "nothing was made");
 }
+
+/// A group other than 0 opens the namespace of its slots only with the cluster's identity
+/// (shared by group 0), makes no root and writes nothing, keeps the epoch its leadership
+/// raised, serves what its slots hold, and hands out no inode numbers yet.
+#[test]
+fn a_group_other_than_0_opens_its_slots_without_a_root_and_allocates_nothing() {
+    let store: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
+    let cluster = Cluster::open(store.clone(), Duration::from_secs(60), DEFAULT_CLIENT_LEASE).unwrap();
+    let open = |group| Namespace::open_slots(store.clone(), group, 77, cluster.clone());
+    assert_eq!(open(0).err().unwrap().kind(), ErrorKind::InvalidArgument);
+    let e = open(3).err().unwrap();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.message().contains("does not hold the cluster's identity"), "{e}");
+
+    let id = "0123456789abcdef0123456789abcdef";
+    let mut batch = Batch::new();
+    batch.put(Cf::Counters, counter::CLUSTER_ID, id.as_bytes().to_vec());
+    store.write(batch).unwrap();
+    let before = store.scan(Cf::Counters, &[], &[], usize::MAX).unwrap();
+    let ns = open(3).unwrap();
+    assert_eq!((ns.group(), ns.fence(), ns.cluster_id()), (3, 77, id));
+    assert_eq!(store.scan(Cf::Counters, &[], &[], usize::MAX).unwrap(), before, "nothing written");
+    assert_eq!(ns.getattr(ROOT_INO).unwrap_err().kind(), ErrorKind::NotFound, "no root");
+
+    // A directory in slot 5 (as a cross-group mkdir will put one there) is served; a new inode
+    // under it is refused, not numbered in slot 0.
+    let ino = (5u64 << cairn_common::ids::SLOT_SHIFT) | 1;
+    let mut d = Inode::new(ino, S_IFDIR | 0o755, 0, 0, &cairn_common::time::now());
+    d.nlink = 2;
+    d.parent = ROOT_INO;
+    d.set_layout(layout());
+    let mut batch = Batch::new();
+    batch.put(Cf::Inodes, schema::ino_key(ino), schema::encode(&d));
+    store.write(batch).unwrap();
+    assert_eq!(ns.getattr(ino).unwrap().ino, ino);
+    let e = ns.mkdir(&new(ino, "sub", 0o755)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotSupported, "{e}");
+    assert!(e.message().contains("metadata group 3 hands out no inode numbers yet"), "{e}");
+    assert!(ns.readdir(ino, b"", 10, false).unwrap().0.is_empty());
+}

@@ -37,6 +37,18 @@ impl MetaService {
             return Ok(None);
         };
         let ns = self.ns()?;
+        if ns.group() != 0 {
+            // The subtree's path resolves from the root, which group 0 holds.
+            return Err(CairnError::new(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "this client is limited to the subtree {path}, and metadata group {} cannot check \
+                     that yet (the path resolves in group 0): not served",
+                    ns.group()
+                ),
+            )
+            .into());
+        }
         Ok(Some(self.access.subtree_root(&path, |p| ns.resolve_dir(p))?))
     }
 
@@ -46,10 +58,11 @@ impl MetaService {
     /// "Subtree rules"; nothing is read for other callers). Operations spanning groups are not
     /// built, so every inode a request names must be this group's.
     pub(super) fn within<T>(&self, req: &Request<T>, inos: &[u64]) -> Result<(), Status> {
-        let cluster = self.cluster()?;
+        let serving = self.serving()?;
+        let own = serving.ns.group();
         for &ino in inos {
-            let (group, version) = cluster.groups().owner_of(ino);
-            if group != 0 {
+            let (group, version) = serving.cluster.groups().owner_of(ino);
+            if group != own {
                 return Err(CairnError::wrong_group(
                     format!(
                         "inode {ino} is in namespace slot {}, which metadata group {group} owns: ask its metaservers",

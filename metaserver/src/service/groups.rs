@@ -41,7 +41,7 @@ impl MetaService {
 
     /// The map as clients read it: group 0 first.
     pub(super) fn group_map(&self) -> Result<GroupMap, tonic::Status> {
-        let mut map = self.serving()?.cluster.groups().map()?;
+        let mut map = self.zero()?.cluster.groups().map()?;
         map.groups.insert(0, self.group_zero());
         Ok(map)
     }
@@ -57,14 +57,14 @@ impl MetaService {
             .into());
         };
         // Only group 0's leader keeps the map: ask nobody before that is known.
-        self.serving()?;
+        self.zero()?;
         let wanted = GroupName::new(raft.cluster(), group.group);
         for (id, addr) in &replicas {
             self.check_replica(*id, addr, &wanted).await?;
         }
         let taken = self.group_zero().replicas;
         let added = group.clone();
-        let (mut map, changed) = self.run_serving(move |s| s.cluster.groups().add(&added, &taken)).await?;
+        let (mut map, changed) = self.run_zero(move |s| s.cluster.groups().add(&added, &taken)).await?;
         if changed {
             tracing::info!(group = group.group, replicas = ?group.replicas, version = map.version, "added a metadata group");
             self.groups_changed.notify_one();
@@ -74,7 +74,7 @@ impl MetaService {
     }
 
     pub(super) async fn remove_group(&self, group: u32) -> Result<GroupMap, tonic::Status> {
-        let mut map = self.run_serving(move |s| s.cluster.groups().remove(group)).await?;
+        let mut map = self.run_zero(move |s| s.cluster.groups().remove(group)).await?;
         self.groups_changed.notify_one();
         map.groups.insert(0, self.group_zero());
         Ok(map)
@@ -85,7 +85,7 @@ impl MetaService {
         req: cairn_proto::MoveSlotsRequest,
     ) -> Result<GroupMap, tonic::Status> {
         let (mut map, changed) = self
-            .run_serving(move |s| {
+            .run_zero(move |s| {
                 let store = s.ns.store().clone();
                 s.cluster
                     .groups()

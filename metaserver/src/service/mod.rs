@@ -391,6 +391,7 @@ impl Meta for MetaService {
     }
 
     async fn stat_fs(&self, _req: Request<Empty>) -> Result<Response<StatFsReply>, Status> {
+        self.zero()?;
         Ok(Response::new(self.run(|ns| ns.statfs()).await?))
     }
 
@@ -595,7 +596,7 @@ impl Meta for MetaService {
         let cert = cert_name(&req);
         let r = req.into_inner();
         let (node_id, cluster_id) = self
-            .run_serving(move |s| {
+            .run_zero(move |s| {
                 check_cluster(s, &r.cluster_id, &r.addr)?;
                 let node_id = s.cluster.registry().register(&r.uuid, &r.addr, r.tiers, r.pid, &cert)?;
                 Ok((node_id, s.ns.cluster_id().to_string()))
@@ -609,7 +610,7 @@ impl Meta for MetaService {
         let cert = cert_name(&req);
         let r = req.into_inner();
         let fence = self
-            .run_serving(move |s| {
+            .run_zero(move |s| {
                 check_cluster(s, &r.cluster_id, &r.addr)?;
                 s.cluster.registry().heartbeat(r.node_id, &r.addr, r.tiers, r.pid, &cert)?;
                 s.cluster.registry().set_cert_expiry(r.node_id, r.cert_not_after);
@@ -625,13 +626,14 @@ impl Meta for MetaService {
     }
 
     async fn list_nodes(&self, _req: Request<Empty>) -> Result<Response<ListNodesReply>, Status> {
-        Ok(Response::new(ListNodesReply { nodes: nodes_with_progress(&*self.cluster()?) }))
+        Ok(Response::new(ListNodesReply { nodes: nodes_with_progress(&self.zero()?.cluster) }))
     }
 
     async fn report_damaged(
         &self,
         req: Request<ReportDamagedRequest>,
     ) -> Result<Response<cairn_proto::ReportDamagedReply>, Status> {
+        self.zero()?;
         let from_client = capability::required_of(req.extensions().get::<cairn_net::tls::Peer>());
         let ids: Vec<cairn_common::ShardId> = req.into_inner().ids.iter().map(Into::into).collect();
         if ids.len() > 100_000 || (from_client && ids.len() > MAX_CLIENT_DAMAGE_IDS) {
@@ -647,14 +649,15 @@ impl Meta for MetaService {
     }
 
     async fn cluster_status(&self, _req: Request<Empty>) -> Result<Response<ClusterStatusReply>, Status> {
-        let mut reply = self.run_serving(status_reply).await?;
+        let mut reply = self.run_zero(status_reply).await?;
         reply.access_rules = self.access.rules().iter().map(Rule::describe).collect();
         Ok(Response::new(reply))
     }
 
     async fn repair_now(&self, _req: Request<Empty>) -> Result<Response<ClusterStatusReply>, Status> {
+        self.zero()?;
         self.repair()?.pass_now().await?;
-        let reply = self.run_serving(status_reply).await?;
+        let reply = self.run_zero(status_reply).await?;
         Ok(Response::new(reply))
     }
 
@@ -664,7 +667,7 @@ impl Meta for MetaService {
     ) -> Result<Response<CheckNamespaceReply>, Status> {
         let repair = req.into_inner().repair;
         let (report, misplaced) = self
-            .run_serving(move |s| {
+            .run_zero(move |s| {
                 let report = s.ns.check(repair)?;
                 if repair {
                     s.ns.store().sync()?;
@@ -683,6 +686,7 @@ impl Meta for MetaService {
 
     async fn reconcile(&self, req: Request<ReconcileRequest>) -> Result<Response<ReconcileReply>, Status> {
         let req = req.into_inner();
+        self.zero()?;
         let report = self.repair()?.reconcile(req.dry_run, req.delete_foreign).await;
         Ok(Response::new(ReconcileReply {
             checked: report.checked,
@@ -698,13 +702,13 @@ impl Meta for MetaService {
 
     async fn drain_node(&self, req: Request<NodeRequest>) -> Result<Response<NodeReply>, Status> {
         let node = req.into_inner().node;
-        let info = self.run_serving(move |s| s.cluster.registry().set_state(node, NODE_DRAINING)).await?;
+        let info = self.run_zero(move |s| s.cluster.registry().set_state(node, NODE_DRAINING)).await?;
         Ok(Response::new(NodeReply { node: Some(info) }))
     }
 
     async fn activate_node(&self, req: Request<NodeRequest>) -> Result<Response<NodeReply>, Status> {
         let node = req.into_inner().node;
-        let info = self.run_serving(move |s| s.cluster.registry().set_state(node, NODE_ACTIVE)).await?;
+        let info = self.run_zero(move |s| s.cluster.registry().set_state(node, NODE_ACTIVE)).await?;
         Ok(Response::new(NodeReply { node: Some(info) }))
     }
 
@@ -748,7 +752,7 @@ impl Meta for MetaService {
 
     async fn remove_node(&self, req: Request<NodeRequest>) -> Result<Response<Empty>, Status> {
         let NodeRequest { node, force } = req.into_inner();
-        self.run_serving(move |s| remove_node(s, node, force)).await?;
+        self.run_zero(move |s| remove_node(s, node, force)).await?;
         Ok(Response::new(Empty {}))
     }
 

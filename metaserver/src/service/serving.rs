@@ -98,6 +98,18 @@ impl MetaService {
         *self.serving.write() = serving.map(Arc::new);
     }
 
+    /// Serve the namespace of this group's slots (one other than 0) while `held` is still the
+    /// map this leadership holds: a leadership that ended meanwhile (its `stop` let go of the map
+    /// first) never starts serving again. Answers whether it serves.
+    pub fn serve_slots(&self, held: &Arc<crate::groups::Groups>, serving: Serving) -> bool {
+        let current = self.held_map.read();
+        if !current.as_ref().is_some_and(|c| Arc::ptr_eq(c, held)) {
+            return false;
+        }
+        self.serve(Some(serving));
+        true
+    }
+
     /// Start (`Some`) or stop (`None`) holding the group map of this group, one other than 0,
     /// while it leads (`lib.rs` `lead`): group 0's leader shares it ([`MetaService::share_group_map`]).
     pub fn hold_map(&self, groups: Option<Arc<crate::groups::Groups>>) {
@@ -121,11 +133,31 @@ impl MetaService {
             }
         }
         Err(match self.raft.get() {
-            Some(raft) if raft.group() != 0 => not_my_slots(raft.group()),
+            Some(raft) if raft.group() != 0 && raft.is_leader() => not_serving_yet(raft.group()),
             Some(raft) => raft.not_leader(),
             None => CairnError::new(cairn_common::ErrorKind::NotLeader, "this metaserver is starting"),
         }
         .into())
+    }
+
+    /// What serves the cluster's state — the chunkservers' registry and heartbeats, the group
+    /// map's changes, repairs, fsck, capacity: group 0's. A replica of another group answers
+    /// `WrongGroup` at once (`docs/ARCHITECTURE.md`, "Several metadata groups").
+    pub(super) fn zero(&self) -> Result<Arc<Serving>, Status> {
+        match self.raft.get() {
+            Some(raft) if raft.group() != 0 => Err(cluster_is_group_zero(raft.group()).into()),
+            _ => self.serving(),
+        }
+    }
+
+    /// [`MetaService::run_serving`] on group 0's cluster state ([`MetaService::zero`]).
+    pub(super) async fn run_zero<T, F>(&self, f: F) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Serving) -> Result<T> + Send + 'static,
+    {
+        self.zero()?;
+        self.run_serving(f).await
     }
 
     pub(super) fn ns(&self) -> Result<Arc<Namespace>, Status> {
@@ -270,18 +302,25 @@ async fn inline_change<T>(ns: &Namespace, f: impl FnOnce(&Namespace) -> Result<T
     out.map_err(Status::from)
 }
 
-/// What a replica of a group other than 0 answers clients: it opens no namespace yet (slots
-/// moved to it are empty and stay so: nothing allocates in them), so the namespace's requests
-/// (and the cluster's, which group 0 holds) are group 0's (`docs/ARCHITECTURE.md`, "Several
-/// metadata groups").
-fn not_my_slots(group: u32) -> CairnError {
+/// What a replica of a group other than 0 answers a request for the cluster's state, which
+/// group 0 holds.
+fn cluster_is_group_zero(group: u32) -> CairnError {
     CairnError::new(
         cairn_common::ErrorKind::WrongGroup,
         format!(
-            "this metaserver is a replica of metadata group {group}, which serves no namespace yet: \
-             ask group 0's metaservers"
+            "this metaserver is a replica of metadata group {group}, and the cluster's state \
+             (chunkservers, the group map, repairs, fsck) is group 0's: ask group 0's metaservers"
         ),
     )
+}
+
+/// What the leader of a group other than 0 answers before it serves its slots: it opens them
+/// once group 0's leader shared the cluster's identity with it (`lib.rs`, `ServeSlots`).
+fn not_serving_yet(group: u32) -> CairnError {
+    CairnError::unavailable(format!(
+        "this metaserver leads metadata group {group} but does not serve its namespace slots yet: \
+         group 0's leader has not shared the cluster's identity with it"
+    ))
 }
 
 fn confirm_channels() -> Channels {
