@@ -259,21 +259,7 @@ pub async fn groups(meta: &str, as_json: bool) -> Result<u8> {
         } else {
             g.replicas.iter().map(|r| cairn_meta::groups::replica_addr(r).to_string()).collect()
         };
-        let mut leader: Option<p::RaftStatusReply> = None;
-        for addr in &addrs {
-            let Ok(mut client) = channels.meta(addr) else { continue };
-            if let Ok(Ok(reply)) =
-                tokio::time::timeout(Duration::from_secs(5), client.raft_status(p::Empty {})).await
-            {
-                let s = reply.into_inner();
-                if (s.state == "leader" || s.state == "single")
-                    && leader.as_ref().is_none_or(|l| l.term < s.term)
-                {
-                    leader = Some(s);
-                }
-            }
-        }
-        rows.push((g, leader));
+        rows.push((g, group_leader(&channels, &addrs).await));
     }
     let code = if rows.iter().all(|(_, l)| l.is_some()) { 0 } else { 3 };
     if as_json {
@@ -383,22 +369,32 @@ fn parse_slots(text: &str) -> Result<Vec<u32>> {
     Ok(slots)
 }
 
-/// Whether one of `replicas` (each `ID=HOST:PORT`) answers as its group's leader holding group
-/// map `version` or a newer one.
-pub async fn leader_holds(replicas: &[String], version: u64) -> bool {
-    let channels = Channels::new(Duration::from_secs(2), Duration::from_secs(5));
-    for replica in replicas {
-        let Ok(mut client) = channels.meta(cairn_meta::groups::replica_addr(replica)) else { continue };
+/// The Raft status of the replica among `addrs` that answers as its group's leader (the one of
+/// the highest term, should two), or a lone metaserver's.
+async fn group_leader(channels: &Channels, addrs: &[String]) -> Option<p::RaftStatusReply> {
+    let mut leader: Option<p::RaftStatusReply> = None;
+    for addr in addrs {
+        let Ok(mut client) = channels.meta(addr) else { continue };
         if let Ok(Ok(reply)) =
             tokio::time::timeout(Duration::from_secs(5), client.raft_status(p::Empty {})).await
         {
             let s = reply.into_inner();
-            if s.state == "leader" && s.map_version >= version {
-                return true;
+            if (s.state == "leader" || s.state == "single") && leader.as_ref().is_none_or(|l| l.term < s.term)
+            {
+                leader = Some(s);
             }
         }
     }
-    false
+    leader
+}
+
+/// Whether one of `replicas` (each `ID=HOST:PORT`) answers as its group's leader holding group
+/// map `version` or a newer one.
+pub async fn leader_holds(replicas: &[String], version: u64) -> bool {
+    let channels = Channels::new(Duration::from_secs(2), Duration::from_secs(5));
+    let addrs: Vec<String> =
+        replicas.iter().map(|r| cairn_meta::groups::replica_addr(r).to_string()).collect();
+    group_leader(&channels, &addrs).await.is_some_and(|s| s.map_version >= version)
 }
 
 /// `cairn meta groups remove GROUP`: forget a metadata group that owns no slots.
