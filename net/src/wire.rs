@@ -108,6 +108,7 @@ plain_messages!(
     DeleteShardsReply,
     DeleteShardsRequest,
     Empty,
+    GroupMap,
     HeartbeatReply,
     HeartbeatRequest,
     InoRequest,
@@ -354,6 +355,7 @@ service!(meta, "meta", cairn_proto::meta_server::Meta,
     39 grant_capability "GrantCapability" (CapabilityRequest) -> Capability;
     40 raft_vote "RaftVote" (RaftMessage) -> RaftMessage;
     41 raft_append "RaftAppend" (RaftMessage) -> RaftMessage;
+    42 get_group_map "GetGroupMap" (Empty) -> GroupMap;
 );
 
 service!(chunk, "chunk", cairn_proto::chunk_server::Chunk,
