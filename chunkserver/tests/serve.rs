@@ -129,6 +129,7 @@ fake_meta! {
     remove_group(cairn_proto::GroupRequest) -> cairn_proto::GroupMap;
     move_slots(cairn_proto::MoveSlotsRequest) -> cairn_proto::GroupMap;
     share_group_map(cairn_proto::SharedGroupMap) -> cairn_proto::GroupMap;
+    release_slots(cairn_proto::ReleaseSlotsRequest) -> Empty;
 }
 
 /// An inode number in namespace slot 5.

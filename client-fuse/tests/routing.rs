@@ -140,4 +140,10 @@ async fn requests_go_to_the_group_owning_their_slot() {
     meta.client_heartbeat(beat(vec![in_zero, in_slot(6, 2)])).await.unwrap_err();
     meta.sync(Empty {}).await.unwrap_err();
     meta.get_attr(p::InoRequest { ino: 1 }).await.unwrap();
+    // Nor do its slots leave it: only its leader's promise to create nothing more in them
+    // lets them go (slot 5 went back above with that promise).
+    let back = p::MoveSlotsRequest { slots: vec![6], group: 0 };
+    let e = CairnError::from(admin(&zero).await.move_slots(back).await.unwrap_err());
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.message().contains("only once its leader promised"), "{e}");
 }

@@ -129,6 +129,15 @@ impl Groups {
         Ok(map)
     }
 
+    /// The slots `group` owns, in order.
+    pub fn slots_of(&self, group: u32) -> Vec<u32> {
+        let owners = self.owners.read();
+        if owners.slots.is_empty() {
+            return if group == 0 { (0..SLOTS as u32).collect() } else { Vec::new() };
+        }
+        (0..SLOTS as u32).filter(|s| owners.slots[*s as usize] == group).collect()
+    }
+
     /// The group owning inode `ino`'s slot, and the map version that says so.
     pub fn owner_of(&self, ino: u64) -> (u32, u64) {
         let owners = self.owners.read();
@@ -147,6 +156,7 @@ impl Groups {
         &self,
         slots: &[u32],
         to: u32,
+        promised_at: Option<u64>,
         holds: impl Fn(u32) -> Result<bool>,
     ) -> Result<(GroupMap, bool)> {
         if slots.is_empty() {
@@ -154,6 +164,17 @@ impl Groups {
         }
         let _changing = self.changing.lock();
         let mut map = self.map()?;
+        // Slots of other groups move only under the map their owners promised them under.
+        let leaving = self.leaving(slots, to);
+        if !leaving.is_empty() && promised_at != Some(map.version) {
+            return Err(CairnError::new(
+                ErrorKind::Interrupted,
+                format!(
+                    "the group map is at version {}, and the groups giving up slots promised under {promised_at:?}: ask them again",
+                    map.version
+                ),
+            ));
+        }
         if to != 0 && !map.groups.iter().any(|g| g.group == to) {
             return Err(CairnError::new(
                 ErrorKind::NotFound,
@@ -193,6 +214,19 @@ impl Groups {
         }
         map.slots = if owners.iter().all(|g| *g == 0) { Vec::new() } else { owners };
         Ok((self.write(map)?, true))
+    }
+
+    /// Of `slots`, those a group other than 0 owns that would leave it for `to`, by owner:
+    /// each owner must promise to number nothing more in them first (`MoveSlots`).
+    pub fn leaving(&self, slots: &[u32], to: u32) -> BTreeMap<u32, Vec<u32>> {
+        let mut leaving = BTreeMap::<u32, Vec<u32>>::new();
+        for &slot in slots {
+            let (owner, _) = self.owner_of(u64::from(slot) << cairn_common::ids::SLOT_SHIFT);
+            if owner != 0 && owner != to {
+                leaving.entry(owner).or_default().push(slot);
+            }
+        }
+        leaving
     }
 
     /// Keep what the latest round of questions found wrong, by group.
@@ -447,13 +481,13 @@ mod tests {
         assert!(holds(9).unwrap() && holds(4095).unwrap());
         assert!(!holds(8).unwrap() && !holds(10).unwrap() && !holds(4094).unwrap());
 
-        let (map, changed) = groups.move_empty_slots(&[5, 6, 7, 8], 1, holds).unwrap();
+        let (map, changed) = groups.move_empty_slots(&[5, 6, 7, 8], 1, None, holds).unwrap();
         assert!(changed);
         assert_eq!((map.version, owner(&map, 5), owner(&map, 8), owner(&map, 9)), (3, 1, 1, 0));
         assert_eq!(groups.owner_of(in_slot(5, 1)), (1, 3));
         assert_eq!(groups.owner_of(in_slot(0, 1)), (0, 3));
         // Again (an answer lost): nothing changes.
-        assert_eq!(groups.move_empty_slots(&[5, 6], 1, holds).unwrap(), (map.clone(), false));
+        assert_eq!(groups.move_empty_slots(&[5, 6], 1, None, holds).unwrap(), (map.clone(), false));
 
         for (slots, to, kind) in [
             (vec![9], 1, ErrorKind::NotEmpty),
@@ -463,23 +497,29 @@ mod tests {
             (vec![], 1, ErrorKind::InvalidArgument),
             (vec![10], 3, ErrorKind::NotFound),
         ] {
-            let e = groups.move_empty_slots(&slots, to, holds).unwrap_err();
+            let e = groups.move_empty_slots(&slots, to, None, holds).unwrap_err();
             assert_eq!(e.kind(), kind, "{slots:?} to {to}: {e}");
         }
         // A refused move changes none of its slots, also those before the refused one.
-        let e = groups.move_empty_slots(&[10, 9], 2, holds).unwrap_err();
+        let e = groups.move_empty_slots(&[10, 9], 2, None, holds).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NotEmpty);
         assert_eq!(groups.map().unwrap(), map);
 
-        // From one group to another, and back to 0; a group owning slots stays in the map.
-        let (map, _) = groups.move_empty_slots(&[7, 8], 2, holds).unwrap();
+        // From one group to another, and back to 0, each under the map version its owners
+        // promised them under; a group owning slots stays in the map.
+        assert_eq!(groups.leaving(&[5, 7, 9], 2), BTreeMap::from([(1, vec![5, 7])]));
+        for promised in [None, Some(2)] {
+            let e = groups.move_empty_slots(&[7, 8], 2, promised, holds).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Interrupted, "{e}");
+        }
+        let (map, _) = groups.move_empty_slots(&[7, 8], 2, Some(3), holds).unwrap();
         assert_eq!(slot_counts(&map), BTreeMap::from([(0, SLOTS - 4), (1, 2), (2, 2)]));
         assert_eq!(groups.remove(2).unwrap_err().kind(), ErrorKind::NotEmpty);
-        let (map, _) = groups.move_empty_slots(&[5, 6, 7, 8], 0, holds).unwrap();
+        let (map, _) = groups.move_empty_slots(&[5, 6, 7, 8], 0, Some(4), holds).unwrap();
         assert!(map.slots.is_empty(), "every slot group 0's again is stored as no list");
         assert_eq!((groups.owner_of(in_slot(7, 1)), map.version), ((0, 5), 5));
         // A new leadership reads the owners from the store.
-        groups.move_empty_slots(&[100], 2, holds).unwrap();
+        groups.move_empty_slots(&[100], 2, None, holds).unwrap();
         assert_eq!(Groups::open(store.clone()).unwrap().owner_of(in_slot(100, 9)), (2, 6));
 
         // fsck: records in a slot given away (planted here: a move refuses such a slot) are a
@@ -499,7 +539,7 @@ mod tests {
         let zero: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
         let group0 = Groups::open(zero.clone()).unwrap();
         group0.add(&group(1, &["10.0.1.1:9400"]), &["1=10.0.0.1:9400".to_string()]).unwrap();
-        let (moved, _) = group0.move_empty_slots(&[3, 4], 1, |_| Ok(false)).unwrap();
+        let (moved, _) = group0.move_empty_slots(&[3, 4], 1, None, |_| Ok(false)).unwrap();
         let id = "0123456789abcdef0123456789abcdef";
 
         let store: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());

@@ -518,10 +518,10 @@ async fn serve_slots(
     let mut said = String::new();
     loop {
         // The map's store, not a new one: taking a new store retires the earlier ones.
-        let (store, groups) = (held.store().clone(), held.clone());
+        let (store, groups, held_for_ns) = (held.store().clone(), held.clone(), held.clone());
         let opened = tokio::task::spawn_blocking(move || {
             let cluster = Cluster::open_with_groups(store.clone(), groups, node_timeout, client_lease)?;
-            let ns = Namespace::open_slots(store, group, epoch, cluster.clone())?;
+            let ns = Namespace::open_slots(store, (group, held_for_ns), epoch, cluster.clone())?;
             Ok::<_, CairnError>((Arc::new(ns), cluster))
         })
         .await;

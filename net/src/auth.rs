@@ -19,7 +19,7 @@ pub fn required(service: &str, method: &str) -> Roles {
         // Raft replication: metaservers among themselves only.
         ("meta", "RaftVote" | "RaftAppend" | "RaftSnapshot") => &[Meta],
         // Group 0's leader handing the group map to the other groups.
-        ("meta", "ShareGroupMap") => &[Meta],
+        ("meta", "ShareGroupMap" | "ReleaseSlots") => &[Meta],
         // Finding the leader: anyone of the cluster.
         ("meta", "RaftStatus") => &[Meta, Chunk, Client, Admin],
         // Which metadata group owns which part of the namespace: anyone of the cluster.
@@ -78,6 +78,7 @@ fn known(service: &str, method: &str) -> bool {
                 "RemoveGroup",
                 "MoveSlots",
                 "ShareGroupMap",
+                "ReleaseSlots",
             ]
             .contains(&method)
                 || ids.filter_map(crate::wire::meta::method_name).any(|m| m == method)
@@ -214,8 +215,10 @@ mod tests {
             assert!(allowed("meta", "GetGroupMap", role), "every process of the cluster routes by the map");
         }
         assert!(allowed("meta", "ShareGroupMap", &meta));
+        assert!(allowed("meta", "ReleaseSlots", &meta));
         for role in [&client, &chunk, &admin] {
             assert!(!allowed("meta", "ShareGroupMap", role), "only metaservers hand the map on");
+            assert!(!allowed("meta", "ReleaseSlots", role), "only group 0's leader asks for slots");
         }
         assert!(allowed("meta", "RaftAppend", &meta));
         assert!(!allowed("meta", "RaftAppend", &admin));

@@ -57,7 +57,10 @@ impl Namespace {
                 format!("{:?} exists", String::from_utf8_lossy(new.name)),
             ));
         }
-        let ino = self.alloc_ino()?;
+        // Held to the end: until this change is proposed, its number's slot cannot be promised
+        // away (`inos.rs`).
+        let numbered = self.number(new.parent, new.name, new.mode & S_IFMT == S_IFDIR)?;
+        let ino = numbered.ino;
         let mut inode = Inode::new(ino, new.mode, new.uid, new.gid, &now);
         inode.parent = new.parent;
         inode.set_layout(parent_copy.layout());

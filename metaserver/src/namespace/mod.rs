@@ -18,6 +18,7 @@ mod check;
 mod entries;
 mod files;
 mod heal;
+mod inos;
 pub mod once;
 mod rename;
 mod subtree;
@@ -36,7 +37,7 @@ use std::time::Duration;
 
 use cairn_common::{CairnError, ErrorKind, Layout, Result, NAME_MAX, ROOT_INO};
 use cairn_proto::Timespec;
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::cluster::{Cluster, Surroundings};
 use crate::schema::{
@@ -50,8 +51,6 @@ pub use entries::NewEntry;
 pub use files::{file_info, MAX_FILE_SIZE};
 pub use rename::{RENAME_EXCHANGE, RENAME_NOREPLACE};
 
-/// Inode numbers reserved per counter write.
-const INO_BLOCK: u64 = 1024;
 /// Stripes of the per-inode lock table.
 const LOCK_STRIPES: usize = 1024;
 /// Shards of the statistics counters (concurrent operations update different shards).
@@ -80,31 +79,6 @@ impl LockTable {
     }
 }
 
-/// Inode numbers are handed out from blocks reserved (durably) in `counters/ino_reserved`
-/// before use. The next block is reserved in the background once half of the current one is
-/// handed out, so no change waits for that write while it holds its locks.
-struct Inos {
-    alloc: Mutex<InoAlloc>,
-    /// Signalled when a background reservation ends.
-    reserved: Condvar,
-}
-
-struct InoAlloc {
-    next: u64,
-    reserved_end: u64,
-    /// A reservation of the next block is being written in the background.
-    reserving: bool,
-}
-
-/// Reserve inode numbers up to `end` (durable before any of them is handed out: numbers never
-/// repeat, also across restarts).
-fn reserve_inos(store: &dyn MetaStore, end: u64) -> Result<()> {
-    let mut batch = Batch::new();
-    batch.put(Cf::Counters, counter::INO_RESERVED, schema::encode(&Counter { value: end }));
-    batch.set_durable();
-    store.write(batch)
-}
-
 /// The metaserver's namespace over a [`MetaStore`].
 pub struct Namespace {
     store: Arc<dyn MetaStore>,
@@ -112,7 +86,10 @@ pub struct Namespace {
     cluster: Arc<dyn Surroundings>,
     locks: LockTable,
     rename_lock: Mutex<()>,
-    inos: Arc<Inos>,
+    /// Slot 0's counter (group 0 numbers only there).
+    inos: Arc<inos::Inos>,
+    /// Where a group other than 0 numbers new inodes.
+    slots: Option<inos::Slots>,
     /// Inode ranges restores skipped (`counters/foreign_inos`).
     foreign_inos: Vec<(u64, u64)>,
     stats: Vec<Mutex<Stats>>,
@@ -158,6 +135,11 @@ pub fn prepare_restored(store: &dyn MetaStore, batch: &mut Batch) -> Result<()> 
     let mut ranges = store.get(Cf::Counters, counter::FOREIGN_INOS)?.unwrap_or_default();
     ranges.extend_from_slice(&from.to_be_bytes());
     ranges.extend_from_slice(&to.to_be_bytes());
+    // A group other than 0 numbers in other slots: each slot's counter moves on the same way.
+    for (from, to) in inos::prepare_restored(store, batch, RESTORE_INO_GAP)? {
+        ranges.extend_from_slice(&from.to_be_bytes());
+        ranges.extend_from_slice(&to.to_be_bytes());
+    }
     batch.put(Cf::Counters, counter::FOREIGN_INOS, ranges);
     Ok(())
 }
@@ -266,9 +248,9 @@ impl Namespace {
             batch.put(Cf::Counters, stats_key(0), schema::encode(&s0));
             *stats[0].lock() = s0;
         }
-        // The first block of this opening, reserved with it (durable: see `reserve_inos`).
+        // The first block of this opening, reserved with it (durable: see `inos.rs`).
         let reserved_end = next_ino
-            .checked_add(INO_BLOCK)
+            .checked_add(inos::INO_BLOCK)
             .ok_or_else(|| CairnError::new(ErrorKind::NoSpace, "no inode numbers left"))?;
         batch.put(Cf::Counters, counter::INO_RESERVED, schema::encode(&Counter { value: reserved_end }));
         batch.set_durable();
@@ -279,10 +261,8 @@ impl Namespace {
             cluster,
             locks: LockTable::new(),
             rename_lock: Mutex::new(()),
-            inos: Arc::new(Inos {
-                alloc: Mutex::new(InoAlloc { next: next_ino, reserved_end, reserving: false }),
-                reserved: Condvar::new(),
-            }),
+            inos: inos::Inos::slot_zero(next_ino, reserved_end),
+            slots: None,
             foreign_inos,
             stats,
             stats_cursor: AtomicUsize::new(0),
@@ -301,7 +281,7 @@ impl Namespace {
     /// "Several metadata groups"): a create there is refused.
     pub fn open_slots(
         store: Arc<dyn MetaStore>,
-        group: u32,
+        (group, map): (u32, Arc<crate::groups::Groups>),
         epoch: u64,
         cluster: Arc<dyn Surroundings>,
     ) -> Result<Namespace> {
@@ -334,14 +314,12 @@ impl Namespace {
         }
         Ok(Namespace {
             foreign_inos: read_foreign_inos(&*store)?,
+            slots: Some(inos::Slots::open(&*store, group, map)?),
             store,
             cluster,
             locks: LockTable::new(),
             rename_lock: Mutex::new(()),
-            inos: Arc::new(Inos {
-                alloc: Mutex::new(InoAlloc { next: 0, reserved_end: 0, reserving: false }),
-                reserved: Condvar::new(),
-            }),
+            inos: inos::Inos::slot_zero(0, 0),
             stats,
             stats_cursor: AtomicUsize::new(0),
             gc_epoch: epoch,
@@ -427,7 +405,7 @@ impl Namespace {
     /// the reserved block): a shard of such an inode was written against another namespace, or a
     /// later state of this one (this one restored from a backup).
     pub fn inos_reserved_end(&self) -> u64 {
-        self.inos.alloc.lock().reserved_end
+        self.inos.reserved_end()
     }
 
     /// Whether files of this namespace can never have had inode number `ino`: at or past the
@@ -437,64 +415,24 @@ impl Namespace {
             || self.foreign_inos.iter().any(|&(from, to)| (from..to).contains(&ino))
     }
 
-    /// A new inode number, never handed out before (also across restarts).
-    fn alloc_ino(&self) -> Result<u64> {
-        if self.group != 0 {
-            return Err(CairnError::new(
-                ErrorKind::NotSupported,
-                format!(
-                    "metadata group {} hands out no inode numbers yet: a new inode goes to group 0 \
-                     (creating in another group's slots needs cross-group operations, not built)",
-                    self.group
-                ),
-            ));
+    /// A number for a new inode under `parent` named `name`, never handed out before (also
+    /// across restarts): group 0's in slot 0; another group's in its slots (`inos.rs`), with
+    /// the gate its caller holds until the inode's change is proposed.
+    fn number(&self, parent: u64, name: &[u8], is_dir: bool) -> Result<inos::Numbered<'_>> {
+        match &self.slots {
+            None => Ok(inos::Numbered::ungated(self.inos.next(&self.store)?)),
+            Some(slots) => slots.number(&self.store, parent, name, is_dir),
         }
-        let mut a = self.inos.alloc.lock();
-        while a.next >= a.reserved_end {
-            if a.reserving {
-                self.inos.reserved.wait(&mut a);
-                continue;
-            }
-            // The block ran out before the next one was reserved (the background write
-            // failed, or is slower than the creates): reserve here.
-            let end = a
-                .next
-                .checked_add(INO_BLOCK)
-                .ok_or_else(|| CairnError::new(ErrorKind::NoSpace, "no inode numbers left"))?;
-            reserve_inos(&*self.store, end)?;
-            a.reserved_end = end;
+    }
+
+    /// Promise group 0, whose group map is at `version`, to number nothing more in `slots`
+    /// before it moves them away from this group (one other than 0): refused `NotEmpty` when
+    /// one holds a record (`inos.rs`, [`inos::Slots::release`]).
+    pub fn release_slots(&self, slots: &[u32], version: u64) -> Result<()> {
+        match &self.slots {
+            Some(held) => held.release(&*self.store, slots, version),
+            None => Err(CairnError::invalid("group 0's slots move by its own map changes, not by a promise")),
         }
-        let ino = a.next;
-        // Past slot 0's numbers a number would name another slot, held by whichever group owns
-        // it (`cairn_common::ids::SLOT_SHIFT`).
-        if cairn_common::ids::slot_of(ino) != 0 {
-            return Err(CairnError::new(
-                ErrorKind::NoSpace,
-                "no inode numbers left: namespace slot 0's 2^52 are used up",
-            ));
-        }
-        a.next += 1;
-        if !a.reserving && a.reserved_end - a.next <= INO_BLOCK / 2 {
-            if let Some(end) = a.reserved_end.checked_add(INO_BLOCK) {
-                a.reserving = true;
-                let (inos, store) = (self.inos.clone(), self.store.clone());
-                let started = std::thread::Builder::new().name("ino-reserve".into()).spawn(move || {
-                    let written = reserve_inos(&*store, end);
-                    let mut a = inos.alloc.lock();
-                    a.reserving = false;
-                    match written {
-                        // Only ever up: nothing else reserves while this one runs.
-                        Ok(()) => a.reserved_end = a.reserved_end.max(end),
-                        Err(e) => tracing::warn!("reserving inode numbers ahead: {e} (reserved when needed)"),
-                    }
-                    inos.reserved.notify_all();
-                });
-                if started.is_err() {
-                    a.reserving = false;
-                }
-            }
-        }
-        Ok(ino)
     }
 
     /// Free an unlinked file once nobody has it open: `ino` if it is an orphan, else nothing.

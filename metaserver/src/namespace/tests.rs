@@ -5,6 +5,7 @@ use std::sync::Arc;
 use cairn_common::{ErrorKind, Layout, ROOT_INO};
 use cairn_proto::{SetAttrRequest, Timespec};
 
+use super::inos::INO_BLOCK;
 use super::*;
 use crate::fixture::Fixture;
 use crate::schema::{S_IFCHR, S_IFIFO, S_IFLNK, S_IFREG, S_ISGID};
@@ -678,40 +679,96 @@ fn inode_numbers_end_at_the_last_of_slot_0() {
 
 /// A group other than 0 opens the namespace of its slots only with the cluster's identity
 /// (shared by group 0), makes no root and writes nothing, keeps the epoch its leadership
-/// raised, serves what its slots hold, and hands out no inode numbers yet.
+/// raised, and numbers new inodes in its own slots: a file in its parent's, a directory in one
+/// chosen by hash, never in a slot it promised to give up while that promise holds.
 #[test]
-fn a_group_other_than_0_opens_its_slots_without_a_root_and_allocates_nothing() {
+fn a_group_other_than_0_numbers_inodes_in_its_own_slots() {
     let store: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
     let cluster = Cluster::open(store.clone(), Duration::from_secs(60), DEFAULT_CLIENT_LEASE).unwrap();
-    let open = |group| Namespace::open_slots(store.clone(), group, 77, cluster.clone());
+    for i in 0..3 {
+        // Placement (group 0's chunkservers, as another group will read them).
+        cluster
+            .registry()
+            .register(&format!("n{i}"), &format!("127.0.0.1:{}", 1000 + i), vec![], 1, "")
+            .unwrap();
+    }
+    let map = Arc::new(crate::groups::Groups::open(store.clone()).unwrap());
+    let open = |group| Namespace::open_slots(store.clone(), (group, map.clone()), 77, cluster.clone());
     assert_eq!(open(0).err().unwrap().kind(), ErrorKind::InvalidArgument);
     let e = open(3).err().unwrap();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     assert!(e.message().contains("does not hold the cluster's identity"), "{e}");
 
     let id = "0123456789abcdef0123456789abcdef";
-    let mut batch = Batch::new();
-    batch.put(Cf::Counters, counter::CLUSTER_ID, id.as_bytes().to_vec());
-    store.write(batch).unwrap();
+    let owning = |version, slots: &[usize]| {
+        let mut owners = vec![0u32; crate::groups::SLOTS];
+        slots.iter().for_each(|s| owners[*s] = 3);
+        let group = cairn_proto::MetaGroup { group: 3, replicas: vec!["1=127.0.0.1:1".into()] };
+        cairn_proto::GroupMap { version, groups: vec![group], slots: owners }
+    };
+    map.adopt(owning(2, &[5, 9, 11]), id).unwrap();
     let before = store.scan(Cf::Counters, &[], &[], usize::MAX).unwrap();
     let ns = open(3).unwrap();
     assert_eq!((ns.group(), ns.fence(), ns.cluster_id()), (3, 77, id));
     assert_eq!(store.scan(Cf::Counters, &[], &[], usize::MAX).unwrap(), before, "nothing written");
     assert_eq!(ns.getattr(ROOT_INO).unwrap_err().kind(), ErrorKind::NotFound, "no root");
 
-    // A directory in slot 5 (as a cross-group mkdir will put one there) is served; a new inode
-    // under it is refused, not numbered in slot 0.
-    let ino = (5u64 << cairn_common::ids::SLOT_SHIFT) | 1;
-    let mut d = Inode::new(ino, S_IFDIR | 0o755, 0, 0, &cairn_common::time::now());
+    // A directory in slot 5, as a cross-group mkdir will put one there.
+    let top = in_slot(5, 1);
+    let mut d = Inode::new(top, S_IFDIR | 0o755, 0, 0, &cairn_common::time::now());
     d.nlink = 2;
     d.parent = ROOT_INO;
     d.set_layout(layout());
     let mut batch = Batch::new();
-    batch.put(Cf::Inodes, schema::ino_key(ino), schema::encode(&d));
+    batch.put(Cf::Inodes, schema::ino_key(top), schema::encode(&d));
     store.write(batch).unwrap();
-    assert_eq!(ns.getattr(ino).unwrap().ino, ino);
-    let e = ns.mkdir(&new(ino, "sub", 0o755)).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::NotSupported, "{e}");
-    assert!(e.message().contains("metadata group 3 hands out no inode numbers yet"), "{e}");
-    assert!(ns.readdir(ino, b"", 10, false).unwrap().0.is_empty());
+
+    // Slot 11 promised away (empty): nothing is numbered there while the promise holds.
+    ns.release_slots(&[11], 2).unwrap();
+    let slot = |ino: u64| cairn_common::ids::slot_of(ino);
+    let dirs = |ns: &Namespace, prefix: &str| -> Vec<u32> {
+        (0..24).map(|i| slot(ns.mkdir(&new(top, &format!("{prefix}{i}"), 0o755)).unwrap().ino)).collect()
+    };
+    let made = dirs(&ns, "a");
+    assert!(made.contains(&5) && made.contains(&9) && !made.contains(&11), "{made:?}");
+    let file = ns.create(&new(top, "f", S_IFREG | 0o644), 0, true).unwrap().0;
+    assert_eq!(slot(file.ino), 5, "a file takes its parent's slot");
+    assert!(file.ino > top);
+    let e = ns.release_slots(&[9], 2).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotEmpty, "{e}");
+    assert_eq!(ns.release_slots(&[11], 1).unwrap_err().kind(), ErrorKind::InvalidArgument, "an older map");
+
+    // The promise is kept across a reopening; a newer map ends it (it moved the slot, or was
+    // made without this promise).
+    drop(ns);
+    let ns = open(3).unwrap();
+    assert!(!dirs(&ns, "b").contains(&11));
+    let again = ns.create(&new(top, "g", S_IFREG | 0o644), 0, true).unwrap().0;
+    assert!(again.ino > file.ino, "numbers never repeat across openings");
+    map.adopt(owning(3, &[5, 9, 11]), id).unwrap();
+    assert!(dirs(&ns, "c").contains(&11));
+    map.adopt(owning(4, &[9, 11]), id).unwrap();
+    let e = ns.create(&new(top, "h", S_IFREG | 0o644), 0, true).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::WrongGroup, "slot 5 is not this group's any more: {e}");
+
+    // A restore moves every slot's numbers on, also of a slot not numbered in yet: what the
+    // changes lost after the backup handed out is never handed out again.
+    let before = ns.mkdir(&new(top, "r", 0o755)).unwrap().ino;
+    drop(ns);
+    let mut batch = Batch::new();
+    prepare_restored(&*store, &mut batch).unwrap();
+    store.write(batch).unwrap();
+    map.adopt(owning(5, &[9, 11, 13]), id).unwrap();
+    let ns = open(3).unwrap();
+    let made: Vec<u64> = (0..24).map(|i| ns.mkdir(&new(top, &format!("d{i}"), 0o755)).unwrap().ino).collect();
+    assert!(
+        made.iter().filter(|i| slot(**i) == slot(before)).all(|i| *i >= before + RESTORE_INO_GAP),
+        "{made:?}"
+    );
+    let fresh = made.iter().find(|i| slot(**i) == 13).expect("some in slot 13");
+    assert!(*fresh > in_slot(13, RESTORE_INO_GAP), "{fresh}");
+}
+
+fn in_slot(slot: u64, n: u64) -> u64 {
+    (slot << cairn_common::ids::SLOT_SHIFT) | n
 }

@@ -28,6 +28,8 @@ const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long each replica of another group has to answer the leader's health question.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long group 0's leader waits for another group's promise to give slots up.
+const PROMISE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl MetaService {
     /// Group 0's replicas, as its Raft membership has them (none for a lone metaserver).
@@ -80,24 +82,83 @@ impl MetaService {
         Ok(map)
     }
 
+    /// Move slots to a group (`MoveSlots`): those another group owns only once it promised to
+    /// number nothing more in them, under the map version the move is then written against
+    /// (asked again, at most three times, when the map changed meanwhile).
     pub(super) async fn move_slots(
         &self,
         req: cairn_proto::MoveSlotsRequest,
     ) -> Result<GroupMap, tonic::Status> {
-        let (mut map, changed) = self
-            .run_zero(move |s| {
-                let store = s.ns.store().clone();
-                s.cluster
-                    .groups()
-                    .move_empty_slots(&req.slots, req.group, |slot| groups::slot_holds_records(&*store, slot))
-            })
-            .await?;
+        let mut tries = 0;
+        let (mut map, changed) = loop {
+            let (held, leaving) = {
+                let zero = self.zero()?;
+                let groups = zero.cluster.groups();
+                (groups.map()?, groups.leaving(&req.slots, req.group))
+            };
+            for (owner, slots) in &leaving {
+                self.promise_of(&held, *owner, slots).await?;
+            }
+            let promised_at = (!leaving.is_empty()).then_some(held.version);
+            let req = req.clone();
+            let moved = self
+                .run_zero(move |s| {
+                    let store = s.ns.store().clone();
+                    let holds = |slot| groups::slot_holds_records(&*store, slot);
+                    s.cluster.groups().move_empty_slots(&req.slots, req.group, promised_at, holds)
+                })
+                .await
+                .map_err(CairnError::from);
+            match moved {
+                Err(e) if e.kind() == ErrorKind::Interrupted && tries < 3 => tries += 1,
+                moved => break moved?,
+            }
+        };
         if changed {
             tracing::info!(version = map.version, counts = ?groups::slot_counts(&map), "moved namespace slots");
             self.groups_changed.notify_one();
         }
         map.groups.insert(0, self.group_zero());
         Ok(map)
+    }
+
+    /// Have the leader of `group` (another than 0; its replicas as `map`, at the version the
+    /// move will be written against, names them) promise to number nothing more in `slots`.
+    async fn promise_of(&self, map: &GroupMap, group: u32, slots: &[u32]) -> Result<()> {
+        let replicas = map.groups.iter().filter(|g| g.group == group).flat_map(|g| g.replicas.iter());
+        let mut why = format!("the group map names no replicas of group {group}");
+        for replica in replicas {
+            let addr = groups::replica_addr(replica);
+            let req = cairn_proto::ReleaseSlotsRequest { slots: slots.to_vec(), map_version: map.version };
+            let answer = match self.channels.meta(addr) {
+                Ok(mut client) => tokio::time::timeout(PROMISE_TIMEOUT, client.release_slots(req)).await,
+                Err(e) => Ok(Err(e.into())),
+            };
+            match answer.map(|a| a.map_err(CairnError::from)) {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(e)) if matches!(e.kind(), ErrorKind::NotLeader | ErrorKind::Unavailable) => {
+                    why = format!("{addr}: {}", e.message())
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => why = format!("{addr} did not answer within {PROMISE_TIMEOUT:?}"),
+            }
+        }
+        Err(CairnError::unavailable(format!(
+            "slots {slots:?} leave metadata group {group} only once its leader promised to create nothing \
+             more in them, and none did ({why})"
+        )))
+    }
+
+    /// Promise group 0's leader to number nothing more in some of this group's slots
+    /// (`ReleaseSlots`; this group is one other than 0).
+    pub(super) async fn release_slots(
+        &self,
+        req: cairn_proto::ReleaseSlotsRequest,
+    ) -> Result<(), tonic::Status> {
+        if self.raft()?.group() == 0 {
+            return Err(CairnError::invalid("metadata group 0's slots move by its own map changes").into());
+        }
+        self.run(move |ns| ns.release_slots(&req.slots, req.map_version)).await
     }
 
     /// The version of the group map this replica's group holds, while it leads (0 otherwise).

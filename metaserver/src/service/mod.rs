@@ -814,6 +814,14 @@ impl Meta for MetaService {
         Ok(Response::new(self.share_group_map(req.into_inner()).await?))
     }
 
+    async fn release_slots(
+        &self,
+        req: Request<cairn_proto::ReleaseSlotsRequest>,
+    ) -> Result<Response<Empty>, Status> {
+        self.release_slots(req.into_inner()).await?;
+        Ok(Response::new(Empty {}))
+    }
+
     async fn raft_status(&self, _req: Request<Empty>) -> Result<Response<RaftStatusReply>, Status> {
         Ok(Response::new(match self.raft.get() {
             Some(raft) => RaftStatusReply { map_version: self.map_version(), ..raft.status() },
