@@ -185,6 +185,30 @@ impl Registry {
         })
     }
 
+    /// Take the chunkservers group 0's leader lists (`ListNodes`) as this registry's, in a
+    /// group other than 0, which places its stripes and sends its deletes to them: under group
+    /// 0's node ids, in memory only (the group's leader refreshes it every second; a node group
+    /// 0 no longer lists is forgotten), up as group 0 last heard from it.
+    pub fn mirror(&self, nodes: &[NodeInfo]) {
+        let now = Instant::now();
+        let state = |name: &str| if name == state_name(NODE_DRAINING) { NODE_DRAINING } else { NODE_ACTIVE };
+        let mirrored = nodes.iter().map(|n| {
+            let heard = now.checked_sub(Duration::from_millis(n.last_heartbeat_ms_ago)).unwrap_or(now);
+            let node = NodeState {
+                uuid: String::new(),
+                addr: n.addr.clone(),
+                last_heartbeat: n.up.then_some(heard),
+                tiers: n.tiers.clone(),
+                pid: n.pid,
+                state: state(&n.state),
+                cert: String::new(),
+                cert_not_after: n.cert_not_after,
+            };
+            (n.id, node)
+        });
+        self.inner.lock().nodes = mirrored.collect();
+    }
+
     fn is_up(&self, n: &NodeState, now: Instant) -> bool {
         n.last_heartbeat.is_some_and(|t| now.saturating_duration_since(t) < self.timeout)
     }
@@ -534,6 +558,42 @@ mod tests {
             r.heartbeat(b, "", vec![], 11, "chunk-1").unwrap_err().kind(),
             ErrorKind::PermissionDenied
         );
+    }
+
+    /// Another group's registry is group 0's list as it last read it: group 0's ids, up and
+    /// draining as group 0 says, nothing written, a node no longer listed gone.
+    #[test]
+    fn a_mirrored_registry_places_on_group_zeros_nodes() {
+        let store: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
+        let r = registry(store.clone());
+        let node = |id: u32, up: bool, state: &str| NodeInfo {
+            id,
+            addr: format!("10.0.0.{id}:9500"),
+            up,
+            last_heartbeat_ms_ago: if up { 300 } else { 120_000 },
+            state: state.into(),
+            ..Default::default()
+        };
+        let listed = [
+            node(7, true, "active"),
+            node(8, true, "active"),
+            node(9, true, "draining"),
+            node(10, false, "active"),
+        ];
+        r.mirror(&listed);
+        assert!(store.scan(Cf::Nodes, &[], &[], usize::MAX).unwrap().is_empty(), "nothing written");
+        let seen: Vec<(u32, bool, String)> = r.nodes().into_iter().map(|n| (n.id, n.up, n.state)).collect();
+        assert_eq!(seen.iter().map(|s| s.0).collect::<Vec<_>>(), [7, 8, 9, 10]);
+        assert_eq!((seen[2].1, seen[2].2.as_str(), seen[3].1), (true, "draining", false));
+        let layout = Layout::new(1, 1, 4096).unwrap();
+        for _ in 0..10 {
+            let mut placed = r.place(&layout).unwrap();
+            placed.sort_unstable();
+            assert_eq!(placed, [7, 8], "only the active nodes that are up");
+        }
+        r.mirror(&listed[..1]);
+        assert_eq!(r.place(&layout).unwrap_err().kind(), ErrorKind::TooFewNodes);
+        assert_eq!(r.nodes().len(), 1);
     }
 
     #[test]

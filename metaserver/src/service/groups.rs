@@ -216,7 +216,13 @@ impl MetaService {
                 (Ok(_), Ok(None)) => continue,
             };
             let nodes = match self.nodes_of_group_zero(&map).await {
-                Ok(nodes) => nodes,
+                Ok(nodes) => {
+                    // This group places its stripes and sends its deletes on them too.
+                    if let Some(serving) = self.serving.read().as_ref() {
+                        serving.cluster.registry().mirror(&nodes);
+                    }
+                    nodes.into_iter().map(|n| n.addr).collect::<Vec<_>>()
+                }
                 Err(e) => {
                     if !warned {
                         tracing::warn!("cannot fence chunkservers: {}", e.message());
@@ -244,8 +250,8 @@ impl MetaService {
         }
     }
 
-    /// The chunkservers' addresses, as group 0's leader lists them (its replicas from `map`).
-    async fn nodes_of_group_zero(&self, map: &GroupMap) -> Result<Vec<String>> {
+    /// The chunkservers, as group 0's leader lists them (its replicas from `map`).
+    async fn nodes_of_group_zero(&self, map: &GroupMap) -> Result<Vec<cairn_proto::NodeInfo>> {
         let zero =
             map.groups.iter().find(|g| g.group == 0).map(|g| g.replicas.as_slice()).unwrap_or_default();
         let mut last = CairnError::unavailable("the group map names no replica of metadata group 0");
@@ -253,7 +259,7 @@ impl MetaService {
             let addr = groups::replica_addr(replica);
             let Ok(mut client) = self.channels.meta(addr) else { continue };
             match tokio::time::timeout(HEALTH_TIMEOUT, client.list_nodes(cairn_proto::Empty {})).await {
-                Ok(Ok(reply)) => return Ok(reply.into_inner().nodes.into_iter().map(|n| n.addr).collect()),
+                Ok(Ok(reply)) => return Ok(reply.into_inner().nodes),
                 Ok(Err(status)) => last = CairnError::from(status),
                 Err(_) => {
                     last = CairnError::unavailable(format!("group 0's replica at {addr} does not answer"))
