@@ -16,6 +16,8 @@ pub(crate) struct FakeChunk {
     pub(crate) deleted: Arc<Mutex<Vec<cairn_proto::ShardId>>>,
     /// The fence each delete carried.
     pub(crate) fences: Arc<Mutex<Vec<u64>>>,
+    /// The metadata group each delete named.
+    pub(crate) groups: Arc<Mutex<Vec<u32>>>,
     pub(crate) held: Arc<Mutex<Vec<ShardEntry>>>,
     pub(crate) corrupt: Arc<Mutex<Vec<cairn_proto::ShardId>>>,
     pub(crate) checks: Arc<Mutex<Vec<CheckShardsRequest>>>,
@@ -35,6 +37,7 @@ impl Chunk for FakeChunk {
     ) -> Result<Response<DeleteShardsReply>, Status> {
         let req = req.into_inner();
         self.fences.lock().push(req.fence);
+        self.groups.lock().push(req.group);
         let ids = req.ids;
         let n = ids.len() as u32;
         self.deleted.lock().extend(ids);

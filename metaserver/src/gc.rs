@@ -62,8 +62,8 @@ impl Gc {
                     fence: self.ns.fence(),
                     cluster_id: self.ns.cluster_id().to_string(),
                     cap: None,
-                    // Only group 0 opens a namespace (and so deletes) today.
-                    group: 0,
+                    // The shards are this group's inodes': chunkservers check the slots.
+                    group: self.ns.group(),
                 })
                 .await?;
         }

@@ -175,3 +175,52 @@ async fn reconcile_deletes_only_unreferenced_old_shards() {
     assert_eq!(asked.errors.len(), 2, "{asked:?}");
     assert_eq!(ns.repair_state().lock().foreign_shards, 1);
 }
+
+/// A group other than 0 deletes its unlinked files' shards on group 0's chunkservers (as its
+/// registry mirrors them), naming itself and its own epoch, which chunkservers check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_group_deletes_its_own_shards_under_its_own_fence() {
+    let (addr, fake) = fake_chunkserver().await;
+    let store: Arc<dyn crate::store::MetaStore> = Arc::new(crate::store::MemoryStore::new());
+    let cluster = crate::cluster::Cluster::open(
+        store.clone(),
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_secs(30),
+    )
+    .unwrap();
+    let map = Arc::new(crate::groups::Groups::open(store.clone()).unwrap());
+    let mut owners = vec![0u32; crate::groups::SLOTS];
+    owners[5] = 3;
+    let group = MetaGroup { group: 3, replicas: vec!["1=127.0.0.1:1".into()] };
+    map.adopt(
+        GroupMap { version: 2, groups: vec![group], slots: owners },
+        "0123456789abcdef0123456789abcdef",
+    )
+    .unwrap();
+    let nodes: Vec<NodeInfo> = (1..=3)
+        .map(|id| NodeInfo { id, addr: addr.clone(), up: true, state: "active".into(), ..Default::default() })
+        .collect();
+    cluster.registry().mirror(&nodes);
+    let ns = Arc::new(Namespace::open_slots(store.clone(), (3, map), 77, cluster.clone()).unwrap());
+
+    // A directory in slot 5 (as a cross-group mkdir will make one; planted above the numbers
+    // the slot's counter hands out here), a file in it, unlinked.
+    let top = (5u64 << cairn_common::ids::SLOT_SHIFT) | (1 << 40);
+    let mut dir = schema::Inode::new(top, schema::S_IFDIR | 0o755, 0, 0, &cairn_common::time::now());
+    dir.nlink = 2;
+    dir.set_layout(Layout::new(2, 1, 4096).unwrap());
+    let mut batch = Batch::new();
+    batch.put(Cf::Inodes, schema::ino_key(top), schema::encode(&dir));
+    store.write(batch).unwrap();
+    let new = NewEntry { parent: top, name: b"f", mode: S_IFREG | 0o644, uid: 0, gid: 0 };
+    let f = ns.create(&new, 0, true).unwrap().0;
+    let stripe = StripeInfo { index: 0, version: 4, len: 10, written_len: 10, ..Default::default() };
+    ns.commit(f.ino, 8192, &[stripe], None).unwrap();
+    ns.unlink(top, b"f").unwrap();
+
+    let round = Gc::new(ns.clone(), cluster).run_once().await.unwrap();
+    assert_eq!(round, GcRound { deleted: 3, dropped: 0, pending: 0 });
+    assert!(fake.deleted.lock().iter().all(|s| s.ino == f.ino && cairn_common::ids::slot_of(s.ino) == 5));
+    assert_eq!(*fake.groups.lock(), [3; 3], "one delete per node, each naming the group");
+    assert_eq!(*fake.fences.lock(), [77; 3]);
+}

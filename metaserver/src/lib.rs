@@ -349,6 +349,7 @@ async fn serve_replicated(
             group: node.group(),
             node_timeout: Duration::from_millis(config.node_timeout_ms),
             client_lease: Duration::from_millis(config.client_lease_ms),
+            gc_interval: background.gc_interval,
         };
         tokio::spawn(lead(node.clone(), slots))
     };
@@ -471,6 +472,7 @@ struct ServeSlots {
     group: u32,
     node_timeout: Duration,
     client_lease: Duration,
+    gc_interval: Duration,
 }
 
 /// How often a leader of a group other than 0 fences the chunkservers.
@@ -494,7 +496,7 @@ impl Leadership for ServeSlots {
             (self.service.clone(), self.group),
             held,
             epoch,
-            (self.node_timeout, self.client_lease),
+            (self.node_timeout, self.client_lease, self.gc_interval),
         );
         Tasks(vec![tokio::spawn(fence), tokio::spawn(slots)])
     }
@@ -506,6 +508,15 @@ impl Leadership for ServeSlots {
     }
 }
 
+/// Collect the garbage of a group other than 0 (its unlinked files' shards), once its registry
+/// holds group 0's chunkservers: the GC drops what is queued for nodes it does not know.
+async fn collect_garbage(ns: Arc<Namespace>, cluster: Arc<Cluster>, every: Duration) {
+    while !cluster.registry().mirrored() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Gc::new(ns, cluster).run(every).await
+}
+
 /// Open the namespace of this group's slots (one other than 0) once it holds the cluster's
 /// identity — group 0's leader shares it with the map, within seconds of the group's adding —
 /// serve it, and reap its clients' sessions while it serves.
@@ -513,7 +524,7 @@ async fn serve_slots(
     (service, group): (Arc<MetaService>, u32),
     held: Arc<groups::Groups>,
     epoch: u64,
-    (node_timeout, client_lease): (Duration, Duration),
+    (node_timeout, client_lease, gc_interval): (Duration, Duration, Duration),
 ) {
     let mut said = String::new();
     loop {
@@ -530,7 +541,8 @@ async fn serve_slots(
                 let serving = service::Serving { ns: ns.clone(), cluster: cluster.clone(), repair: None };
                 if service.serve_slots(&held, serving) {
                     tracing::info!(group, epoch, "serving the namespace slots of this group");
-                    reap_sessions(ns, cluster).await;
+                    let collect = collect_garbage(ns.clone(), cluster.clone(), gc_interval);
+                    tokio::join!(reap_sessions(ns, cluster), collect);
                 }
                 return;
             }

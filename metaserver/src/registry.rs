@@ -106,6 +106,8 @@ pub struct Registry {
     store: Arc<dyn MetaStore>,
     timeout: Duration,
     inner: Mutex<Inner>,
+    /// Group 0's list was taken at least once ([`Registry::mirror`]).
+    mirrored: std::sync::atomic::AtomicBool,
 }
 
 /// A node as the garbage collector and statfs need it.
@@ -182,6 +184,7 @@ impl Registry {
             store,
             timeout,
             inner: Mutex::new(Inner { nodes, by_uuid, removed, next_id, cursor: 0 }),
+            mirrored: Default::default(),
         })
     }
 
@@ -207,6 +210,14 @@ impl Registry {
             (n.id, node)
         });
         self.inner.lock().nodes = mirrored.collect();
+        self.mirrored.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether [`Registry::mirror`] took group 0's list at least once: before that, a group
+    /// other than 0 knows no chunkserver (and its GC, which drops deletes queued for nodes it
+    /// does not know, waits).
+    pub fn mirrored(&self) -> bool {
+        self.mirrored.load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn is_up(&self, n: &NodeState, now: Instant) -> bool {
@@ -580,7 +591,9 @@ mod tests {
             node(9, true, "draining"),
             node(10, false, "active"),
         ];
+        assert!(!r.mirrored());
         r.mirror(&listed);
+        assert!(r.mirrored());
         assert!(store.scan(Cf::Nodes, &[], &[], usize::MAX).unwrap().is_empty(), "nothing written");
         let seen: Vec<(u32, bool, String)> = r.nodes().into_iter().map(|n| (n.id, n.up, n.state)).collect();
         assert_eq!(seen.iter().map(|s| s.0).collect::<Vec<_>>(), [7, 8, 9, 10]);
