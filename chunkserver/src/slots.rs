@@ -69,12 +69,12 @@ mod tests {
         assert!(e.message().contains("slot 5 is group 0's (group map version 0)"), "{e}");
         let mut owners = vec![0; 4096];
         owners[5] = 1;
-        slots.update(&GroupMap { version: 3, groups: Vec::new(), slots: owners });
+        slots.update(&GroupMap { version: 3, slots: owners, ..Default::default() });
         slots.check(1, in_slot(5), "delete").unwrap();
         assert_eq!(slots.check(0, in_slot(5), "delete").unwrap_err().kind(), ErrorKind::PermissionDenied);
         slots.check(0, in_slot(0), "delete").unwrap();
         // An older map (an answer overtaken) changes nothing.
-        slots.update(&GroupMap { version: 2, groups: Vec::new(), slots: Vec::new() });
+        slots.update(&GroupMap { version: 2, ..Default::default() });
         assert_eq!((slots.version(), slots.owner(in_slot(5))), (3, 1));
     }
 }

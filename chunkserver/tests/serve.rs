@@ -129,7 +129,7 @@ fake_meta! {
     remove_group(cairn_proto::GroupRequest) -> cairn_proto::GroupMap;
     move_slots(cairn_proto::MoveSlotsRequest) -> cairn_proto::GroupMap;
     share_group_map(cairn_proto::SharedGroupMap) -> cairn_proto::GroupMap;
-    release_slots(cairn_proto::ReleaseSlotsRequest) -> Empty;
+    release_slots(cairn_proto::ReleaseSlotsRequest) -> cairn_proto::ReleaseSlotsReply;
 }
 
 /// An inode number in namespace slot 5.
@@ -139,7 +139,7 @@ const IN_SLOT_5: u64 = (5 << cairn_common::ids::SLOT_SHIFT) | 8;
 fn slot_5_of_group_1() -> cairn_proto::GroupMap {
     let mut slots = vec![0; 4096];
     slots[5] = 1;
-    cairn_proto::GroupMap { version: 1, groups: Vec::new(), slots }
+    cairn_proto::GroupMap { version: 1, slots, ..Default::default() }
 }
 
 /// Serve the fake metaserver on `listener` in the background.

@@ -193,7 +193,7 @@ async fn another_group_deletes_its_own_shards_under_its_own_fence() {
     owners[5] = 3;
     let group = MetaGroup { group: 3, replicas: vec!["1=127.0.0.1:1".into()] };
     map.adopt(
-        GroupMap { version: 2, groups: vec![group], slots: owners },
+        GroupMap { version: 2, groups: vec![group], slots: owners, ..Default::default() },
         "0123456789abcdef0123456789abcdef",
     )
     .unwrap();

@@ -20,6 +20,30 @@ pub const SLOTS: usize = MAX_GROUPS as usize;
 /// The key of the group map in the counters column family (a [`GroupMap`], not a `Counter`).
 const KEY: &[u8] = b"group_map";
 
+/// The promises of the groups giving up slots in one move: each group's slots, all made under
+/// the map at `version`.
+#[derive(Debug, Default)]
+pub struct Promised {
+    pub version: u64,
+    pub slots: BTreeMap<u32, Vec<u32>>,
+    /// Where each slot's owner had numbered it up to (`ReleaseSlots`): the map keeps it as the
+    /// slot's floor.
+    pub reserved_ends: BTreeMap<u32, u64>,
+}
+
+/// Of `slots`, those a group other than 0 owns in `map` that would leave it for `to`, by owner:
+/// each owner must promise to number nothing more in them first (`MoveSlots`).
+pub fn leaving(map: &GroupMap, slots: &[u32], to: u32) -> BTreeMap<u32, Vec<u32>> {
+    let mut leaving = BTreeMap::<u32, Vec<u32>>::new();
+    for &slot in slots {
+        let owner = map.slots.get(slot as usize).copied().unwrap_or(0);
+        if owner != 0 && owner != to {
+            leaving.entry(owner).or_default().push(slot);
+        }
+    }
+    leaving
+}
+
 /// The group map of one serving group 0.
 pub struct Groups {
     store: Arc<dyn MetaStore>,
@@ -40,12 +64,14 @@ struct Owners {
     version: u64,
     /// Empty: every slot is group 0's.
     slots: Vec<u32>,
+    /// Where slots that left a group other than 0 had been numbered up to.
+    floors: BTreeMap<u32, u64>,
 }
 
 impl Owners {
     fn of(map: &GroupMap) -> Arc<Owners> {
         let slots = if map.slots.iter().all(|g| *g == 0) { Vec::new() } else { map.slots.clone() };
-        Arc::new(Owners { version: map.version, slots })
+        Arc::new(Owners { version: map.version, slots, floors: map.floors.clone() })
     }
 }
 
@@ -129,6 +155,12 @@ impl Groups {
         Ok(map)
     }
 
+    /// The first number a new owner of `slot` may hand out there (0: anything of the slot):
+    /// where the groups it left had numbered it up to.
+    pub fn floor(&self, slot: u32) -> u64 {
+        self.owners.read().floors.get(&slot).copied().unwrap_or(0)
+    }
+
     /// The slots `group` owns, in order.
     pub fn slots_of(&self, group: u32) -> Vec<u32> {
         let owners = self.owners.read();
@@ -148,15 +180,16 @@ impl Groups {
     /// Give `slots` to `to` (0 or a group of the map), answering the map and whether it
     /// changed. Only empty slots move (`docs/ARCHITECTURE.md`, "Several metadata groups":
     /// moving a slot's records is not built): `holds(slot)` says whether group 0 has records in
-    /// one of its slots. A group other than 0 holds no records yet — it opens no namespace and
-    /// nothing allocates in its slots — so its slots are empty by construction; once groups
-    /// other than 0 hold inodes, moving their slots must ask them. Slot 0 holds the root and
-    /// every inode made so far and never moves. Slots already `to`'s are left as they are.
+    /// one of its slots. Slots of another group move only as `promised` (that group's promise to
+    /// number nothing more in them, given once they held nothing, under this map's version),
+    /// and keep, as their floor, where that group had numbered them up to. Slot 0 holds the
+    /// root and every inode made so far and never moves. Slots already `to`'s are left as they
+    /// are.
     pub fn move_empty_slots(
         &self,
         slots: &[u32],
         to: u32,
-        promised_at: Option<u64>,
+        promised: Option<&Promised>,
         holds: impl Fn(u32) -> Result<bool>,
     ) -> Result<(GroupMap, bool)> {
         if slots.is_empty() {
@@ -164,13 +197,16 @@ impl Groups {
         }
         let _changing = self.changing.lock();
         let mut map = self.map()?;
-        // Slots of other groups move only under the map their owners promised them under.
-        let leaving = self.leaving(slots, to);
-        if !leaving.is_empty() && promised_at != Some(map.version) {
+        // Slots of other groups move only under the map their owners promised them under, and
+        // only those: what is leaving is read from this map, under this lock.
+        let leaving = leaving(&map, slots, to);
+        let floors = promised.map(|p| p.reserved_ends.clone()).unwrap_or_default();
+        let kept = |p: &Promised| p.version == map.version && p.slots == leaving;
+        if !leaving.is_empty() && !promised.is_some_and(kept) {
             return Err(CairnError::new(
                 ErrorKind::Interrupted,
                 format!(
-                    "the group map is at version {}, and the groups giving up slots promised under {promised_at:?}: ask them again",
+                    "the group map is at version {}, and the groups giving up slots promised under another: ask them again",
                     map.version
                 ),
             ));
@@ -212,21 +248,15 @@ impl Groups {
         if !changed {
             return Ok((map, false));
         }
-        map.slots = if owners.iter().all(|g| *g == 0) { Vec::new() } else { owners };
-        Ok((self.write(map)?, true))
-    }
-
-    /// Of `slots`, those a group other than 0 owns that would leave it for `to`, by owner:
-    /// each owner must promise to number nothing more in them first (`MoveSlots`).
-    pub fn leaving(&self, slots: &[u32], to: u32) -> BTreeMap<u32, Vec<u32>> {
-        let mut leaving = BTreeMap::<u32, Vec<u32>>::new();
-        for &slot in slots {
-            let (owner, _) = self.owner_of(u64::from(slot) << cairn_common::ids::SLOT_SHIFT);
-            if owner != 0 && owner != to {
-                leaving.entry(owner).or_default().push(slot);
+        // The next owner of a slot leaving a group numbers from where that group had reserved.
+        for slot in leaving.values().flatten() {
+            if let Some(end) = floors.get(slot).copied().filter(|end| *end > 0) {
+                let floor = map.floors.entry(*slot).or_default();
+                *floor = (*floor).max(end);
             }
         }
-        leaving
+        map.slots = if owners.iter().all(|g| *g == 0) { Vec::new() } else { owners };
+        Ok((self.write(map)?, true))
     }
 
     /// Keep what the latest round of questions found wrong, by group.
@@ -507,16 +537,32 @@ mod tests {
 
         // From one group to another, and back to 0, each under the map version its owners
         // promised them under; a group owning slots stays in the map.
-        assert_eq!(groups.leaving(&[5, 7, 9], 2), BTreeMap::from([(1, vec![5, 7])]));
-        for promised in [None, Some(2)] {
-            let e = groups.move_empty_slots(&[7, 8], 2, promised, holds).unwrap_err();
-            assert_eq!(e.kind(), ErrorKind::Interrupted, "{e}");
+        assert_eq!(leaving(&map, &[5, 7, 9], 2), BTreeMap::from([(1, vec![5, 7])]));
+        let promised = |version, slots: &[u32]| Promised {
+            version,
+            slots: BTreeMap::from([(1, slots.to_vec())]),
+            reserved_ends: slots.iter().map(|s| (*s, in_slot(u64::from(*s), 1000))).collect(),
+        };
+        for wrong in [None, Some(promised(2, &[7, 8])), Some(promised(3, &[7]))] {
+            let e = groups.move_empty_slots(&[7, 8], 2, wrong.as_ref(), holds).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Interrupted, "{wrong:?}: {e}");
         }
-        let (map, _) = groups.move_empty_slots(&[7, 8], 2, Some(3), holds).unwrap();
+        let (map, _) = groups.move_empty_slots(&[7, 8], 2, Some(&promised(3, &[7, 8])), holds).unwrap();
         assert_eq!(slot_counts(&map), BTreeMap::from([(0, SLOTS - 4), (1, 2), (2, 2)]));
         assert_eq!(groups.remove(2).unwrap_err().kind(), ErrorKind::NotEmpty);
-        let (map, _) = groups.move_empty_slots(&[5, 6, 7, 8], 0, Some(4), holds).unwrap();
+        assert_eq!(
+            (groups.floor(7), groups.floor(8), groups.floor(5)),
+            (in_slot(7, 1000), in_slot(8, 1000), 0)
+        );
+        let back = Promised {
+            version: 4,
+            slots: BTreeMap::from([(1, vec![5, 6]), (2, vec![7, 8])]),
+            reserved_ends: BTreeMap::from([(7, in_slot(7, 10)), (8, in_slot(8, 2000))]),
+        };
+        let (map, _) = groups.move_empty_slots(&[5, 6, 7, 8], 0, Some(&back), holds).unwrap();
         assert!(map.slots.is_empty(), "every slot group 0's again is stored as no list");
+        assert_eq!(groups.floor(7), in_slot(7, 1000), "floors only rise");
+        assert_eq!(groups.floor(8), in_slot(8, 2000));
         assert_eq!((groups.owner_of(in_slot(7, 1)), map.version), ((0, 5), 5));
         // A new leadership reads the owners from the store.
         groups.move_empty_slots(&[100], 2, None, holds).unwrap();

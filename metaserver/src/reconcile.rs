@@ -154,8 +154,8 @@ impl Repair {
                         fence: self.ns.fence(),
                         cluster_id: self.ns.cluster_id().to_string(),
                         cap: None,
-                        // Only group 0 opens a namespace (and so deletes) today.
-                        group: 0,
+                        // Reconciliation runs in group 0 only (not yet in other groups).
+                        group: self.ns.group(),
                     })
                     .await
                     .map_err(CairnError::from)?;
@@ -171,6 +171,10 @@ impl Repair {
     /// Whether shard `id`, found on `node` with a file `age` old, is referenced.
     pub fn verdict(&self, node: u32, id: &ShardId, age: Duration) -> Result<Verdict> {
         if age < self.orphan_grace {
+            return Ok(Verdict::Pending);
+        }
+        // A shard of another group's slot is that group's to judge, not this one's.
+        if self.cluster.groups().owner_of(id.ino).0 != self.ns.group() {
             return Ok(Verdict::Pending);
         }
         let Some(inode) = self.ns.find_inode(id.ino)? else {
@@ -267,6 +271,16 @@ mod tests {
         );
         let far = ShardId { ino: ns.inos_reserved_end() + 5000, ..foreign };
         assert_eq!(repair.verdict(home(0), &far, old).unwrap(), Verdict::Foreign);
+        // A shard of a slot another group owns is that group's: never judged here.
+        let zero = vec![format!("1=127.0.0.1:1")];
+        let group1 = cairn_proto::MetaGroup { group: 1, replicas: vec!["1=127.0.0.1:2".into()] };
+        ns.cluster.groups().add(&group1, &zero).unwrap();
+        ns.cluster.groups().move_empty_slots(&[5], 1, None, |_| Ok(false)).unwrap();
+        let elsewhere = ShardId { ino: (5 << cairn_common::ids::SLOT_SHIFT) | 3, ..foreign };
+        assert_eq!(
+            repair.verdict(home(0), &elsewhere, Duration::from_secs(1 << 30)).unwrap(),
+            Verdict::Pending
+        );
         // Young shards are never judged.
         let strict = Repair::new(ns.ns.clone(), ns.cluster.clone(), Duration::from_secs(60), 1 << 20)
             .with_orphan_grace(Duration::from_secs(60));

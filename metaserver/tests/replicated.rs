@@ -439,10 +439,11 @@ async fn a_second_metadata_group_elects_apart_and_refuses_what_is_not_its() {
     let in_5 = MkdirRequest { parent: in_slot_5, name: b"d".to_vec(), mode: 0o755, ..Default::default() };
     let e = CairnError::from(client(&leader).await.mkdir(in_5).await.unwrap_err());
     assert_eq!(e.kind(), ErrorKind::NotFound, "no such parent in group 1's slots: {e}");
-    client(&leader).await.register_client(Empty {}).await.unwrap();
     for e in [
         client(&leader).await.check_namespace(CheckNamespaceRequest::default()).await.unwrap_err(),
         client(&leader).await.stat_fs(Empty {}).await.unwrap_err(),
+        // Client ids are the cluster's, handed out by group 0.
+        client(&leader).await.register_client(Empty {}).await.unwrap_err(),
     ] {
         assert_eq!(CairnError::from(e).kind(), ErrorKind::WrongGroup);
     }

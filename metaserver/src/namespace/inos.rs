@@ -1,4 +1,4 @@
-//! Handing out inode numbers (`docs/ARCHITECTURE.md`, "Allocation in a group other than 0").
+//! Handing out inode numbers (`docs/ARCHITECTURE.md`, "Numbering in a group other than 0, and slots leaving it").
 //!
 //! Each namespace slot has a counter of its own: numbers are handed out from blocks reserved
 //! (durably) in the group's counters before use, and the next block is reserved in the
@@ -56,6 +56,9 @@ pub(super) fn prepare_restored(
     Ok(skipped)
 }
 
+/// How far ahead of the map a group holds a promise's version may be.
+const MAX_VERSION_AHEAD: u64 = 1 << 21;
+
 /// The counter of one slot.
 pub(super) struct Inos {
     /// Where its reserved end is kept.
@@ -99,11 +102,12 @@ impl Inos {
 
     /// The counter of slot `slot` (not 0) as `store` keeps it: numbers from the reserved end
     /// on (those below may have been handed out), from the slot's first number the first time —
-    /// past the gaps restores left ([`prepare_restored`]).
-    fn open(store: &dyn MetaStore, slot: u32) -> Result<Arc<Inos>> {
+    /// past the gaps restores left ([`prepare_restored`]) and the `floor` where the groups the
+    /// slot left had numbered it up to (the group map's).
+    fn open(store: &dyn MetaStore, slot: u32, floor: u64) -> Result<Arc<Inos>> {
         let key = slot_key(slot);
         let gap = read_counter(store, SLOT_GAP)?.unwrap_or(0);
-        let first = ((u64::from(slot) << SLOT_SHIFT) | 1) + gap;
+        let first = (((u64::from(slot) << SLOT_SHIFT) | 1) + gap).max(floor);
         let next = read_counter(store, &key)?.unwrap_or(first).max(first);
         Ok(Inos::new(key, slot, next, next))
     }
@@ -267,7 +271,9 @@ impl Slots {
             let mut counters = self.counters.lock();
             match counters.get(&slot) {
                 Some(inos) => inos.clone(),
-                None => counters.entry(slot).or_insert(Inos::open(&**store, slot)?).clone(),
+                None => {
+                    counters.entry(slot).or_insert(Inos::open(&**store, slot, self.map.floor(slot))?).clone()
+                }
             }
         };
         Ok(Numbered { ino: inos.next(store)?, _gate: Some(gate) })
@@ -277,12 +283,32 @@ impl Slots {
     /// change numbering here is in flight and none of them holds a record (read through what
     /// this leader proposed and has not applied): `NotEmpty` otherwise, and nothing promised.
     /// One durable write. Group 0 then moves them only while its map is still at `version`.
-    pub(super) fn release(&self, store: &dyn MetaStore, slots: &[u32], version: u64) -> Result<()> {
-        let _whole = self.gate.write();
+    /// Answers, for each slot, the first number this group had not reserved there (0: none),
+    /// which the map keeps so a later owner never hands out a number twice.
+    pub(super) fn release(&self, store: &dyn MetaStore, slots: &[u32], version: u64) -> Result<Vec<u64>> {
+        if let Some(bad) = slots.iter().find(|s| **s as usize >= crate::groups::SLOTS) {
+            return Err(CairnError::invalid(format!(
+                "namespace slot {bad}: slots are numbered 0 to {}",
+                crate::groups::SLOTS - 1
+            )));
+        }
+        let whole = self.gate.write();
         let held = self.map.version();
         if held > version {
+            // Group 0 changed its map since it asked: it asks again under the new one.
+            return Err(CairnError::new(
+                ErrorKind::Interrupted,
+                format!(
+                    "group 0's map version {version} is older than the version {held} metadata group {} holds",
+                    self.group
+                ),
+            ));
+        }
+        // A promise lasts until a newer map: one far ahead of what this group holds would keep
+        // the slots from it for good (a restore of group 0 jumps 2^20 versions ahead).
+        if version > held.saturating_add(MAX_VERSION_AHEAD) {
             return Err(CairnError::invalid(format!(
-                "group 0's map version {version} is older than the version {held} metadata group {} holds",
+                "a promise under group map version {version}, far ahead of the version {held} metadata group {} holds",
                 self.group
             )));
         }
@@ -311,8 +337,22 @@ impl Slots {
         batch.put(Cf::Counters, RELEASING, raw);
         batch.set_durable();
         store.write(batch)?;
-        change.close()?;
+        // Kept from the proposal on (should the commit fail, keeping it is the careful side);
+        // the gate is let go before the wait for the commit, so creates do not wait for it.
         *releasing = promised;
-        Ok(())
+        drop(releasing);
+        // Where each slot was numbered up to: reserved here, or, never numbered here, nothing.
+        let counters = self.counters.lock();
+        let ends = slots
+            .iter()
+            .map(|slot| match counters.get(slot) {
+                Some(inos) => Ok(inos.reserved_end()),
+                None => Ok(read_counter(store, &slot_key(*slot))?.unwrap_or(0)),
+            })
+            .collect::<Result<Vec<u64>>>()?;
+        drop(counters);
+        drop(whole);
+        change.close()?;
+        Ok(ends)
     }
 }

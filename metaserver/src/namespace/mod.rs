@@ -277,8 +277,7 @@ impl Namespace {
     /// state): the slots the group map gives it, without a root directory, with the epoch its
     /// leadership raised for its fences (`groups::Groups::open_leadership`). It needs the
     /// cluster's identity, which group 0's leader shares with it (`Unavailable` before); it
-    /// writes nothing. Nothing allocates inode numbers in its slots yet (`docs/ARCHITECTURE.md`,
-    /// "Several metadata groups"): a create there is refused.
+    /// writes nothing. It numbers new inodes in its own slots (`inos.rs`).
     pub fn open_slots(
         store: Arc<dyn MetaStore>,
         (group, map): (u32, Arc<crate::groups::Groups>),
@@ -427,8 +426,9 @@ impl Namespace {
 
     /// Promise group 0, whose group map is at `version`, to number nothing more in `slots`
     /// before it moves them away from this group (one other than 0): refused `NotEmpty` when
-    /// one holds a record (`inos.rs`, [`inos::Slots::release`]).
-    pub fn release_slots(&self, slots: &[u32], version: u64) -> Result<()> {
+    /// one holds a record; answers where each was numbered up to (`inos.rs`,
+    /// [`inos::Slots::release`]).
+    pub fn release_slots(&self, slots: &[u32], version: u64) -> Result<Vec<u64>> {
         match &self.slots {
             Some(held) => held.release(&*self.store, slots, version),
             None => Err(CairnError::invalid("group 0's slots move by its own map changes, not by a promise")),

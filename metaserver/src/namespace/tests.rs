@@ -704,7 +704,7 @@ fn a_group_other_than_0_numbers_inodes_in_its_own_slots() {
         let mut owners = vec![0u32; crate::groups::SLOTS];
         slots.iter().for_each(|s| owners[*s] = 3);
         let group = cairn_proto::MetaGroup { group: 3, replicas: vec!["1=127.0.0.1:1".into()] };
-        cairn_proto::GroupMap { version, groups: vec![group], slots: owners }
+        cairn_proto::GroupMap { version, groups: vec![group], slots: owners, ..Default::default() }
     };
     map.adopt(owning(2, &[5, 9, 11]), id).unwrap();
     let before = store.scan(Cf::Counters, &[], &[], usize::MAX).unwrap();
@@ -725,7 +725,7 @@ fn a_group_other_than_0_numbers_inodes_in_its_own_slots() {
     store.write(batch).unwrap();
 
     // Slot 11 promised away (empty): nothing is numbered there while the promise holds.
-    ns.release_slots(&[11], 2).unwrap();
+    assert_eq!(ns.release_slots(&[11], 2).unwrap(), [0], "never numbered there");
     let slot = |ino: u64| cairn_common::ids::slot_of(ino);
     let dirs = |ns: &Namespace, prefix: &str| -> Vec<u32> {
         (0..24).map(|i| slot(ns.mkdir(&new(top, &format!("{prefix}{i}"), 0o755)).unwrap().ino)).collect()
@@ -737,7 +737,9 @@ fn a_group_other_than_0_numbers_inodes_in_its_own_slots() {
     assert!(file.ino < top && file.ino > in_slot(5, 0));
     let e = ns.release_slots(&[9], 2).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotEmpty, "{e}");
-    assert_eq!(ns.release_slots(&[11], 1).unwrap_err().kind(), ErrorKind::InvalidArgument, "an older map");
+    assert_eq!(ns.release_slots(&[11], 1).unwrap_err().kind(), ErrorKind::Interrupted, "an older map");
+    assert_eq!(ns.release_slots(&[11], u64::MAX).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(ns.release_slots(&[4096], 2).unwrap_err().kind(), ErrorKind::InvalidArgument);
 
     // The promise is kept across a reopening; a newer map ends it (it moved the slot, or was
     // made without this promise).
@@ -768,6 +770,13 @@ fn a_group_other_than_0_numbers_inodes_in_its_own_slots() {
     );
     let fresh = made.iter().find(|i| slot(**i) == 13).expect("some in slot 13");
     assert!(*fresh > in_slot(13, RESTORE_INO_GAP), "{fresh}");
+
+    // A slot that left another group comes with the floor that group had reserved it up to.
+    let floor = in_slot(15, 3 << 40);
+    let from_elsewhere = cairn_proto::GroupMap { floors: [(15, floor)].into(), ..owning(6, &[15]) };
+    map.adopt(from_elsewhere, id).unwrap();
+    let first = ns.mkdir(&new(top, "after-move", 0o755)).unwrap().ino;
+    assert!(slot(first) == 15 && first >= floor, "{first}");
 }
 
 fn in_slot(slot: u64, n: u64) -> u64 {

@@ -89,26 +89,34 @@ impl MetaService {
         &self,
         req: cairn_proto::MoveSlotsRequest,
     ) -> Result<GroupMap, tonic::Status> {
+        if let Some(bad) = req.slots.iter().find(|s| **s as usize >= groups::SLOTS) {
+            return Err(CairnError::invalid(format!(
+                "namespace slot {bad}: slots are numbered 0 to {}",
+                groups::SLOTS - 1
+            ))
+            .into());
+        }
         let mut tries = 0;
         let (mut map, changed) = loop {
-            let (held, leaving) = {
-                let zero = self.zero()?;
-                let groups = zero.cluster.groups();
-                (groups.map()?, groups.leaving(&req.slots, req.group))
-            };
-            for (owner, slots) in &leaving {
-                self.promise_of(&held, *owner, slots).await?;
-            }
-            let promised_at = (!leaving.is_empty()).then_some(held.version);
-            let req = req.clone();
-            let moved = self
-                .run_zero(move |s| {
+            let moved = async {
+                let held = self.zero()?.cluster.groups().map()?;
+                let leaving = groups::leaving(&held, &req.slots, req.group);
+                let mut reserved_ends = BTreeMap::new();
+                for (owner, slots) in &leaving {
+                    let ends = self.promise_of(&held, *owner, slots).await?;
+                    reserved_ends.extend(slots.iter().copied().zip(ends));
+                }
+                let promised = groups::Promised { version: held.version, slots: leaving, reserved_ends };
+                let req = req.clone();
+                self.run_zero(move |s| {
                     let store = s.ns.store().clone();
                     let holds = |slot| groups::slot_holds_records(&*store, slot);
-                    s.cluster.groups().move_empty_slots(&req.slots, req.group, promised_at, holds)
+                    s.cluster.groups().move_empty_slots(&req.slots, req.group, Some(&promised), holds)
                 })
                 .await
-                .map_err(CairnError::from);
+                .map_err(CairnError::from)
+            }
+            .await;
             match moved {
                 Err(e) if e.kind() == ErrorKind::Interrupted && tries < 3 => tries += 1,
                 moved => break moved?,
@@ -124,7 +132,8 @@ impl MetaService {
 
     /// Have the leader of `group` (another than 0; its replicas as `map`, at the version the
     /// move will be written against, names them) promise to number nothing more in `slots`.
-    async fn promise_of(&self, map: &GroupMap, group: u32, slots: &[u32]) -> Result<()> {
+    /// Answers where the group had numbered each slot up to.
+    async fn promise_of(&self, map: &GroupMap, group: u32, slots: &[u32]) -> Result<Vec<u64>> {
         let replicas = map.groups.iter().filter(|g| g.group == group).flat_map(|g| g.replicas.iter());
         let mut why = format!("the group map names no replicas of group {group}");
         for replica in replicas {
@@ -135,7 +144,17 @@ impl MetaService {
                 Err(e) => Ok(Err(e.into())),
             };
             match answer.map(|a| a.map_err(CairnError::from)) {
-                Ok(Ok(_)) => return Ok(()),
+                Ok(Ok(reply)) => {
+                    let ends = reply.into_inner().reserved_ends;
+                    if ends.len() != slots.len() {
+                        return Err(CairnError::internal(format!(
+                            "metadata group {group}'s leader answered {} reserved ends for {} slots",
+                            ends.len(),
+                            slots.len()
+                        )));
+                    }
+                    return Ok(ends);
+                }
                 Ok(Err(e)) if matches!(e.kind(), ErrorKind::NotLeader | ErrorKind::Unavailable) => {
                     why = format!("{addr}: {}", e.message())
                 }
@@ -154,11 +173,12 @@ impl MetaService {
     pub(super) async fn release_slots(
         &self,
         req: cairn_proto::ReleaseSlotsRequest,
-    ) -> Result<(), tonic::Status> {
+    ) -> Result<cairn_proto::ReleaseSlotsReply, tonic::Status> {
         if self.raft()?.group() == 0 {
             return Err(CairnError::invalid("metadata group 0's slots move by its own map changes").into());
         }
-        self.run(move |ns| ns.release_slots(&req.slots, req.map_version)).await
+        let reserved_ends = self.run(move |ns| ns.release_slots(&req.slots, req.map_version)).await?;
+        Ok(cairn_proto::ReleaseSlotsReply { reserved_ends })
     }
 
     /// The version of the group map this replica's group holds, while it leads (0 otherwise).

@@ -584,7 +584,9 @@ impl Meta for MetaService {
         let read_only = self.rule(&req).is_some_and(|rule| rule.read_only);
         // Before a session is made: a subtree that does not resolve refuses the mount.
         let root = self.subtree(&req)?.unwrap_or(0);
-        let client_id = self.run_serving(|s| s.cluster.register_client()).await?;
+        // Client ids are the cluster's: group 0 hands them out, and every group knows a client
+        // by the one id (`docs/ARCHITECTURE.md`, "How clients route").
+        let client_id = self.run_zero(|s| s.cluster.register_client()).await?;
         self.cluster()?.sessions().bind(client_id, &holder);
         Ok(Response::new(RegisterClientReply { client_id, read_only, root }))
     }
@@ -817,9 +819,8 @@ impl Meta for MetaService {
     async fn release_slots(
         &self,
         req: Request<cairn_proto::ReleaseSlotsRequest>,
-    ) -> Result<Response<Empty>, Status> {
-        self.release_slots(req.into_inner()).await?;
-        Ok(Response::new(Empty {}))
+    ) -> Result<Response<cairn_proto::ReleaseSlotsReply>, Status> {
+        Ok(Response::new(self.release_slots(req.into_inner()).await?))
     }
 
     async fn raft_status(&self, _req: Request<Empty>) -> Result<Response<RaftStatusReply>, Status> {
