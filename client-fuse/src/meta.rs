@@ -212,7 +212,7 @@ impl Inner {
                 .collect();
             // A group whose replicas did not change keeps its list (and the leader it found).
             let replicas = match old.groups.get(&group.group) {
-                Some(known) if known.addrs().starts_with(&addrs) => known.clone(),
+                Some(known) if known.addrs() == addrs => known.clone(),
                 _ => {
                     let mut failover = Failover::parse(&addrs.join(","))?;
                     if let Some(limit) = self.try_timeout {

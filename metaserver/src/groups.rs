@@ -371,6 +371,13 @@ pub fn prepare_restored(store: &dyn MetaStore, batch: &mut Batch) -> Result<()> 
     Ok(())
 }
 
+/// A group other than 0 restored from a backup forgets the map it held then (put in `batch`):
+/// slots may have moved since, and it must not number in one it no longer owns. It serves its
+/// slots again once group 0's leader shares the current map (within 5 s); its cluster id stays.
+pub fn forget_on_restore(batch: &mut Batch) {
+    batch.delete(Cf::Counters, KEY);
+}
+
 /// fsck's check of the map against the data (`CheckNamespace`): every slot the map gives to
 /// another group must hold no records in `store` (group 0's). One problem per slot that does;
 /// none is repaired (nothing here moves a slot's records).

@@ -303,6 +303,12 @@ impl Namespace {
                 )))
             }
         };
+        if map.version() == 0 {
+            return Err(CairnError::unavailable(format!(
+                "metadata group {group} holds no group map yet (a new group, or one restored from a \
+                 backup): group 0's leader shares it within seconds"
+            )));
+        }
         let mut stats = Vec::with_capacity(STATS_SHARDS);
         for shard in 0..STATS_SHARDS {
             let s = match store.get(Cf::Counters, &stats_key(shard))? {

@@ -777,6 +777,19 @@ fn a_group_other_than_0_numbers_inodes_in_its_own_slots() {
     map.adopt(from_elsewhere, id).unwrap();
     let first = ns.mkdir(&new(top, "after-move", 0o755)).unwrap().ino;
     assert!(slot(first) == 15 && first >= floor, "{first}");
+
+    // Restored from a backup, the group forgets the map it held (slots may have moved since)
+    // and serves again only once group 0 shares the current one.
+    drop(ns);
+    let mut batch = Batch::new();
+    crate::groups::forget_on_restore(&mut batch);
+    store.write(batch).unwrap();
+    let forgot = Arc::new(crate::groups::Groups::open(store.clone()).unwrap());
+    let e = Namespace::open_slots(store.clone(), (3, forgot.clone()), 78, cluster.clone()).err().unwrap();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.message().contains("holds no group map yet"), "{e}");
+    forgot.adopt(owning(7, &[15]), id).unwrap();
+    Namespace::open_slots(store.clone(), (3, forgot), 78, cluster.clone()).unwrap();
 }
 
 fn in_slot(slot: u64, n: u64) -> u64 {

@@ -563,6 +563,8 @@ pub fn restore(
             crate::namespace::prepare_restored(&store, &mut batch)?;
             if into == 0 {
                 crate::groups::prepare_restored(&store, &mut batch)?;
+            } else {
+                crate::groups::forget_on_restore(&mut batch);
             }
             store.write(batch)?;
         }
