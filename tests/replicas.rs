@@ -696,4 +696,9 @@ fn cairn_up_starts_and_registers_a_second_metadata_group() {
         map["groups"].as_array().unwrap().iter().all(|g| g["map_version"] == 2)
     });
     assert_eq!(fs::read_to_string(cluster.mnt.join("with-two-groups")).unwrap(), "two");
+    // Group 1's slots go back to group 0 with its leader's promise to create nothing more in
+    // them (they hold nothing).
+    let (code, out) = cli_on(&cluster, &cluster.meta_addr, &["meta", "groups", "move", "1-99,4095", "0"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("group map version 3"), "{out}");
 }
