@@ -157,6 +157,16 @@ pub fn next_epoch(store: &dyn MetaStore, batch: &mut Batch) -> Result<u64> {
     Ok(epoch)
 }
 
+/// The statistics counters' shards as `store` keeps them.
+fn read_stats(store: &dyn MetaStore) -> Result<Vec<Mutex<Stats>>> {
+    (0..STATS_SHARDS)
+        .map(|shard| match store.get(Cf::Counters, &stats_key(shard))? {
+            Some(v) => Ok(Mutex::new(schema::decode::<Stats>("stats", &v)?)),
+            None => Ok(Mutex::new(Stats::default())),
+        })
+        .collect()
+}
+
 /// The ranges `prepare_restored` recorded.
 fn read_foreign_inos(store: &dyn MetaStore) -> Result<Vec<(u64, u64)>> {
     let raw = store.get(Cf::Counters, counter::FOREIGN_INOS)?.unwrap_or_default();
@@ -204,14 +214,7 @@ impl Namespace {
         cluster: Arc<dyn Surroundings>,
     ) -> Result<Namespace> {
         root_layout.validate()?;
-        let mut stats = Vec::with_capacity(STATS_SHARDS);
-        for shard in 0..STATS_SHARDS {
-            let s = match store.get(Cf::Counters, &stats_key(shard))? {
-                Some(v) => schema::decode::<Stats>("stats", &v)?,
-                None => Stats::default(),
-            };
-            stats.push(Mutex::new(s));
-        }
+        let stats = read_stats(&*store)?;
         let mut batch = Batch::new();
         let gc_epoch = next_epoch(&*store, &mut batch)?;
         // The cluster's identity, drawn by the first opening (`docs/ARCHITECTURE.md`, "Cluster
@@ -309,14 +312,7 @@ impl Namespace {
                  backup): group 0's leader shares it within seconds"
             )));
         }
-        let mut stats = Vec::with_capacity(STATS_SHARDS);
-        for shard in 0..STATS_SHARDS {
-            let s = match store.get(Cf::Counters, &stats_key(shard))? {
-                Some(v) => schema::decode::<Stats>("stats", &v)?,
-                None => Stats::default(),
-            };
-            stats.push(Mutex::new(s));
-        }
+        let stats = read_stats(&*store)?;
         Ok(Namespace {
             foreign_inos: read_foreign_inos(&*store)?,
             slots: Some(inos::Slots::open(&*store, group, map)?),
