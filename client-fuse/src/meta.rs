@@ -212,7 +212,8 @@ impl Inner {
                 .collect();
             // A group whose replicas did not change keeps its list (and the leader it found).
             let replicas = match old.groups.get(&group.group) {
-                Some(known) if known.addrs() == addrs => known.clone(),
+                // (Its list may have grown by leaders learned from answers.)
+                Some(known) if known.addrs().get(..addrs.len()) == Some(&addrs[..]) => known.clone(),
                 _ => {
                     let mut failover = Failover::parse(&addrs.join(","))?;
                     if let Some(limit) = self.try_timeout {

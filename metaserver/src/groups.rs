@@ -31,6 +31,44 @@ pub struct Promised {
     pub reserved_ends: BTreeMap<u32, u64>,
 }
 
+/// Whether `map` lets `slots` move to `to`, as far as group 0 can tell alone: named, numbered,
+/// not slot 0, `to` in the map, none of group 0's holding records (`holds`). Checked before
+/// other groups are asked to promise theirs (a move refused after would leave their promises
+/// standing until the next map change), and again when the move is written.
+pub fn check_move(map: &GroupMap, slots: &[u32], to: u32, holds: impl Fn(u32) -> Result<bool>) -> Result<()> {
+    if slots.is_empty() {
+        return Err(CairnError::invalid("name the namespace slots to move"));
+    }
+    if to != 0 && !map.groups.iter().any(|g| g.group == to) {
+        return Err(CairnError::new(
+            ErrorKind::NotFound,
+            format!("metadata group {to} is not in the group map: add it first (cairn meta groups add)"),
+        ));
+    }
+    for &slot in slots {
+        if slot as usize >= SLOTS {
+            return Err(CairnError::invalid(format!(
+                "namespace slot {slot}: slots are numbered 0 to {}",
+                SLOTS - 1
+            )));
+        }
+        if slot == 0 {
+            return Err(CairnError::invalid(
+                "namespace slot 0 holds the root directory and every inode made before groups: it stays in metadata group 0",
+            ));
+        }
+        if owner(map, slot as usize) == 0 && to != 0 && holds(slot)? {
+            return Err(CairnError::new(
+                ErrorKind::NotEmpty,
+                format!(
+                    "namespace slot {slot} holds records in metadata group 0: moving a slot's records is not built yet, only empty slots move"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Of `slots`, those a group other than 0 owns in `map` that would leave it for `to`, by owner:
 /// each owner must promise to number nothing more in them first (`MoveSlots`).
 pub fn leaving(map: &GroupMap, slots: &[u32], to: u32) -> BTreeMap<u32, Vec<u32>> {
@@ -192,11 +230,9 @@ impl Groups {
         promised: Option<&Promised>,
         holds: impl Fn(u32) -> Result<bool>,
     ) -> Result<(GroupMap, bool)> {
-        if slots.is_empty() {
-            return Err(CairnError::invalid("name the namespace slots to move"));
-        }
         let _changing = self.changing.lock();
         let mut map = self.map()?;
+        check_move(&map, slots, to, holds)?;
         // Slots of other groups move only under the map their owners promised them under, and
         // only those: what is leaving is read from this map, under this lock.
         let leaving = leaving(&map, slots, to);
@@ -211,39 +247,12 @@ impl Groups {
                 ),
             ));
         }
-        if to != 0 && !map.groups.iter().any(|g| g.group == to) {
-            return Err(CairnError::new(
-                ErrorKind::NotFound,
-                format!("metadata group {to} is not in the group map: add it first (cairn meta groups add)"),
-            ));
-        }
         let mut owners = if map.slots.is_empty() { vec![0; SLOTS] } else { map.slots.clone() };
         let mut changed = false;
         for &slot in slots {
-            let Some(owner) = owners.get_mut(slot as usize) else {
-                return Err(CairnError::invalid(format!(
-                    "namespace slot {slot}: slots are numbered 0 to {}",
-                    SLOTS - 1
-                )));
-            };
-            if slot == 0 {
-                return Err(CairnError::invalid(
-                    "namespace slot 0 holds the root directory and every inode made before groups: it stays in metadata group 0",
-                ));
-            }
-            if *owner == to {
-                continue;
-            }
-            if *owner == 0 && holds(slot)? {
-                return Err(CairnError::new(
-                    ErrorKind::NotEmpty,
-                    format!(
-                        "namespace slot {slot} holds records in metadata group 0: moving a slot's records is not built yet, only empty slots move"
-                    ),
-                ));
-            }
+            let owner = &mut owners[slot as usize];
+            changed |= *owner != to;
             *owner = to;
-            changed = true;
         }
         if !changed {
             return Ok((map, false));

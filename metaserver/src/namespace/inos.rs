@@ -59,6 +59,14 @@ pub(super) fn prepare_restored(
 /// How far ahead of the map a group holds a promise's version may be.
 const MAX_VERSION_AHEAD: u64 = 1 << 21;
 
+/// The first number of slot `slot` (not 0) that this group's store has not reserved: its
+/// counter, or the slot's first number past the gaps restores left, and at least `floor`.
+fn first_free(store: &dyn MetaStore, slot: u32, floor: u64) -> Result<u64> {
+    let gap = read_counter(store, SLOT_GAP)?.unwrap_or(0);
+    let first = (((u64::from(slot) << SLOT_SHIFT) | 1) + gap).max(floor);
+    Ok(read_counter(store, &slot_key(slot))?.unwrap_or(first).max(first))
+}
+
 /// The counter of one slot.
 pub(super) struct Inos {
     /// Where its reserved end is kept.
@@ -105,11 +113,15 @@ impl Inos {
     /// past the gaps restores left ([`prepare_restored`]) and the `floor` where the groups the
     /// slot left had numbered it up to (the group map's).
     fn open(store: &dyn MetaStore, slot: u32, floor: u64) -> Result<Arc<Inos>> {
-        let key = slot_key(slot);
-        let gap = read_counter(store, SLOT_GAP)?.unwrap_or(0);
-        let first = (((u64::from(slot) << SLOT_SHIFT) | 1) + gap).max(floor);
-        let next = read_counter(store, &key)?.unwrap_or(first).max(first);
-        Ok(Inos::new(key, slot, next, next))
+        let next = first_free(store, slot, floor)?;
+        Ok(Inos::new(slot_key(slot), slot, next, next))
+    }
+
+    /// Hand out nothing below `floor` (a slot that came back with the floor another group left).
+    fn raise_to(&self, floor: u64) {
+        let mut a = self.alloc.lock();
+        // At or past the reserved end, the next number reserves a block from there.
+        a.next = a.next.max(floor);
     }
 
     /// The end of the reserved numbers: none from here on was handed out.
@@ -267,15 +279,15 @@ impl Slots {
             }
             slot
         };
+        let floor = self.map.floor(slot);
         let inos = {
             let mut counters = self.counters.lock();
             match counters.get(&slot) {
                 Some(inos) => inos.clone(),
-                None => {
-                    counters.entry(slot).or_insert(Inos::open(&**store, slot, self.map.floor(slot))?).clone()
-                }
+                None => counters.entry(slot).or_insert(Inos::open(&**store, slot, floor)?).clone(),
             }
         };
+        inos.raise_to(floor);
         Ok(Numbered { ino: inos.next(store)?, _gate: Some(gate) })
     }
 
@@ -341,13 +353,15 @@ impl Slots {
         // the gate is let go before the wait for the commit, so creates do not wait for it.
         *releasing = promised;
         drop(releasing);
-        // Where each slot was numbered up to: reserved here, or, never numbered here, nothing.
-        let counters = self.counters.lock();
+        // Where each slot was numbered up to (reserved here, or where numbering would start:
+        // past restores' gaps and the floor the map gave it); its counter is dropped, so a
+        // slot that comes back starts from its stored end and the map's floor.
+        let mut counters = self.counters.lock();
         let ends = slots
             .iter()
-            .map(|slot| match counters.get(slot) {
-                Some(inos) => Ok(inos.reserved_end()),
-                None => Ok(read_counter(store, &slot_key(*slot))?.unwrap_or(0)),
+            .map(|slot| {
+                let cached = counters.remove(slot).map(|inos| inos.reserved_end()).unwrap_or(0);
+                Ok(cached.max(first_free(store, *slot, self.map.floor(*slot))?))
             })
             .collect::<Result<Vec<u64>>>()?;
         drop(counters);

@@ -725,7 +725,7 @@ fn a_group_other_than_0_numbers_inodes_in_its_own_slots() {
     store.write(batch).unwrap();
 
     // Slot 11 promised away (empty): nothing is numbered there while the promise holds.
-    assert_eq!(ns.release_slots(&[11], 2).unwrap(), [0], "never numbered there");
+    assert_eq!(ns.release_slots(&[11], 2).unwrap(), [in_slot(11, 1)], "never numbered there");
     let slot = |ino: u64| cairn_common::ids::slot_of(ino);
     let dirs = |ns: &Namespace, prefix: &str| -> Vec<u32> {
         (0..24).map(|i| slot(ns.mkdir(&new(top, &format!("{prefix}{i}"), 0o755)).unwrap().ino)).collect()
@@ -777,6 +777,15 @@ fn a_group_other_than_0_numbers_inodes_in_its_own_slots() {
     map.adopt(from_elsewhere, id).unwrap();
     let first = ns.mkdir(&new(top, "after-move", 0o755)).unwrap().ino;
     assert!(slot(first) == 15 && first >= floor, "{first}");
+    // Given away (its end reported: past what was handed out) and back with a higher floor
+    // another group left: numbering goes on from that floor, not from the counter it had.
+    ns.rmdir(top, b"after-move").unwrap();
+    let ends = ns.release_slots(&[15], 6).unwrap();
+    assert!(ends[0] > first, "{ends:?}");
+    let higher = in_slot(15, 5 << 40);
+    map.adopt(cairn_proto::GroupMap { floors: [(15, higher)].into(), ..owning(8, &[15]) }, id).unwrap();
+    let again = ns.mkdir(&new(top, "back-again", 0o755)).unwrap().ino;
+    assert!(again >= higher, "{again}");
 
     // Restored from a backup, the group forgets the map it held (slots may have moved since)
     // and serves again only once group 0 shares the current one.
@@ -788,7 +797,7 @@ fn a_group_other_than_0_numbers_inodes_in_its_own_slots() {
     let e = Namespace::open_slots(store.clone(), (3, forgot.clone()), 78, cluster.clone()).err().unwrap();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     assert!(e.message().contains("holds no group map yet"), "{e}");
-    forgot.adopt(owning(7, &[15]), id).unwrap();
+    forgot.adopt(owning(9, &[15]), id).unwrap();
     Namespace::open_slots(store.clone(), (3, forgot), 78, cluster.clone()).unwrap();
 }
 

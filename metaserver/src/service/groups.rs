@@ -89,17 +89,19 @@ impl MetaService {
         &self,
         req: cairn_proto::MoveSlotsRequest,
     ) -> Result<GroupMap, tonic::Status> {
-        if let Some(bad) = req.slots.iter().find(|s| **s as usize >= groups::SLOTS) {
-            return Err(CairnError::invalid(format!(
-                "namespace slot {bad}: slots are numbered 0 to {}",
-                groups::SLOTS - 1
-            ))
-            .into());
-        }
         let mut tries = 0;
         let (mut map, changed) = loop {
             let moved = async {
                 let held = self.zero()?.cluster.groups().map()?;
+                // What would refuse the move anyway is refused before anyone promises.
+                let (map, asked) = (held.clone(), req.clone());
+                self.run_zero(move |s| {
+                    let store = s.ns.store().clone();
+                    groups::check_move(&map, &asked.slots, asked.group, |slot| {
+                        groups::slot_holds_records(&*store, slot)
+                    })
+                })
+                .await?;
                 let leaving = groups::leaving(&held, &req.slots, req.group);
                 let mut reserved_ends = BTreeMap::new();
                 for (owner, slots) in &leaving {

@@ -580,12 +580,13 @@ impl Meta for MetaService {
     }
 
     async fn register_client(&self, req: Request<Empty>) -> Result<Response<RegisterClientReply>, Status> {
+        // Client ids are the cluster's: group 0 hands them out, and every group knows a client
+        // by the one id (`docs/ARCHITECTURE.md`, "How clients route").
+        self.zero()?;
         let holder = cert_name(&req);
         let read_only = self.rule(&req).is_some_and(|rule| rule.read_only);
         // Before a session is made: a subtree that does not resolve refuses the mount.
         let root = self.subtree(&req)?.unwrap_or(0);
-        // Client ids are the cluster's: group 0 hands them out, and every group knows a client
-        // by the one id (`docs/ARCHITECTURE.md`, "How clients route").
         let client_id = self.run_zero(|s| s.cluster.register_client()).await?;
         self.cluster()?.sessions().bind(client_id, &holder);
         Ok(Response::new(RegisterClientReply { client_id, read_only, root }))
