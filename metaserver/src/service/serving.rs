@@ -100,13 +100,15 @@ impl MetaService {
 
     /// Serve the namespace of this group's slots (one other than 0) while `held` is still the
     /// map this leadership holds: a leadership that ended meanwhile (its `stop` let go of the map
-    /// first) never starts serving again. Answers whether it serves.
+    /// first) never starts serving again. Answers whether it serves. No new signing key: the
+    /// one the leadership started with ([`MetaService::hold_map`]) is the one its fences have
+    /// been sending chunkservers, so its capabilities pass from the first.
     pub fn serve_slots(&self, held: &Arc<crate::groups::Groups>, serving: Serving) -> bool {
         let current = self.held_map.read();
         if !current.as_ref().is_some_and(|c| Arc::ptr_eq(c, held)) {
             return false;
         }
-        self.serve(Some(serving));
+        *self.serving.write() = Some(Arc::new(serving));
         true
     }
 
