@@ -416,6 +416,16 @@ pub fn slot_holds_records(store: &dyn MetaStore, slot: u32) -> Result<bool> {
             return Ok(true);
         }
     }
+    // A directory prepared for another group's mkdir and not yet decided (`txn.rs`): its inode
+    // is in its record until then.
+    for (_, value) in store.scan(Cf::Txns, &[], &[], usize::MAX)? {
+        let record: schema::TxnRecord = schema::decode("transaction", &value)?;
+        if record.role == schema::TXN_PARTICIPANT
+            && record.inode.is_some_and(|i| cairn_common::ids::slot_of(i.ino) == slot)
+        {
+            return Ok(true);
+        }
+    }
     Ok(false)
 }
 

@@ -324,7 +324,62 @@ pub struct Dentry {
     pub ino: u64,
     #[prost(uint32, tag = "2")]
     pub kind: u32,
+    /// Not empty: the entry is a placeholder of a cross-group change not decided yet (its
+    /// transaction id, `namespace/txn.rs`), absent to lookups and present to creations.
+    #[prost(bytes = "vec", tag = "3")]
+    pub txn: Vec<u8>,
 }
+
+impl Dentry {
+    /// An ordinary entry.
+    pub fn new(ino: u64, kind: u32) -> Dentry {
+        Dentry { ino, kind, txn: Vec::new() }
+    }
+
+    /// Whether the entry is a cross-group change's placeholder.
+    pub fn is_pending(&self) -> bool {
+        !self.txn.is_empty()
+    }
+}
+
+/// One side of a cross-group transaction (`namespace/txn.rs`), in `Cf::Txns` under its id.
+#[derive(Clone, PartialEq, Message)]
+pub struct TxnRecord {
+    /// [`TXN_COORDINATOR`] or [`TXN_PARTICIPANT`].
+    #[prost(uint32, tag = "1")]
+    pub role: u32,
+    /// [`TXN_PENDING`], [`TXN_COMMITTED`] or [`TXN_ABORTED`].
+    #[prost(uint32, tag = "2")]
+    pub state: u32,
+    /// The other side's metadata group.
+    #[prost(uint32, tag = "3")]
+    pub peer_group: u32,
+    /// When the record was last written (seconds since 1970).
+    #[prost(int64, tag = "4")]
+    pub written_sec: i64,
+    /// The operation: [`TXN_MKDIR`].
+    #[prost(uint32, tag = "5")]
+    pub op: u32,
+    #[prost(uint64, tag = "6")]
+    pub parent: u64,
+    #[prost(bytes = "vec", tag = "7")]
+    pub name: Vec<u8>,
+    /// mkdir: the new directory, as asked (number 0) until the participant numbered it.
+    #[prost(message, optional, tag = "8")]
+    pub inode: Option<Inode>,
+    /// The client change it does (`once.rs`), recorded with the commit: (client, sequence).
+    #[prost(uint64, tag = "9")]
+    pub client: u64,
+    #[prost(uint64, tag = "10")]
+    pub seq: u64,
+}
+
+pub const TXN_COORDINATOR: u32 = 1;
+pub const TXN_PARTICIPANT: u32 = 2;
+pub const TXN_PENDING: u32 = 1;
+pub const TXN_COMMITTED: u32 = 2;
+pub const TXN_ABORTED: u32 = 3;
+pub const TXN_MKDIR: u32 = 1;
 
 /// One committed stripe of a file.
 #[derive(Clone, PartialEq, Message)]

@@ -14,6 +14,19 @@ use crate::store::Cf;
 /// Most entries one readdir page returns.
 pub const READDIR_MAX: usize = 1024;
 
+/// What a new inode takes from its parent directory: the parent's number, its layout, and
+/// (setgid directories) its group, which a new directory also passes on.
+pub(super) fn inherit(inode: &mut Inode, parent: &Inode) {
+    inode.parent = parent.ino;
+    inode.set_layout(parent.layout());
+    if parent.mode & S_ISGID != 0 {
+        inode.gid = parent.gid;
+        if inode.is_dir() {
+            inode.mode |= S_ISGID;
+        }
+    }
+}
+
 /// What a new entry's creator asks for.
 pub struct NewEntry<'a> {
     pub parent: u64,
@@ -51,25 +64,13 @@ impl Namespace {
             ));
         }
         let parent_copy = parent.clone();
-        if self.dentry(new.parent, new.name)?.is_some() {
-            return Err(CairnError::new(
-                ErrorKind::Exists,
-                format!("{:?} exists", String::from_utf8_lossy(new.name)),
-            ));
-        }
+        self.check_free(new.parent, new.name)?;
         // Held to the end: until this change is proposed, its number's slot cannot be promised
         // away (`inos.rs`).
         let numbered = self.number(new.parent, new.name, new.mode & S_IFMT == S_IFDIR)?;
         let ino = numbered.ino;
         let mut inode = Inode::new(ino, new.mode, new.uid, new.gid, &now);
-        inode.parent = new.parent;
-        inode.set_layout(parent_copy.layout());
-        if parent_copy.mode & S_ISGID != 0 {
-            inode.gid = parent_copy.gid;
-            if inode.is_dir() {
-                inode.mode |= S_ISGID;
-            }
-        }
+        inherit(&mut inode, &parent_copy);
         configure(&mut inode, &parent_copy);
         tx.stats.inodes += 1;
         let parent = tx.get(new.parent)?;
@@ -232,9 +233,7 @@ impl Namespace {
                 }
                 parent.set_mtime(&now);
                 parent.set_ctime(&now);
-                if self.dentry(new_parent, new_name)?.is_some() {
-                    return Err(CairnError::new(ErrorKind::Exists, "link: the name exists"));
-                }
+                self.check_free(new_parent, new_name)?;
                 tx.put_dentry(new_parent, new_name, ino, kind);
                 let out = tx.get(ino)?.clone();
                 tx.commit()?;
@@ -314,6 +313,9 @@ impl Namespace {
         let mut entries = Vec::with_capacity(rows.len());
         for (key, value) in rows {
             let d: Dentry = schema::decode("dentry", &value)?;
+            if d.is_pending() {
+                continue;
+            }
             let attr = if plus { self.try_inode(d.ino)?.map(|i| i.to_attr()) } else { None };
             entries.push(DirEntry { name: schema::name_of(&key).to_vec(), ino: d.ino, mode: d.kind, attr });
         }

@@ -99,6 +99,12 @@ impl Inos {
         Inos::new(counter::INO_RESERVED.to_vec(), 0, next, reserved_end)
     }
 
+    /// A counter of other numbers handed out the same way (kept under `key`, from `next` on),
+    /// such as transaction sequences: below 2^52.
+    pub(super) fn counter(key: Vec<u8>, next: u64) -> Arc<Inos> {
+        Inos::new(key, 0, next, next)
+    }
+
     fn new(key: Vec<u8>, slot: u32, next: u64, reserved_end: u64) -> Arc<Inos> {
         Arc::new(Inos {
             key,
@@ -234,6 +240,11 @@ impl Slots {
             gate: RwLock::new(()),
             releasing: Mutex::new(releasing),
         })
+    }
+
+    /// The group map these slots are numbered by.
+    pub(super) fn map(&self) -> &Arc<Groups> {
+        &self.map
     }
 
     /// The slots new inodes may go to now.

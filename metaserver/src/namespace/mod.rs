@@ -28,6 +28,9 @@ mod tests;
 mod tests_files;
 #[cfg(test)]
 mod tests_names;
+#[cfg(test)]
+mod tests_txn;
+pub mod txn;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -99,6 +102,8 @@ pub struct Namespace {
     gc_seq: AtomicU64,
     /// The metadata group this namespace is (0: the one with the root directory).
     group: u32,
+    /// Sequences of the cross-group transactions this group coordinates (`txn.rs`).
+    txn_seqs: Arc<inos::Inos>,
 }
 
 /// How long a client that stopped heartbeating keeps its open files and locks.
@@ -259,6 +264,7 @@ impl Namespace {
         batch.set_durable();
         store.write(batch)?;
         let foreign_inos = read_foreign_inos(&*store)?;
+        let store_for_seqs = store.clone();
         Ok(Namespace {
             store,
             cluster,
@@ -273,6 +279,7 @@ impl Namespace {
             cluster_id,
             gc_seq: AtomicU64::new(0),
             group: 0,
+            txn_seqs: txn::sequences(&*store_for_seqs)?,
         })
     }
 
@@ -313,6 +320,7 @@ impl Namespace {
             )));
         }
         let stats = read_stats(&*store)?;
+        let store_for_seqs = store.clone();
         Ok(Namespace {
             foreign_inos: read_foreign_inos(&*store)?,
             slots: Some(inos::Slots::open(&*store, group, map)?),
@@ -327,6 +335,7 @@ impl Namespace {
             cluster_id,
             gc_seq: AtomicU64::new(0),
             group,
+            txn_seqs: txn::sequences(&*store_for_seqs)?,
         })
     }
 
@@ -516,11 +525,33 @@ impl Namespace {
         Ok(inode)
     }
 
+    /// The entry `name` in `parent`, absent while it is a cross-group change's placeholder
+    /// (`txn.rs`): the name exists once that change commits.
     fn dentry(&self, parent: u64, name: &[u8]) -> Result<Option<Dentry>> {
+        Ok(self.stored_dentry(parent, name)?.filter(|d| !d.is_pending()))
+    }
+
+    /// The entry as stored, placeholders included.
+    fn stored_dentry(&self, parent: u64, name: &[u8]) -> Result<Option<Dentry>> {
         match self.store.get(Cf::Dentries, &schema::dentry_key(parent, name))? {
             Some(v) => Ok(Some(schema::decode("dentry", &v)?)),
             None => Ok(None),
         }
+    }
+
+    /// Refuse to create `name` in `parent` where it exists, or where a cross-group change
+    /// creating it is under way (`Exists`; to a try of that same change sent again,
+    /// `Unavailable`: its first try is not decided yet).
+    fn check_free(&self, parent: u64, name: &[u8]) -> Result<()> {
+        let Some(entry) = self.stored_dentry(parent, name)? else { return Ok(()) };
+        if entry.is_pending() && self.is_own_txn(&entry.txn)? {
+            return Err(CairnError::unavailable(format!(
+                "{:?} is being created by an earlier try of this change, in another metadata group: \
+                 try again later",
+                String::from_utf8_lossy(name)
+            )));
+        }
+        Err(CairnError::new(ErrorKind::Exists, format!("{:?} exists", String::from_utf8_lossy(name))))
     }
 
     /// Unlocked peek at a child's inode number (only to decide what to lock).
@@ -592,7 +623,11 @@ impl Tx<'_> {
     }
 
     fn put_dentry(&mut self, parent: u64, name: &[u8], ino: u64, kind: u32) {
-        self.batch.put(Cf::Dentries, schema::dentry_key(parent, name), schema::encode(&Dentry { ino, kind }));
+        self.batch.put(
+            Cf::Dentries,
+            schema::dentry_key(parent, name),
+            schema::encode(&Dentry::new(ino, kind)),
+        );
     }
 
     fn delete_dentry(&mut self, parent: u64, name: &[u8]) {

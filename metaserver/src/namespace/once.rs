@@ -48,6 +48,11 @@ pub fn scope<T>(once: Option<(u64, u64)>, f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// The (client, sequence) the change running on this thread is to record, left in place.
+pub(super) fn current() -> Option<(u64, u64)> {
+    PENDING.with(|p| p.get())
+}
+
 pub(super) fn key(client: u64, seq: u64) -> Vec<u8> {
     let mut k = client.to_be_bytes().to_vec();
     k.extend_from_slice(&seq.to_be_bytes());

@@ -90,6 +90,12 @@ impl Namespace {
         let src = self.dentry(parent, name)?.ok_or_else(|| {
             CairnError::not_found(format!("rename: no entry {:?}", String::from_utf8_lossy(name)))
         })?;
+        if self.stored_dentry(new_parent, new_name)?.is_some_and(|d| d.is_pending()) {
+            return Err(CairnError::new(
+                ErrorKind::Exists,
+                "rename: the target is being created by a change across metadata groups",
+            ));
+        }
         let dst = self.dentry(new_parent, new_name)?;
         if parent == new_parent && name == new_name {
             return Ok(());

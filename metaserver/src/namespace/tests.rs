@@ -562,7 +562,7 @@ fn check_finds_and_repairs_inconsistencies_and_keeps_data() {
     batch.put(
         Cf::Dentries,
         schema::dentry_key(ROOT_INO, b"ghost"),
-        schema::encode(&Dentry { ino: 4242, kind: S_IFREG }),
+        schema::encode(&Dentry::new(4242, S_IFREG)),
     );
     let mut g2 = ns.inode(g.ino).unwrap();
     g2.nlink = 3;

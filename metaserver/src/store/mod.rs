@@ -35,10 +35,12 @@ pub enum Cf {
     /// Changes clients may send again after a failover, by (client, sequence): when each was
     /// done (`namespace/once.rs`).
     Once,
+    /// Cross-group transactions not finished, by id (`namespace/txn.rs`).
+    Txns,
 }
 
 impl Cf {
-    pub const ALL: [Cf; 11] = [
+    pub const ALL: [Cf; 12] = [
         Cf::Inodes,
         Cf::Dentries,
         Cf::Xattrs,
@@ -50,6 +52,7 @@ impl Cf {
         Cf::Orphans,
         Cf::Raft,
         Cf::Once,
+        Cf::Txns,
     ];
 
     pub fn name(self) -> &'static str {
@@ -65,6 +68,7 @@ impl Cf {
             Cf::Orphans => "orphans",
             Cf::Raft => "raft",
             Cf::Once => "once",
+            Cf::Txns => "txns",
         }
     }
 

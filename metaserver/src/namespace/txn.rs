@@ -1,0 +1,516 @@
+//! Changes across metadata groups: the two sides of a two-phase commit, each step one entry of
+//! its group's log (`docs/ARCHITECTURE.md`, "The first cross-group change: mkdir into another
+//! group"). mkdir is the first: the coordinator is the parent's group (it writes the entry),
+//! the participant the new directory's (it numbers and keeps the inode).
+//!
+//! The coordinator: [`Namespace::mkdir_begin`] (a placeholder entry and a `pending` record),
+//! then [`Namespace::txn_commit`] with what the participant prepared or [`Namespace::txn_abort`],
+//! then, once the participant acknowledged the decision, [`Namespace::txn_forget`]. The
+//! participant: [`Namespace::txn_prepare`], then [`Namespace::txn_decide`]. Who sends what, and
+//! recovery after a leader's loss, is the service's (`service/txn.rs`); everything here is
+//! idempotent, so any step may be sent again.
+
+use std::sync::Arc;
+
+use cairn_common::ids::slot_of;
+use cairn_common::{CairnError, ErrorKind, Result};
+
+use super::entries::{inherit, NewEntry};
+use super::{check_name, inos, once, Namespace};
+use crate::schema::{
+    self, read_counter, Inode, TxnRecord, S_IFDIR, TXN_ABORTED, TXN_COMMITTED, TXN_COORDINATOR, TXN_MKDIR,
+    TXN_PARTICIPANT, TXN_PENDING,
+};
+use crate::store::{Batch, Cf, MetaStore};
+
+/// Where a group keeps the end of the transaction sequences it reserved.
+const TXN_RESERVED: &[u8] = b"txn_reserved";
+
+/// A transaction: the coordinator's group and a sequence it never hands out twice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TxnId {
+    pub group: u32,
+    pub seq: u64,
+}
+
+impl TxnId {
+    /// Its key in `Cf::Txns` (and the mark of its placeholder entry): 12 bytes, big-endian.
+    pub fn key(&self) -> Vec<u8> {
+        let mut k = self.group.to_be_bytes().to_vec();
+        k.extend_from_slice(&self.seq.to_be_bytes());
+        k
+    }
+
+    pub fn from_key(key: &[u8]) -> Result<TxnId> {
+        if key.len() != 12 {
+            return Err(CairnError::corrupt(format!(
+                "a transaction id of {} bytes (12 expected)",
+                key.len()
+            )));
+        }
+        Ok(TxnId {
+            group: u32::from_be_bytes(key[..4].try_into().expect("4 bytes")),
+            seq: u64::from_be_bytes(key[4..].try_into().expect("8 bytes")),
+        })
+    }
+
+    /// The lock-table key that serializes the steps of one transaction on one side.
+    fn lock(&self) -> u64 {
+        self.seq.rotate_left(17) ^ u64::from(self.group) ^ 0x7478_6e00_0000_0000
+    }
+}
+
+impl std::fmt::Display for TxnId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.group, self.seq)
+    }
+}
+
+/// What the coordinator of a mkdir asks the participant to prepare.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prepare {
+    pub id: TxnId,
+    pub parent: u64,
+    pub name: Vec<u8>,
+    /// The new directory as asked: mode, owner, times, layout, parent (its number is 0: the
+    /// participant numbers it).
+    pub inode: Inode,
+}
+
+/// Where a transaction stands, as its coordinator says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Pending,
+    Committed,
+    Aborted,
+}
+
+/// The counter of transaction sequences over `store`.
+pub(super) fn sequences(store: &dyn MetaStore) -> Result<Arc<inos::Inos>> {
+    let next = read_counter(store, TXN_RESERVED)?.unwrap_or(1).max(1);
+    Ok(inos::Inos::counter(TXN_RESERVED.to_vec(), next))
+}
+
+impl Namespace {
+    /// The record of transaction `id` on this side, if any.
+    pub fn txn_record(&self, id: TxnId) -> Result<Option<TxnRecord>> {
+        match self.store.get(Cf::Txns, &id.key())? {
+            Some(v) => {
+                let record: TxnRecord = schema::decode("transaction", &v)?;
+                if record.op != TXN_MKDIR {
+                    return Err(CairnError::corrupt(format!(
+                        "transaction {id} records operation {}, which this build does not know: it must \
+                         not be skipped (run the build that wrote it)",
+                        record.op
+                    )));
+                }
+                Ok(Some(record))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Every transaction this side has not finished, in id order (what recovery walks).
+    pub fn txns(&self) -> Result<Vec<(TxnId, TxnRecord)>> {
+        let mut out = Vec::new();
+        for (key, _) in self.store.scan(Cf::Txns, &[], &[], usize::MAX)? {
+            let id = TxnId::from_key(&key)?;
+            if let Some(record) = self.txn_record(id)? {
+                out.push((id, record));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether the placeholder marked `txn` belongs to the change running on this thread (a
+    /// client's try sent again).
+    pub(super) fn is_own_txn(&self, txn: &[u8]) -> Result<bool> {
+        let Some((client, seq)) = once::current() else { return Ok(false) };
+        let Ok(id) = TxnId::from_key(txn) else { return Ok(false) };
+        Ok(self.txn_record(id)?.is_some_and(|r| (r.client, r.seq) == (client, seq)))
+    }
+
+    fn put_record(batch: &mut Batch, id: TxnId, record: &TxnRecord) {
+        batch.put(Cf::Txns, id.key(), schema::encode(record));
+    }
+
+    // ------------------------------------------------------------ the coordinator's side
+
+    /// Step 1 of a mkdir whose directory goes to metadata group `group` (another than this
+    /// one): check the parent and the name, and write the `pending` record and the name's
+    /// placeholder in one durable entry. Answers what to ask `group` to prepare.
+    pub fn mkdir_begin(&self, new: &NewEntry<'_>, group: u32) -> Result<Prepare> {
+        check_name(new.name)?;
+        if group == self.group {
+            return Err(CairnError::invalid(format!(
+                "mkdir in metadata group {group} is this group's own, not a change across groups"
+            )));
+        }
+        self.locked(
+            || vec![new.parent],
+            || {
+                let parent = self.dir(new.parent)?;
+                self.check_free(new.parent, new.name)?;
+                if parent.nlink == u32::MAX {
+                    return Err(CairnError::new(ErrorKind::TooBig, "too many subdirectories"));
+                }
+                let now = cairn_common::time::now();
+                let mut inode = Inode::new(0, S_IFDIR | (new.mode & 0o7777), new.uid, new.gid, &now);
+                inode.nlink = 2;
+                inherit(&mut inode, &parent);
+                let id = TxnId { group: self.group, seq: self.txn_seqs.next(&self.store)? };
+                let (client, seq) = once::current().unwrap_or((0, 0));
+                let record = TxnRecord {
+                    role: TXN_COORDINATOR,
+                    state: TXN_PENDING,
+                    peer_group: group,
+                    written_sec: now.sec,
+                    op: TXN_MKDIR,
+                    parent: new.parent,
+                    name: new.name.to_vec(),
+                    inode: Some(inode.clone()),
+                    client,
+                    seq,
+                };
+                let mut batch = Batch::new();
+                Self::put_record(&mut batch, id, &record);
+                let placeholder = schema::Dentry { ino: 0, kind: S_IFDIR, txn: id.key() };
+                batch.put(
+                    Cf::Dentries,
+                    schema::dentry_key(new.parent, new.name),
+                    schema::encode(&placeholder),
+                );
+                batch.set_durable();
+                self.store.write(batch)?;
+                Ok(Prepare { id, parent: new.parent, name: new.name.to_vec(), inode })
+            },
+        )
+    }
+
+    /// The coordinator's record of `id`, refused if it is not one.
+    fn coordinated(&self, id: TxnId) -> Result<Option<TxnRecord>> {
+        match self.txn_record(id)? {
+            Some(r) if r.role != TXN_COORDINATOR => Err(CairnError::invalid(format!(
+                "this group takes part in transaction {id}; it does not lead it"
+            ))),
+            found => Ok(found),
+        }
+    }
+
+    /// Step 3, yes: the participant prepared `prepared` (the new directory, numbered in its
+    /// slots). The real entry replaces the placeholder, the parent counts the new
+    /// subdirectory and the record says `committed`, in one entry (with the client's
+    /// once-record): from here the mkdir has happened. Answers the directory.
+    pub fn txn_commit(&self, id: TxnId, prepared: &Inode) -> Result<Inode> {
+        let Some(record) = self.coordinated(id)? else {
+            return Err(CairnError::not_found(format!("no transaction {id} to commit")));
+        };
+        let asked = record.inode.clone().unwrap_or_default();
+        if prepared.ino == 0
+            || !prepared.is_dir()
+            || prepared.parent != record.parent
+            || (prepared.mode, prepared.uid, prepared.gid) != (asked.mode, asked.uid, asked.gid)
+        {
+            return Err(CairnError::invalid(format!(
+                "metadata group {} prepared transaction {id} with a directory other than the one asked",
+                record.peer_group
+            )));
+        }
+        if let Some(map) = self.slots_map() {
+            if map.owner_of(prepared.ino).0 != record.peer_group {
+                return Err(CairnError::invalid(format!(
+                    "metadata group {} numbered the directory of transaction {id} in namespace slot {}, \
+                     which it does not own",
+                    record.peer_group,
+                    slot_of(prepared.ino)
+                )));
+            }
+        }
+        self.locked(
+            || vec![record.parent, id.lock()],
+            || {
+                let Some(mut record) = self.coordinated(id)? else {
+                    return Err(CairnError::not_found(format!("no transaction {id} to commit")));
+                };
+                match record.state {
+                    TXN_COMMITTED => return Ok(record.inode.unwrap_or_default()),
+                    TXN_ABORTED => {
+                        return Err(CairnError::new(
+                            ErrorKind::Interrupted,
+                            format!("transaction {id} was aborted (its participant did not answer in time)"),
+                        ))
+                    }
+                    _ => {}
+                }
+                let now = cairn_common::time::now();
+                let mut tx = self.tx();
+                let parent = tx.get(record.parent)?;
+                parent.nlink = parent.nlink.saturating_add(1);
+                parent.set_mtime(&now);
+                parent.set_ctime(&now);
+                tx.put_dentry(record.parent, &record.name, prepared.ino, S_IFDIR);
+                record.state = TXN_COMMITTED;
+                record.written_sec = now.sec;
+                record.inode = Some(prepared.clone());
+                Self::put_record(&mut tx.batch, id, &record);
+                tx.commit()?;
+                Ok(prepared.clone())
+            },
+        )
+    }
+
+    /// Step 3, no (the participant refused, did not answer in time, or the leader that waited
+    /// is gone): the placeholder goes and the record says `aborted` until the participant
+    /// acknowledged. Refused for a committed transaction; nothing to do for one not here.
+    pub fn txn_abort(&self, id: TxnId) -> Result<()> {
+        let Some(record) = self.coordinated(id)? else { return Ok(()) };
+        self.locked(
+            || vec![record.parent, id.lock()],
+            || {
+                let Some(mut record) = self.coordinated(id)? else { return Ok(()) };
+                match record.state {
+                    TXN_ABORTED => return Ok(()),
+                    TXN_COMMITTED => {
+                        return Err(CairnError::invalid(format!(
+                            "transaction {id} is committed: it cannot abort"
+                        )))
+                    }
+                    _ => {}
+                }
+                let mut batch = Batch::new();
+                if self.stored_dentry(record.parent, &record.name)?.is_some_and(|d| d.txn == id.key()) {
+                    batch.delete(Cf::Dentries, schema::dentry_key(record.parent, &record.name));
+                }
+                record.state = TXN_ABORTED;
+                record.written_sec = cairn_common::time::now().sec;
+                Self::put_record(&mut batch, id, &record);
+                self.store.write(batch)
+            },
+        )
+    }
+
+    /// Step 5: the participant acknowledged the decision; the record goes. A pending record
+    /// stays (it is decided first).
+    pub fn txn_forget(&self, id: TxnId) -> Result<()> {
+        self.locked(
+            || vec![id.lock()],
+            || match self.coordinated(id)? {
+                Some(r) if r.state == TXN_PENDING => {
+                    Err(CairnError::invalid(format!("transaction {id} is not decided yet")))
+                }
+                Some(_) => {
+                    let mut batch = Batch::new();
+                    batch.delete(Cf::Txns, id.key());
+                    self.store.write(batch)
+                }
+                None => Ok(()),
+            },
+        )
+    }
+
+    /// Where transaction `id`, which this group leads, stands (`TxnOutcome`). No record: it was
+    /// aborted — a committed one is forgotten only after its participant acknowledged, so a
+    /// participant still asking cannot be one whose transaction committed.
+    pub fn txn_outcome(&self, id: TxnId) -> Result<Outcome> {
+        if id.group != self.group {
+            return Err(CairnError::invalid(format!(
+                "transaction {id} is led by metadata group {}, not this one ({})",
+                id.group, self.group
+            )));
+        }
+        Ok(match self.coordinated(id)?.map(|r| r.state) {
+            Some(TXN_PENDING) => Outcome::Pending,
+            Some(TXN_COMMITTED) => Outcome::Committed,
+            _ => Outcome::Aborted,
+        })
+    }
+
+    // ------------------------------------------------------------ the participant's side
+
+    /// Step 2: number the directory `prepare` asks for in this group's slots and keep it in a
+    /// `pending` record (one durable entry); nothing can reach it until the coordinator's entry
+    /// names it. Answers the directory; a prepare sent again answers the same one.
+    pub fn txn_prepare(&self, prepare: &Prepare) -> Result<Inode> {
+        let id = prepare.id;
+        if id.group == self.group {
+            return Err(CairnError::invalid(format!("transaction {id} is this group's own")));
+        }
+        check_name(&prepare.name)?;
+        let asked = &prepare.inode;
+        if asked.ino != 0 || !asked.is_dir() || asked.nlink != 2 || asked.parent != prepare.parent {
+            return Err(CairnError::invalid(format!("transaction {id} asks for a malformed directory")));
+        }
+        asked.layout().validate()?;
+        self.locked(
+            || vec![id.lock()],
+            || {
+                if let Some(record) = self.txn_record(id)? {
+                    return match (record.role, record.state, record.inode) {
+                        (TXN_PARTICIPANT, TXN_PENDING, Some(inode)) => Ok(inode),
+                        _ => Err(CairnError::invalid(format!(
+                            "transaction {id} is already recorded here in another state"
+                        ))),
+                    };
+                }
+                // Held until the record is proposed: the slot cannot be promised away meanwhile.
+                let numbered = self.number(prepare.parent, &prepare.name, true)?;
+                let mut inode = asked.clone();
+                inode.ino = numbered.ino;
+                let record = TxnRecord {
+                    role: TXN_PARTICIPANT,
+                    state: TXN_PENDING,
+                    peer_group: id.group,
+                    written_sec: cairn_common::time::now().sec,
+                    op: TXN_MKDIR,
+                    parent: prepare.parent,
+                    name: prepare.name.clone(),
+                    inode: Some(inode.clone()),
+                    client: 0,
+                    seq: 0,
+                };
+                let mut batch = Batch::new();
+                Self::put_record(&mut batch, id, &record);
+                batch.set_durable();
+                self.store.write(batch)?;
+                drop(numbered);
+                Ok(inode)
+            },
+        )
+    }
+
+    /// Step 4: apply (`commit`: the directory is written) or drop the prepared change, and
+    /// forget the record, in one entry. A decision for a record this side no longer has was
+    /// applied before: acknowledged.
+    pub fn txn_decide(&self, id: TxnId, commit: bool) -> Result<()> {
+        self.locked(
+            || vec![id.lock()],
+            || {
+                let Some(record) = self.txn_record(id)? else { return Ok(()) };
+                if record.role != TXN_PARTICIPANT {
+                    return Err(CairnError::invalid(format!("this group leads transaction {id}")));
+                }
+                let mut tx = self.tx();
+                if commit {
+                    let inode = record.inode.ok_or_else(|| {
+                        CairnError::corrupt(format!("prepared transaction {id} holds no directory"))
+                    })?;
+                    tx.stats.inodes += 1;
+                    tx.stats.directories += 1;
+                    tx.insert(inode);
+                }
+                tx.batch.delete(Cf::Txns, id.key());
+                tx.commit()
+            },
+        )
+    }
+
+    /// Whether inode `ino` would be this group's: group 0 numbers only in slot 0 (and only
+    /// empty slots ever move to it), another group in the slots its map gives it.
+    pub(super) fn holds_ino(&self, ino: u64) -> bool {
+        match self.slots_map() {
+            Some(map) => map.owner_of(ino).0 == self.group,
+            None => slot_of(ino) == 0,
+        }
+    }
+
+    /// The group map this namespace numbers by (a group other than 0's).
+    fn slots_map(&self) -> Option<&Arc<crate::groups::Groups>> {
+        self.slots.as_ref().map(|s| s.map())
+    }
+}
+
+/// The other groups' leaders, as one side of a transaction reaches them (the service's over
+/// gRPC, `service/txn.rs`; tests' in process). Each call may fail or time out: the caller
+/// keeps its record and asks again.
+pub trait Peers {
+    /// `TxnPrepare` to `group`'s leader: the directory it numbered.
+    fn prepare(&self, group: u32, prepare: &Prepare) -> Result<Inode>;
+    /// `TxnDecide` to `group`'s leader.
+    fn decide(&self, group: u32, id: TxnId, commit: bool) -> Result<()>;
+    /// `TxnOutcome` to the leader of the group that leads `id`.
+    fn outcome(&self, id: TxnId) -> Result<Outcome>;
+}
+
+/// What a mkdir across groups did.
+#[derive(Debug)]
+pub struct Made {
+    pub inode: Inode,
+    /// Whether the participant acknowledged the commit before the answer (else recovery
+    /// delivers it: the directory appears in its group within seconds).
+    pub acknowledged: bool,
+}
+
+/// mkdir of `new` with the directory in metadata group `group` (`ns` holds the parent):
+/// begin, prepare, decide, tell, forget. A participant that refuses or does not answer aborts
+/// it (its error is the answer; `Unavailable` when it did not answer); once committed, the
+/// mkdir has happened whatever the later steps meet.
+pub fn mkdir_across(ns: &Namespace, peers: &dyn Peers, new: &NewEntry<'_>, group: u32) -> Result<Made> {
+    let prepare = ns.mkdir_begin(new, group)?;
+    let id = prepare.id;
+    let inode = match peers.prepare(group, &prepare).and_then(|inode| ns.txn_commit(id, &inode)) {
+        Ok(inode) => inode,
+        Err(e) => {
+            // Aborted here first: the name is free again at once, whatever the participant does.
+            if let Err(abort) = ns.txn_abort(id) {
+                // Committed meanwhile by another step? Then the mkdir happened.
+                if let Some(TxnRecord { state: TXN_COMMITTED, inode: Some(inode), .. }) = ns.txn_record(id)? {
+                    return Ok(Made { acknowledged: tell(ns, peers, id, group, true), inode });
+                }
+                return Err(abort);
+            }
+            tell(ns, peers, id, group, false);
+            return Err(e);
+        }
+    };
+    Ok(Made { acknowledged: tell(ns, peers, id, group, true), inode })
+}
+
+/// Send the decision of `id` to `group` once; forget the record when acknowledged.
+fn tell(ns: &Namespace, peers: &dyn Peers, id: TxnId, group: u32, commit: bool) -> bool {
+    match peers.decide(group, id, commit).and_then(|()| ns.txn_forget(id)) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::info!("transaction {id}: metadata group {group} has not taken the decision yet ({e}); recovery sends it again");
+            false
+        }
+    }
+}
+
+/// One pass of recovery over the transactions this side has not finished (run by every
+/// leadership at its start and every few seconds): as coordinator, abort what is still
+/// pending when the pass is the leadership's first (`first`: nobody waits on it any more) or
+/// the record is older than `stale_secs`, and send every decision not acknowledged; as
+/// participant, ask the coordinator about pending records older than `stale_secs` and apply
+/// what it says. Answers how many transactions remain.
+pub fn recover(ns: &Namespace, peers: &dyn Peers, first: bool, stale_secs: i64) -> Result<usize> {
+    let now = cairn_common::time::now().sec;
+    let mut left = 0;
+    for (id, record) in ns.txns()? {
+        let stale = first || now.saturating_sub(record.written_sec) >= stale_secs;
+        let done = match (record.role, record.state) {
+            (TXN_COORDINATOR, TXN_PENDING) if stale => {
+                ns.txn_abort(id)?;
+                tell(ns, peers, id, record.peer_group, false)
+            }
+            (TXN_COORDINATOR, TXN_PENDING) => false,
+            (TXN_COORDINATOR, state) => tell(ns, peers, id, record.peer_group, state == TXN_COMMITTED),
+            (TXN_PARTICIPANT, _) if !stale => false,
+            (TXN_PARTICIPANT, _) => match peers.outcome(id) {
+                Ok(Outcome::Pending) => false,
+                Ok(outcome) => {
+                    ns.txn_decide(id, outcome == Outcome::Committed)?;
+                    true
+                }
+                Err(e) => {
+                    tracing::info!("transaction {id}: its coordinator, metadata group {}, did not say how it ended ({e})", id.group);
+                    false
+                }
+            },
+            (role, _) => return Err(CairnError::corrupt(format!("transaction {id} has role {role}"))),
+        };
+        if !done {
+            left += 1;
+        }
+    }
+    Ok(left)
+}
