@@ -701,4 +701,53 @@ fn cairn_up_starts_and_registers_a_second_metadata_group() {
     let (code, out) = cli_on(&cluster, &cluster.meta_addr, &["meta", "groups", "move", "1-99,4095", "0"]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("group map version 3"), "{out}");
+
+    // New directories spread over the groups: with half the slots group 1's, about half of
+    // them are made there (a mkdir across groups: the entry in group 0, the directory in
+    // group 1), and the mount uses them as any other.
+    let (code, out) = cli_on(&cluster, &cluster.meta_addr, &["meta", "groups", "move", "1-2047", "1"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = cli_on(&cluster, &cluster.meta_addr, &["meta", "groups", "spread", "on"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("spread over the groups by their slots (group map version 5)"), "{out}");
+    let top = cluster.mnt.join("spread");
+    fs::create_dir(&top).unwrap();
+    let mut elsewhere = Vec::new();
+    for i in 0..24 {
+        let dir = top.join(format!("d{i}"));
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("f"), format!("file {i}")).unwrap();
+        fs::create_dir(dir.join("sub")).unwrap();
+        let ino = std::os::unix::fs::MetadataExt::ino(&fs::metadata(&dir).unwrap());
+        if ino >> 52 != 0 {
+            elsewhere.push(i);
+        }
+    }
+    println!("directories made in group 1: {elsewhere:?}");
+    assert!(!elsewhere.is_empty() && elsewhere.len() < 24, "{elsewhere:?}");
+    let fresh = Mount::new(&cluster, "spread");
+    let listed: Vec<String> = {
+        let mut names: Vec<String> = fs::read_dir(fresh.dir.join("spread"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(listed.len(), 24, "{listed:?}");
+    for i in 0..24 {
+        let dir = fresh.dir.join(format!("spread/d{i}"));
+        assert_eq!(fs::read_to_string(dir.join("f")).unwrap(), format!("file {i}"));
+        assert!(fs::metadata(dir.join("sub")).unwrap().is_dir());
+        assert_eq!(std::os::unix::fs::MetadataExt::nlink(&fs::metadata(&dir).unwrap()), 3, "d{i}");
+    }
+    assert_eq!(std::os::unix::fs::MetadataExt::nlink(&fs::metadata(&top).unwrap()), 26);
+    // Removing one that group 1 holds is not built yet: refused with EXDEV, nothing lost.
+    let there = fresh.dir.join(format!("spread/d{}", elsewhere[0]));
+    fs::remove_file(there.join("f")).unwrap();
+    let e = fs::remove_dir(&there).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{e}");
+    assert!(fs::metadata(&there).unwrap().is_dir());
+    drop(fresh);
+    fsck_clean(&cluster);
 }

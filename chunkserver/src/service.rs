@@ -73,10 +73,25 @@ impl ChunkService {
         }
         let holder = peer.map_or("", |p| p.name.as_str());
         capability::enforce(self.caps.check_or_learn(cap, ino, op, holder).await, what, ino)?;
-        // A group's capabilities count only for inodes in its own slots.
-        self.fence.slots().check(cap.map_or(0, |c| c.group), ino, what)
+        // A group's capabilities count only for inodes in its own slots. Another owner here
+        // may be this node's map being older than the metaserver's (slots just moved, or a
+        // directory just made in another group): heartbeat early, which fetches a newer map,
+        // and wait a little before refusing.
+        let group = cap.map_or(0, |c| c.group);
+        if self.fence.slots().owner(ino) != group {
+            self.caps.ask_for_news();
+            let deadline = tokio::time::Instant::now() + SLOT_WAIT;
+            while self.fence.slots().owner(ino) != group && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+        self.fence.slots().check(group, ino, what)
     }
 }
+
+/// How long a capability for an inode whose slot this node's map gives another group waits
+/// for a newer map (an early heartbeat comes at most a second after the last).
+const SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The validated domain id of a request's shard id.
 fn shard_id(id: Option<&cairn_proto::ShardId>) -> Result<ShardId> {

@@ -130,6 +130,10 @@ fake_meta! {
     move_slots(cairn_proto::MoveSlotsRequest) -> cairn_proto::GroupMap;
     share_group_map(cairn_proto::SharedGroupMap) -> cairn_proto::GroupMap;
     release_slots(cairn_proto::ReleaseSlotsRequest) -> cairn_proto::ReleaseSlotsReply;
+    txn_prepare(cairn_proto::TxnPrepareRequest) -> cairn_proto::TxnPrepareReply;
+    txn_decide(cairn_proto::TxnDecideRequest) -> cairn_proto::Empty;
+    txn_outcome(cairn_proto::TxnId) -> cairn_proto::TxnOutcomeReply;
+    spread_dirs(cairn_proto::SpreadDirsRequest) -> cairn_proto::GroupMap;
 }
 
 /// An inode number in namespace slot 5.

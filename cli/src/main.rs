@@ -144,6 +144,15 @@ enum GroupAction {
         #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
         meta: String,
     },
+    /// Spread new directories over the groups by their slots (`on`), or keep each in its
+    /// parent's group (`off`, the default). Experimental: rmdir and rename of a directory
+    /// whose parent is in another group are not built yet.
+    Spread {
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
+        #[arg(long, env = "CAIRN_META", default_value = "127.0.0.1:9400")]
+        meta: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -517,6 +526,10 @@ fn main() -> ExitCode {
             action: Some(MetaAction::Groups { action: Some(GroupAction::Move { slots, group, meta }), .. }),
             ..
         } => runtime().and_then(|rt| rt.block_on(replicas::move_slots(&meta, &slots, group))),
+        Command::Meta {
+            action: Some(MetaAction::Groups { action: Some(GroupAction::Spread { state, meta }), .. }),
+            ..
+        } => runtime().and_then(|rt| rt.block_on(replicas::spread_dirs(&meta, state == "on"))),
         Command::Meta { action: Some(MetaAction::Backup { dir, meta }), .. } => {
             runtime().and_then(|rt| rt.block_on(replicas::backup(&meta, &dir))).map(|_| ())
         }

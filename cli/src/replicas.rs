@@ -345,6 +345,21 @@ pub async fn move_slots(meta: &str, slots: &str, group: u32) -> Result<()> {
     Ok(())
 }
 
+/// `cairn meta groups spread on|off`: whether new directories spread over the groups.
+pub async fn spread_dirs(meta: &str, on: bool) -> Result<()> {
+    let request = p::SpreadDirsRequest { on };
+    let map =
+        on_leader(
+            meta,
+            Duration::from_secs(60),
+            |mut client| async move { client.spread_dirs(request).await },
+        )
+        .await?;
+    let how = if on { "spread over the groups by their slots" } else { "made in their parent's group" };
+    println!("new directories are {how} (group map version {})", map.version);
+    Ok(())
+}
+
 /// Slots as `cairn meta groups move` takes them: comma-separated, each `N` or `N-M`.
 fn parse_slots(text: &str) -> Result<Vec<u32>> {
     let bad = |part: &str| CairnError::invalid(format!("{part:?}: slots are N or N-M, comma-separated"));

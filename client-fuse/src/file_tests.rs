@@ -123,7 +123,7 @@ impl FileMeta for FakeMeta {
             self.records.lock().extend(req.stripes.iter().map(|s| (s.index, s.clone())));
             let attr = p::Attr { ino: req.ino, size: req.size, ..Default::default() };
             self.commits.lock().push(req);
-            Ok(p::AttrReply { attr: Some(attr), parent: None })
+            Ok(p::AttrReply { attr: Some(attr), parent: None, elsewhere: false })
         })
     }
 

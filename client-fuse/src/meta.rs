@@ -318,7 +318,10 @@ macro_rules! rpc {
 /// sequence number of this client, the same on every try.
 macro_rules! rpc_once {
     ($name:ident, $req:ty, $reply:ty, $route:expr) => {
-        pub async fn $name(&self, mut req: $req) -> Result<$reply> {
+        rpc_once!($name, $name, $req, $reply, $route);
+    };
+    ($fn_name:ident, $name:ident, $req:ty, $reply:ty, $route:expr) => {
+        pub async fn $fn_name(&self, mut req: $req) -> Result<$reply> {
             use std::sync::atomic::Ordering;
             let client = self.inner.client.load(Ordering::Relaxed);
             if client != 0 && req.once.is_none() {
@@ -350,11 +353,36 @@ impl MetaConn {
         self.inner.failover.addrs()
     }
 
-    rpc!(lookup, p::LookupRequest, p::AttrReply, |r: &p::LookupRequest| r.parent);
+    /// The inode `name` in `parent` names: asked of the parent's group, and, when that group
+    /// answers that another holds it (a directory made by a mkdir across groups), of the
+    /// inode's group.
+    pub async fn lookup(&self, req: p::LookupRequest) -> Result<p::AttrReply> {
+        let route = Route::Ino(req.parent);
+        let reply = send!(self, lookup, req, route)?;
+        self.follow(reply).await
+    }
+
+    /// `reply` as is, or, when it names an inode another group holds (`elsewhere`), with that
+    /// inode's attributes from its group.
+    async fn follow(&self, reply: p::AttrReply) -> Result<p::AttrReply> {
+        if !reply.elsewhere {
+            return Ok(reply);
+        }
+        let ino = reply.attr.as_ref().map_or(0, |a| a.ino);
+        let there = self.get_attr(p::InoRequest { ino }).await?;
+        Ok(p::AttrReply { attr: there.attr, parent: reply.parent, elsewhere: false })
+    }
+
+    /// mkdir: the new directory may be in another group than its parent; a try sent again
+    /// after the first was done may be answered with only its number ([`MetaConn::follow`]).
+    pub async fn mkdir(&self, req: p::MkdirRequest) -> Result<p::AttrReply> {
+        let reply = self.mkdir_here(req).await?;
+        self.follow(reply).await
+    }
     rpc!(get_attr, p::InoRequest, p::AttrReply, |r: &p::InoRequest| r.ino);
     rpc_once!(set_attr, p::SetAttrRequest, p::AttrReply, |r: &p::SetAttrRequest| r.ino);
     rpc_once!(create, p::CreateRequest, p::CreateReply, |r: &p::CreateRequest| r.parent);
-    rpc_once!(mkdir, p::MkdirRequest, p::AttrReply, |r: &p::MkdirRequest| r.parent);
+    rpc_once!(mkdir_here, mkdir, p::MkdirRequest, p::AttrReply, |r: &p::MkdirRequest| r.parent);
     rpc_once!(unlink, p::RemoveRequest, p::RemoveReply, |r: &p::RemoveRequest| r.parent);
     rpc_once!(rmdir, p::RemoveRequest, p::RemoveReply, |r: &p::RemoveRequest| r.parent);
     rpc_once!(rename, p::RenameRequest, p::RenameReply, |r: &p::RenameRequest| r.parent);

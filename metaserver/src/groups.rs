@@ -104,12 +104,19 @@ struct Owners {
     slots: Vec<u32>,
     /// Where slots that left a group other than 0 had been numbered up to.
     floors: BTreeMap<u32, u64>,
+    /// New directories spread over the groups (`GroupMap.spread_dirs`).
+    spread_dirs: bool,
 }
 
 impl Owners {
     fn of(map: &GroupMap) -> Arc<Owners> {
         let slots = if map.slots.iter().all(|g| *g == 0) { Vec::new() } else { map.slots.clone() };
-        Arc::new(Owners { version: map.version, slots, floors: map.floors.clone() })
+        Arc::new(Owners {
+            version: map.version,
+            slots,
+            floors: map.floors.clone(),
+            spread_dirs: map.spread_dirs,
+        })
     }
 }
 
@@ -266,6 +273,35 @@ impl Groups {
         }
         map.slots = if owners.iter().all(|g| *g == 0) { Vec::new() } else { owners };
         Ok((self.write(map)?, true))
+    }
+
+    /// Turn the spreading of new directories over the groups on or off: one map change (none
+    /// when it already is so). Answers the map and whether it changed.
+    pub fn set_spread_dirs(&self, on: bool) -> Result<(GroupMap, bool)> {
+        let _changing = self.changing.lock();
+        let mut map = self.map()?;
+        if map.spread_dirs == on {
+            return Ok((map, false));
+        }
+        map.spread_dirs = on;
+        Ok((self.write(map)?, true))
+    }
+
+    /// The group a new directory `name` under `parent` goes to: the parent's group (`own`)
+    /// unless the map spreads directories; then the owner of a slot picked by a hash of both,
+    /// so each group gets a share of new directories in proportion to its slots.
+    pub fn dir_group(&self, own: u32, parent: u64, name: &[u8]) -> u32 {
+        let owners = self.owners.read();
+        if !owners.spread_dirs || owners.slots.is_empty() {
+            return own;
+        }
+        // FNV-1a, seeded apart from the hash a group picks its own slot with (`inos.rs`).
+        let pick = [b'd']
+            .iter()
+            .chain(&parent.to_be_bytes())
+            .chain(name)
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+        owners.slots[(pick % SLOTS as u64) as usize]
     }
 
     /// Keep what the latest round of questions found wrong, by group.

@@ -454,6 +454,7 @@ where
     fn start(&self, (ns, cluster): Self::Opened) -> Tasks {
         let ns = Arc::new(ns);
         let (serving, mut tasks) = start_background(ns.clone(), cluster.clone(), self.background.clone());
+        tasks.0.push(tokio::spawn(self.service.clone().finish_txns(ns.clone())));
         tasks.0.push(tokio::spawn(self.service.clone().watch_groups(ns, cluster, GROUP_HEALTH_EVERY)));
         self.service.serve(Some(serving));
         tasks
@@ -542,7 +543,8 @@ async fn serve_slots(
                 if service.serve_slots(&held, serving) {
                     tracing::info!(group, epoch, "serving the namespace slots of this group");
                     let collect = collect_garbage(ns.clone(), cluster.clone(), gc_interval);
-                    tokio::join!(reap_sessions(ns, cluster), collect);
+                    let finish = service.clone().finish_txns(ns.clone());
+                    tokio::join!(reap_sessions(ns, cluster), collect, finish);
                 }
                 return;
             }

@@ -20,6 +20,8 @@ pub fn required(service: &str, method: &str) -> Roles {
         ("meta", "RaftVote" | "RaftAppend" | "RaftSnapshot") => &[Meta],
         // Group 0's leader handing the group map to the other groups.
         ("meta", "ShareGroupMap" | "ReleaseSlots") => &[Meta],
+        // Changes across metadata groups, between their leaders.
+        ("meta", "TxnPrepare" | "TxnDecide" | "TxnOutcome") => &[Meta],
         // Finding the leader: anyone of the cluster.
         ("meta", "RaftStatus") => &[Meta, Chunk, Client, Admin],
         // Which metadata group owns which part of the namespace: anyone of the cluster.
@@ -79,6 +81,9 @@ fn known(service: &str, method: &str) -> bool {
                 "MoveSlots",
                 "ShareGroupMap",
                 "ReleaseSlots",
+                "TxnPrepare",
+                "TxnDecide",
+                "TxnOutcome",
             ]
             .contains(&method)
                 || ids.filter_map(crate::wire::meta::method_name).any(|m| m == method)
@@ -219,6 +224,10 @@ mod tests {
         for role in [&client, &chunk, &admin] {
             assert!(!allowed("meta", "ShareGroupMap", role), "only metaservers hand the map on");
             assert!(!allowed("meta", "ReleaseSlots", role), "only group 0's leader asks for slots");
+            for m in ["TxnPrepare", "TxnDecide", "TxnOutcome"] {
+                assert!(!allowed("meta", m, role), "only metadata groups' leaders take part: {m}");
+                assert!(allowed("meta", m, &meta), "{m}");
+            }
         }
         assert!(allowed("meta", "RaftAppend", &meta));
         assert!(!allowed("meta", "RaftAppend", &admin));

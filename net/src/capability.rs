@@ -306,6 +306,12 @@ impl Verifier {
         self.keys.read().contains_key(&(group, id))
     }
 
+    /// Have the owner ask the metaserver for news early (a chunkserver heartbeats, which
+    /// also fetches a newer group map): a check met something this node may not know yet.
+    pub fn ask_for_news(&self) {
+        self.wanted.notify_one();
+    }
+
     /// Resolves when a check met a key it does not know: the owner then asks the metaserver
     /// for keys (a chunkserver heartbeats early).
     pub async fn wanted(&self) {

@@ -27,6 +27,17 @@ pub(super) fn inherit(inode: &mut Inode, parent: &Inode) {
     }
 }
 
+/// What an entry names.
+#[derive(Debug)]
+pub enum Looked {
+    Here(Inode),
+    /// An inode of another metadata group: its number and file type.
+    Elsewhere {
+        ino: u64,
+        kind: u32,
+    },
+}
+
 /// What a new entry's creator asks for.
 pub struct NewEntry<'a> {
     pub parent: u64,
@@ -38,12 +49,27 @@ pub struct NewEntry<'a> {
 
 impl Namespace {
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Inode> {
+        match self.lookup_entry(parent, name)? {
+            Looked::Here(inode) => Ok(inode),
+            Looked::Elsewhere { ino, .. } => Err(CairnError::not_found(format!(
+                "{:?} in {parent} is inode {ino}, which another metadata group holds",
+                String::from_utf8_lossy(name)
+            ))),
+        }
+    }
+
+    /// The inode `name` in `parent` names: this group's, or only its number and type when
+    /// another group holds it (a directory made by a mkdir across groups).
+    pub fn lookup_entry(&self, parent: u64, name: &[u8]) -> Result<Looked> {
         check_name(name)?;
         self.dir(parent)?;
         let d = self.dentry(parent, name)?.ok_or_else(|| {
             CairnError::not_found(format!("no entry {:?} in {parent}", String::from_utf8_lossy(name)))
         })?;
-        self.inode(d.ino)
+        if !self.holds_ino(d.ino) {
+            return Ok(Looked::Elsewhere { ino: d.ino, kind: d.kind });
+        }
+        self.inode(d.ino).map(Looked::Here)
     }
 
     /// The common part of every creation: check the parent, apply setgid inheritance, insert
@@ -262,6 +288,7 @@ impl Namespace {
                 let d = self.dentry(parent, name)?.ok_or_else(|| {
                     CairnError::not_found(format!("no entry {:?}", String::from_utf8_lossy(name)))
                 })?;
+                self.refuse_elsewhere(d.ino, "removing")?;
                 let mut tx = self.tx();
                 let child = tx.get(d.ino)?;
                 match (dir, child.is_dir()) {

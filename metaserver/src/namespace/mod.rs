@@ -50,7 +50,7 @@ use crate::store::{Batch, Cf, Change, MemoryStore, MetaStore, RocksStore};
 
 pub use attrs::{XATTR_CREATE, XATTR_REPLACE};
 pub use check::{CheckReport, Problem, LOST_FOUND};
-pub use entries::NewEntry;
+pub use entries::{Looked, NewEntry};
 pub use files::{file_info, MAX_FILE_SIZE};
 pub use rename::{RENAME_EXCHANGE, RENAME_NOREPLACE};
 

@@ -97,6 +97,9 @@ impl Namespace {
             ));
         }
         let dst = self.dentry(new_parent, new_name)?;
+        for entry in [Some(&src), dst.as_ref()].into_iter().flatten() {
+            self.refuse_elsewhere(entry.ino, "renaming")?;
+        }
         if parent == new_parent && name == new_name {
             return Ok(());
         }

@@ -176,6 +176,19 @@ fn a_mkdir_across_groups_lands_half_in_each() {
         "no record: not committed for anyone asking"
     );
 
+    // The parent's group knows only its number and type; rmdir and rename of it are not
+    // built yet, and say so (EXDEV: `mv` copies).
+    match g0.lookup_entry(top.ino, b"d").unwrap() {
+        Looked::Elsewhere { ino, kind } => assert_eq!((ino, kind), (made.ino, S_IFDIR)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(kind(g0.lookup(top.ino, b"d")), ErrorKind::NotFound);
+    assert_eq!(kind(g0.rmdir(top.ino, b"d")), ErrorKind::CrossDevice);
+    assert_eq!(kind(g0.rename(top.ino, b"d", top.ino, b"e", 0)), ErrorKind::CrossDevice);
+    let emptied = dir(g0, ROOT_INO, "empty");
+    assert_eq!(kind(g0.rename(ROOT_INO, b"empty", top.ino, b"d", 0)), ErrorKind::CrossDevice);
+    assert_eq!(g0.getattr(emptied.ino).unwrap().parent, ROOT_INO, "nothing moved");
+
     // The new directory is the participant's: files go in it there, in its slot.
     let f = file(g3, made.ino, "f");
     assert_eq!(slot_of(f.ino), slot);

@@ -413,6 +413,22 @@ impl Namespace {
         }
     }
 
+    /// Refuse `doing` something to an entry naming `ino` when another group holds it (a
+    /// directory a mkdir across groups made): rmdir and rename of one are not built yet
+    /// (`CrossDevice`, so `mv` copies).
+    pub(super) fn refuse_elsewhere(&self, ino: u64, doing: &str) -> Result<()> {
+        if self.holds_ino(ino) {
+            return Ok(());
+        }
+        Err(CairnError::new(
+            ErrorKind::CrossDevice,
+            format!(
+                "{doing} a directory another metadata group holds (inode {ino}) is not built yet \
+                 (docs/ARCHITECTURE.md, \"Several metadata groups\")"
+            ),
+        ))
+    }
+
     /// The group map this namespace numbers by (a group other than 0's).
     fn slots_map(&self) -> Option<&Arc<crate::groups::Groups>> {
         self.slots.as_ref().map(|s| s.map())

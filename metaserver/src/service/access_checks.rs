@@ -52,16 +52,27 @@ impl MetaService {
         Ok(Some(self.access.subtree_root(&path, |p| ns.resolve_dir(p))?))
     }
 
-    /// Refuse `req` where any of `inos` lies in a namespace slot another metadata group owns
-    /// (`WrongGroup`, with this map's version: the caller asks that group), or where its
-    /// caller is limited to a subtree and any of them lies outside (`docs/ARCHITECTURE.md`,
-    /// "Subtree rules"; nothing is read for other callers). Operations spanning groups are not
-    /// built, so every inode a request names must be this group's.
+    /// Refuse `req` where the first of `inos` (the one a client routes by) lies in a namespace
+    /// slot another metadata group owns (`WrongGroup`, with this map's version: the caller asks
+    /// that group), where another of them does (`CrossDevice`: renames and links across groups
+    /// are not built; `mv` copies instead), or where its caller is limited to a subtree and any
+    /// of them lies outside (`docs/ARCHITECTURE.md`, "Subtree rules"; nothing is read for other
+    /// callers).
     pub(super) fn within<T>(&self, req: &Request<T>, inos: &[u64]) -> Result<(), Status> {
         let serving = self.serving()?;
         let own = serving.ns.group();
-        for &ino in inos {
+        for (i, &ino) in inos.iter().enumerate() {
             let (group, version) = serving.cluster.groups().owner_of(ino);
+            if group != own && i > 0 {
+                return Err(CairnError::new(
+                    ErrorKind::CrossDevice,
+                    format!(
+                        "inode {ino} is metadata group {group}'s and this request's first inode group {own}'s: \
+                         renames and links across metadata groups are not built yet"
+                    ),
+                )
+                .into());
+            }
             if group != own {
                 return Err(CairnError::wrong_group(
                     format!(

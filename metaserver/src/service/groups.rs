@@ -33,7 +33,7 @@ const PROMISE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl MetaService {
     /// Group 0's replicas, as its Raft membership has them (none for a lone metaserver).
-    fn group_zero(&self) -> MetaGroup {
+    pub(super) fn group_zero(&self) -> MetaGroup {
         let replicas = match self.raft.get() {
             Some(raft) => raft.status().members.iter().map(|m| format!("{}={}", m.id, m.addr)).collect(),
             None => Vec::new(),

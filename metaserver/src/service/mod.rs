@@ -30,6 +30,7 @@ mod backup;
 mod cluster;
 mod groups;
 mod serving;
+mod txn;
 
 pub(crate) use cluster::nodes_with_progress;
 use cluster::{check_cluster, remove_node, status_reply};
@@ -112,7 +113,20 @@ fn cert_name<T>(req: &Request<T>) -> String {
 }
 
 fn attr_reply(inode: crate::schema::Inode) -> AttrReply {
-    AttrReply { attr: Some(inode.to_attr()), parent: None }
+    AttrReply { attr: Some(inode.to_attr()), parent: None, elsewhere: false }
+}
+
+/// What an entry names: its attributes, or the number and type of an inode another group
+/// holds (`AttrReply.elsewhere`), which the caller asks that group about.
+fn looked_reply(looked: crate::namespace::Looked) -> AttrReply {
+    match looked {
+        crate::namespace::Looked::Here(inode) => attr_reply(inode),
+        crate::namespace::Looked::Elsewhere { ino, kind } => AttrReply {
+            attr: Some(Attr { ino, mode: kind, ..Default::default() }),
+            parent: None,
+            elsewhere: true,
+        },
+    }
 }
 
 /// A directory's attributes right after a change in it, for the reply; `None` if it is gone
@@ -127,14 +141,14 @@ impl Meta for MetaService {
         self.within(&req, &[req.get_ref().parent])?;
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let r = req.into_inner();
-        let inode = self.read(|ns| {
+        let looked = self.read(|ns| {
             let parent = check_ino(r.parent)?;
             if let Some(who) = &who {
                 who.check(&ns.getattr(parent)?, MAY_EXEC, "lookup")?;
             }
-            ns.lookup(parent, &r.name)
+            ns.lookup_entry(parent, &r.name)
         })?;
-        Ok(Response::new(attr_reply(inode)))
+        Ok(Response::new(looked_reply(looked)))
     }
 
     async fn get_attr(&self, req: Request<InoRequest>) -> Result<Response<AttrReply>, Status> {
@@ -261,18 +275,30 @@ impl Meta for MetaService {
         }
         let once = once_of(&r.once);
         let (parent, name) = (check_ino(r.parent)?, r.name.clone());
-        let (inode, parent) = self
+        let replay = |ns: &Namespace| Ok((ns.lookup_entry(parent, &name)?, dir_after(ns, parent)));
+        let group = self.dir_group(parent, &r.name)?;
+        if self.raft.get().is_some_and(|raft| raft.group() != group) {
+            // The directory goes to another metadata group (`service/txn.rs`).
+            if self.done_before(once)? {
+                let (looked, parent) = self.read(replay)?;
+                return Ok(Response::new(AttrReply { parent, ..looked_reply(looked) }));
+            }
+            let (inode, parent) =
+                self.mkdir_across((parent, r.name, r.mode, r.uid, r.gid), group, once).await?;
+            return Ok(Response::new(AttrReply { parent, ..attr_reply(inode) }));
+        }
+        let (looked, parent) = self
             .once_change(
                 once,
                 move |ns| {
                     let inode =
                         ns.mkdir(&NewEntry { parent, name: &r.name, mode: r.mode, uid: r.uid, gid: r.gid })?;
-                    Ok((inode, dir_after(ns, parent)))
+                    Ok((crate::namespace::Looked::Here(inode), dir_after(ns, parent)))
                 },
-                |ns| Ok((ns.lookup(parent, &name)?, dir_after(ns, parent))),
+                replay,
             )
             .await?;
-        Ok(Response::new(AttrReply { parent, ..attr_reply(inode) }))
+        Ok(Response::new(AttrReply { parent, ..looked_reply(looked) }))
     }
 
     async fn unlink(&self, req: Request<RemoveRequest>) -> Result<Response<RemoveReply>, Status> {
@@ -317,7 +343,7 @@ impl Meta for MetaService {
     }
 
     async fn link(&self, req: Request<LinkRequest>) -> Result<Response<AttrReply>, Status> {
-        self.within(&req, &[req.get_ref().ino, req.get_ref().new_parent])?;
+        self.within(&req, &[req.get_ref().new_parent, req.get_ref().ino])?;
         self.may_change(&req, "link")?;
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let r = req.into_inner();
@@ -822,6 +848,26 @@ impl Meta for MetaService {
         req: Request<cairn_proto::ReleaseSlotsRequest>,
     ) -> Result<Response<cairn_proto::ReleaseSlotsReply>, Status> {
         Ok(Response::new(self.release_slots(req.into_inner()).await?))
+    }
+
+    async fn txn_prepare(
+        &self,
+        req: Request<TxnPrepareRequest>,
+    ) -> Result<Response<TxnPrepareReply>, Status> {
+        Ok(Response::new(self.txn_prepare(req.into_inner()).await?))
+    }
+
+    async fn txn_decide(&self, req: Request<TxnDecideRequest>) -> Result<Response<Empty>, Status> {
+        self.txn_decide(req.into_inner()).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn txn_outcome(&self, req: Request<TxnId>) -> Result<Response<TxnOutcomeReply>, Status> {
+        Ok(Response::new(self.txn_outcome(req.into_inner())?))
+    }
+
+    async fn spread_dirs(&self, req: Request<SpreadDirsRequest>) -> Result<Response<GroupMap>, Status> {
+        Ok(Response::new(self.spread_dirs(req.into_inner().on).await?))
     }
 
     async fn raft_status(&self, _req: Request<Empty>) -> Result<Response<RaftStatusReply>, Status> {

@@ -1,0 +1,238 @@
+//! Changes across metadata groups as the service runs them (`namespace/txn.rs` holds both
+//! sides' steps): the leaders of the groups involved reach each other over gRPC (`TxnPrepare`,
+//! `TxnDecide`, `TxnOutcome`), a mkdir whose directory goes to another group runs on the
+//! blocking pool (its steps wait for another group), and every leadership finishes what its
+//! predecessors left ([`MetaService::finish_txns`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_common::{CairnError, ErrorKind, Result};
+use cairn_proto::meta_client::MetaClient;
+use cairn_proto::{GroupMap, TxnDecideRequest, TxnOutcomeReply, TxnPrepareReply, TxnPrepareRequest};
+use tonic::transport::Channel;
+use tonic::Status;
+
+use super::MetaService;
+use crate::groups;
+use crate::namespace::txn::{self, Outcome, Peers, Prepare, TxnId};
+use crate::namespace::{once, Namespace, NewEntry};
+use crate::schema::{self, Inode, TXN_ABORTED, TXN_COMMITTED, TXN_MKDIR, TXN_PENDING};
+
+/// How long a leader waits for another group's leader to answer one step.
+const STEP_TIMEOUT: Duration = Duration::from_secs(3);
+/// How often a leadership looks for transactions left unfinished.
+const FINISH_EVERY: Duration = Duration::from_secs(5);
+/// A record this much older than its last write is one nobody is working on any more: a
+/// coordinator's pending one is aborted (its mkdir gave up long before), a participant's asks
+/// its coordinator. Well above a whole exchange with every step at its timeout.
+const STALE_SECS: i64 = 30;
+
+fn id_of(id: TxnId) -> cairn_proto::TxnId {
+    cairn_proto::TxnId { group: id.group, seq: id.seq }
+}
+
+fn id_from(id: Option<cairn_proto::TxnId>) -> Result<TxnId> {
+    let id = id.ok_or_else(|| CairnError::invalid("a transaction request without its id"))?;
+    Ok(TxnId { group: id.group, seq: id.seq })
+}
+
+/// The other groups' leaders, reached from a blocking thread: each call tries the group's
+/// replicas as `map` names them until its leader answers.
+struct GroupPeers {
+    map: GroupMap,
+    /// A client for each replica the map names (channels connect on first use).
+    clients: HashMap<String, MetaClient<Channel>>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl GroupPeers {
+    fn ask<T, F, Fut>(&self, group: u32, call: F) -> Result<T>
+    where
+        F: Fn(MetaClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, Status>>,
+    {
+        let replicas = self.map.groups.iter().filter(|g| g.group == group).flat_map(|g| g.replicas.iter());
+        let mut why = format!("the group map names no replicas of metadata group {group}");
+        for replica in replicas {
+            let addr = groups::replica_addr(replica);
+            let answer = self.runtime.block_on(async {
+                let client = self
+                    .clients
+                    .get(addr)
+                    .cloned()
+                    .ok_or_else(|| CairnError::unavailable(format!("no connection to {addr}")))?;
+                match tokio::time::timeout(STEP_TIMEOUT, call(client)).await {
+                    Ok(answer) => answer.map(|r| r.into_inner()).map_err(CairnError::from),
+                    Err(_) => {
+                        Err(CairnError::unavailable(format!("{addr} did not answer within {STEP_TIMEOUT:?}")))
+                    }
+                }
+            });
+            match answer {
+                Ok(reply) => return Ok(reply),
+                Err(e) if matches!(e.kind(), ErrorKind::NotLeader | ErrorKind::Unavailable) => {
+                    why = format!("{addr}: {}", e.message())
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(CairnError::unavailable(format!("no leader of metadata group {group} answered ({why})")))
+    }
+}
+
+impl Peers for GroupPeers {
+    fn prepare(&self, group: u32, prepare: &Prepare) -> Result<Inode> {
+        let req = TxnPrepareRequest {
+            id: Some(id_of(prepare.id)),
+            op: TXN_MKDIR,
+            parent: prepare.parent,
+            name: prepare.name.clone(),
+            inode: schema::encode(&prepare.inode),
+        };
+        let reply = self.ask(group, |mut c| {
+            let req = req.clone();
+            async move { c.txn_prepare(req).await }
+        })?;
+        schema::decode("prepared directory", &reply.inode)
+    }
+
+    fn decide(&self, group: u32, id: TxnId, commit: bool) -> Result<()> {
+        let req = TxnDecideRequest { id: Some(id_of(id)), commit };
+        self.ask(group, |mut c| async move { c.txn_decide(req).await }).map(drop)
+    }
+
+    fn outcome(&self, id: TxnId) -> Result<Outcome> {
+        let reply = self.ask(id.group, |mut c| async move { c.txn_outcome(id_of(id)).await })?;
+        match reply.state {
+            TXN_PENDING => Ok(Outcome::Pending),
+            TXN_COMMITTED => Ok(Outcome::Committed),
+            TXN_ABORTED => Ok(Outcome::Aborted),
+            other => Err(CairnError::invalid(format!("transaction {id}: an outcome {other}"))),
+        }
+    }
+}
+
+impl MetaService {
+    /// The group map as this leader holds it, group 0's replicas included.
+    fn txn_map(&self) -> Result<GroupMap, Status> {
+        if let Some(held) = self.held_map.read().as_ref() {
+            return Ok(held.map()?);
+        }
+        self.group_map()
+    }
+
+    fn peers(&self) -> Result<GroupPeers, Status> {
+        let map = self.txn_map()?;
+        let mut clients = HashMap::new();
+        for replica in map.groups.iter().flat_map(|g| g.replicas.iter()) {
+            let addr = groups::replica_addr(replica);
+            if let Ok(client) = self.channels.meta(addr) {
+                clients.insert(addr.to_string(), client);
+            }
+        }
+        Ok(GroupPeers { map, clients, runtime: tokio::runtime::Handle::current() })
+    }
+
+    /// The group a new directory under `parent` named `name` goes to (this one unless the map
+    /// spreads directories).
+    pub(super) fn dir_group(&self, parent: u64, name: &[u8]) -> Result<u32, Status> {
+        let Some(raft) = self.raft.get() else { return Ok(0) };
+        let own = raft.group();
+        if let Some(held) = self.held_map.read().as_ref() {
+            return Ok(held.dir_group(own, parent, name));
+        }
+        Ok(self.serving()?.cluster.groups().dir_group(own, parent, name))
+    }
+
+    /// mkdir of `new` with the directory in metadata group `group` (another than this one),
+    /// done once for `once`; answers the directory and the parent as it left it.
+    pub(super) async fn mkdir_across(
+        &self,
+        new: (u64, Vec<u8>, u32, u32, u32),
+        group: u32,
+        once: Option<(u64, u64)>,
+    ) -> Result<(Inode, Option<cairn_proto::Attr>), Status> {
+        let peers = self.peers()?;
+        let (parent, name, mode, uid, gid) = new;
+        self.run(move |ns| {
+            let entry = NewEntry { parent, name: &name, mode, uid, gid };
+            let made = once::scope(once, || txn::mkdir_across(ns, &peers, &entry, group))?;
+            Ok((made.inode, ns.inode(parent).ok().map(|i| i.to_attr())))
+        })
+        .await
+    }
+
+    /// Finish, every few seconds while this leadership serves `ns`, the transactions left
+    /// unfinished here: the first pass aborts what the previous leader was still preparing.
+    pub(crate) async fn finish_txns(self: Arc<Self>, ns: Arc<Namespace>) {
+        let mut first = true;
+        loop {
+            let pass = match self.peers() {
+                Ok(peers) => {
+                    let ns = ns.clone();
+                    tokio::task::spawn_blocking(move || txn::recover(&ns, &peers, first, STALE_SECS))
+                        .await
+                        .map_err(|e| CairnError::internal(e.to_string()))
+                        .and_then(|r| r)
+                }
+                Err(e) => Err(CairnError::from(e)),
+            };
+            match pass {
+                Ok(0) => first = false,
+                Ok(left) => {
+                    first = false;
+                    tracing::info!(left, "transactions across metadata groups not finished yet");
+                }
+                Err(e) => tracing::warn!("finishing transactions across metadata groups: {e}"),
+            }
+            tokio::time::sleep(FINISH_EVERY).await;
+        }
+    }
+
+    pub(super) async fn txn_prepare(&self, req: TxnPrepareRequest) -> Result<TxnPrepareReply, Status> {
+        let id = id_from(req.id)?;
+        if req.op != TXN_MKDIR {
+            return Err(CairnError::invalid(format!(
+                "transaction {id}: operation {} is not known here",
+                req.op
+            ))
+            .into());
+        }
+        let prepare = Prepare {
+            id,
+            parent: req.parent,
+            name: req.name,
+            inode: schema::decode("directory to prepare", &req.inode)?,
+        };
+        let inode = self.run(move |ns| ns.txn_prepare(&prepare)).await?;
+        Ok(TxnPrepareReply { inode: schema::encode(&inode) })
+    }
+
+    pub(super) async fn txn_decide(&self, req: TxnDecideRequest) -> Result<(), Status> {
+        let id = id_from(req.id)?;
+        self.run(move |ns| ns.txn_decide(id, req.commit)).await
+    }
+
+    pub(super) fn txn_outcome(&self, id: cairn_proto::TxnId) -> Result<TxnOutcomeReply, Status> {
+        let id = id_from(Some(id))?;
+        let state = match self.read(|ns| ns.txn_outcome(id))? {
+            Outcome::Pending => TXN_PENDING,
+            Outcome::Committed => TXN_COMMITTED,
+            Outcome::Aborted => TXN_ABORTED,
+        };
+        Ok(TxnOutcomeReply { state })
+    }
+
+    /// Turn the spreading of new directories on or off (group 0's map), and share it.
+    pub(super) async fn spread_dirs(&self, on: bool) -> Result<GroupMap, Status> {
+        let (mut map, changed) = self.run_zero(move |s| s.cluster.groups().set_spread_dirs(on)).await?;
+        if changed {
+            tracing::info!(version = map.version, on, "spreading new directories over the metadata groups");
+            self.groups_changed.notify_one();
+        }
+        map.groups.insert(0, self.group_zero());
+        Ok(map)
+    }
+}
