@@ -742,12 +742,17 @@ fn cairn_up_starts_and_registers_a_second_metadata_group() {
         assert_eq!(std::os::unix::fs::MetadataExt::nlink(&fs::metadata(&dir).unwrap()), 3, "d{i}");
     }
     assert_eq!(std::os::unix::fs::MetadataExt::nlink(&fs::metadata(&top).unwrap()), 26);
-    // Removing one that group 1 holds is not built yet: refused with EXDEV, nothing lost.
+    // Renaming one that another group holds is not built yet: refused with EXDEV (`mv`
+    // copies instead), nothing lost.
     let there = fresh.dir.join(format!("spread/d{}", elsewhere[0]));
-    fs::remove_file(there.join("f")).unwrap();
-    let e = fs::remove_dir(&there).unwrap_err();
+    let e = fs::rename(&there, fresh.dir.join("spread/moved")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{e}");
-    assert!(fs::metadata(&there).unwrap().is_dir());
+    // A non-empty one is not removed; the whole tree goes, each directory from its own group
+    // (an rmdir across groups where the parent's group is another).
+    let e = fs::remove_dir(&there).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY), "{e}");
+    fs::remove_dir_all(fresh.dir.join("spread")).unwrap();
+    assert!(!fresh.dir.join("spread").exists());
     drop(fresh);
     fsck_clean(&cluster);
 }

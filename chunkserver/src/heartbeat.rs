@@ -189,6 +189,7 @@ impl Heartbeat {
                 self.meta.call(|mut c| async move { c.get_group_map(cairn_proto::Empty {}).await }).await?;
             self.fence.slots().update(&map);
         }
+        self.fence.slots().confirm();
         Ok(())
     }
 }

@@ -75,13 +75,22 @@ impl ChunkService {
         capability::enforce(self.caps.check_or_learn(cap, ino, op, holder).await, what, ino)?;
         // A group's capabilities count only for inodes in its own slots. Another owner here
         // may be this node's map being older than the metaserver's (slots just moved, or a
-        // directory just made in another group): heartbeat early, which fetches a newer map,
-        // and wait a little before refusing.
+        // directory just made in another group): heartbeat early (at most once a second),
+        // which fetches a newer map, and wait for the heartbeat after the one in flight (that
+        // one may have been answered before the map changed) before refusing.
         let group = cap.map_or(0, |c| c.group);
-        if self.fence.slots().owner(ino) != group {
+        let slots = self.fence.slots();
+        if slots.owner(ino) != group {
+            let seen = slots.confirmations();
             self.caps.ask_for_news();
             let deadline = tokio::time::Instant::now() + SLOT_WAIT;
-            while self.fence.slots().owner(ino) != group && tokio::time::Instant::now() < deadline {
+            while slots.owner(ino) != group
+                && slots.confirmations() < seen + 2
+                && tokio::time::Instant::now() < deadline
+            {
+                if slots.confirmations() > seen {
+                    self.caps.ask_for_news();
+                }
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
         }
@@ -91,7 +100,7 @@ impl ChunkService {
 
 /// How long a capability for an inode whose slot this node's map gives another group waits
 /// for a newer map (an early heartbeat comes at most a second after the last).
-const SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+const SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The validated domain id of a request's shard id.
 fn shard_id(id: Option<&cairn_proto::ShardId>) -> Result<ShardId> {

@@ -14,9 +14,21 @@ use parking_lot::RwLock;
 pub struct Slots {
     /// The map version held and the owners in slot order (empty: every slot is group 0's).
     owners: RwLock<(u64, Vec<u32>)>,
+    /// Heartbeats that confirmed the map held is group 0's current one (or fetched it).
+    confirmed: std::sync::atomic::AtomicU64,
 }
 
 impl Slots {
+    /// How many heartbeats confirmed the map so far.
+    pub fn confirmations(&self) -> u64 {
+        self.confirmed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// A heartbeat found the map held current (after fetching a newer one where it was not).
+    pub fn confirm(&self) {
+        self.confirmed.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
     /// The version of the map held (0 before the first).
     pub fn version(&self) -> u64 {
         self.owners.read().0

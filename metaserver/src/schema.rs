@@ -159,6 +159,10 @@ pub struct Inode {
     /// multiset of directories holding its `nlink` names.
     #[prost(uint64, repeated, tag = "21")]
     pub links: Vec<u64>,
+    /// A directory an rmdir across metadata groups is removing: its transaction id, until
+    /// decided; nothing new goes into it meanwhile (`namespace/txn.rs`).
+    #[prost(bytes = "vec", tag = "22")]
+    pub removing: Vec<u8>,
 }
 
 pub const S_IFMT: u32 = libc_consts::S_IFMT;
@@ -336,9 +340,16 @@ impl Dentry {
         Dentry { ino, kind, txn: Vec::new() }
     }
 
-    /// Whether the entry is a cross-group change's placeholder.
+    /// Whether the entry is the placeholder of a mkdir across groups not decided yet (absent
+    /// to lookups until committed).
     pub fn is_pending(&self) -> bool {
-        !self.txn.is_empty()
+        !self.txn.is_empty() && self.ino == 0
+    }
+
+    /// Whether an rmdir across groups not decided yet is removing the entry (present until
+    /// committed).
+    pub fn is_removing(&self) -> bool {
+        !self.txn.is_empty() && self.ino != 0
     }
 }
 
@@ -357,14 +368,15 @@ pub struct TxnRecord {
     /// When the record was last written (seconds since 1970).
     #[prost(int64, tag = "4")]
     pub written_sec: i64,
-    /// The operation: [`TXN_MKDIR`].
+    /// The operation: [`TXN_MKDIR`] or [`TXN_RMDIR`].
     #[prost(uint32, tag = "5")]
     pub op: u32,
     #[prost(uint64, tag = "6")]
     pub parent: u64,
     #[prost(bytes = "vec", tag = "7")]
     pub name: Vec<u8>,
-    /// mkdir: the new directory, as asked (number 0) until the participant numbered it.
+    /// mkdir: the new directory, as asked (number 0) until the participant numbered it;
+    /// rmdir: the directory removed (the coordinator knows only its number).
     #[prost(message, optional, tag = "8")]
     pub inode: Option<Inode>,
     /// The client change it does (`once.rs`), recorded with the commit: (client, sequence).
@@ -380,6 +392,7 @@ pub const TXN_PENDING: u32 = 1;
 pub const TXN_COMMITTED: u32 = 2;
 pub const TXN_ABORTED: u32 = 3;
 pub const TXN_MKDIR: u32 = 1;
+pub const TXN_RMDIR: u32 = 2;
 
 /// One committed stripe of a file.
 #[derive(Clone, PartialEq, Message)]

@@ -89,6 +89,7 @@ impl Namespace {
                 format!("inode {} is not a directory", new.parent),
             ));
         }
+        super::txn::refuse_removing(parent)?;
         let parent_copy = parent.clone();
         self.check_free(new.parent, new.name)?;
         // Held to the end: until this change is proposed, its number's slot cannot be promised
@@ -257,6 +258,7 @@ impl Namespace {
                         format!("inode {new_parent} is not a directory"),
                     ));
                 }
+                super::txn::refuse_removing(parent)?;
                 parent.set_mtime(&now);
                 parent.set_ctime(&now);
                 self.check_free(new_parent, new_name)?;
@@ -288,6 +290,9 @@ impl Namespace {
                 let d = self.dentry(parent, name)?.ok_or_else(|| {
                     CairnError::not_found(format!("no entry {:?}", String::from_utf8_lossy(name)))
                 })?;
+                if !dir && d.kind == S_IFDIR {
+                    return Err(CairnError::new(ErrorKind::IsDir, "unlink of a directory"));
+                }
                 self.refuse_elsewhere(d.ino, "removing")?;
                 let mut tx = self.tx();
                 let child = tx.get(d.ino)?;
@@ -334,18 +339,37 @@ impl Namespace {
         if !after.is_empty() {
             start.push(0);
         }
-        let mut rows = self.store.scan(Cf::Dentries, &start, &schema::prefix_end(ino), limit + 1)?;
-        let more = rows.len() > limit;
-        rows.truncate(limit);
-        let mut entries = Vec::with_capacity(rows.len());
-        for (key, value) in rows {
-            let d: Dentry = schema::decode("dentry", &value)?;
-            if d.is_pending() {
-                continue;
+        // Placeholders of mkdirs across groups not decided yet are not listed: scan on until
+        // the page holds `limit` entries, so a page is never empty while more follow.
+        let mut entries = Vec::with_capacity(limit.min(64));
+        let more = loop {
+            let rows = self.store.scan(Cf::Dentries, &start, &schema::prefix_end(ino), limit + 1)?;
+            let scanned = rows.len();
+            let mut rows = rows.into_iter().peekable();
+            while let Some((key, value)) = rows.next_if(|_| entries.len() < limit) {
+                let d: Dentry = schema::decode("dentry", &value)?;
+                start = key.clone();
+                start.push(0);
+                if d.is_pending() {
+                    continue;
+                }
+                let attr = if plus { self.try_inode(d.ino)?.map(|i| i.to_attr()) } else { None };
+                entries.push(DirEntry {
+                    name: schema::name_of(&key).to_vec(),
+                    ino: d.ino,
+                    mode: d.kind,
+                    attr,
+                });
             }
-            let attr = if plus { self.try_inode(d.ino)?.map(|i| i.to_attr()) } else { None };
-            entries.push(DirEntry { name: schema::name_of(&key).to_vec(), ino: d.ino, mode: d.kind, attr });
-        }
+            if entries.len() == limit {
+                // Whether anything follows the last entry listed.
+                break rows.peek().is_some()
+                    || !self.store.scan(Cf::Dentries, &start, &schema::prefix_end(ino), 1)?.is_empty();
+            }
+            if scanned <= limit {
+                break false;
+            }
+        };
         Ok((entries, more))
     }
 }

@@ -104,6 +104,8 @@ pub struct Namespace {
     group: u32,
     /// Sequences of the cross-group transactions this group coordinates (`txn.rs`).
     txn_seqs: Arc<inos::Inos>,
+    /// The first of them this opening hands out (`txn::recover`).
+    txn_first_seq: u64,
 }
 
 /// How long a client that stopped heartbeating keeps its open files and locks.
@@ -146,6 +148,8 @@ pub fn prepare_restored(store: &dyn MetaStore, batch: &mut Batch) -> Result<()> 
         ranges.extend_from_slice(&to.to_be_bytes());
     }
     batch.put(Cf::Counters, counter::FOREIGN_INOS, ranges);
+    // Transaction ids the lost changes may have used never come back either.
+    txn::prepare_restored(store, batch, RESTORE_INO_GAP)?;
     Ok(())
 }
 
@@ -264,7 +268,7 @@ impl Namespace {
         batch.set_durable();
         store.write(batch)?;
         let foreign_inos = read_foreign_inos(&*store)?;
-        let store_for_seqs = store.clone();
+        let (txn_seqs, txn_first_seq) = txn::sequences(&*store)?;
         Ok(Namespace {
             store,
             cluster,
@@ -279,7 +283,8 @@ impl Namespace {
             cluster_id,
             gc_seq: AtomicU64::new(0),
             group: 0,
-            txn_seqs: txn::sequences(&*store_for_seqs)?,
+            txn_seqs,
+            txn_first_seq,
         })
     }
 
@@ -320,7 +325,7 @@ impl Namespace {
             )));
         }
         let stats = read_stats(&*store)?;
-        let store_for_seqs = store.clone();
+        let (txn_seqs, txn_first_seq) = txn::sequences(&*store)?;
         Ok(Namespace {
             foreign_inos: read_foreign_inos(&*store)?,
             slots: Some(inos::Slots::open(&*store, group, map)?),
@@ -335,7 +340,8 @@ impl Namespace {
             cluster_id,
             gc_seq: AtomicU64::new(0),
             group,
-            txn_seqs: txn::sequences(&*store_for_seqs)?,
+            txn_seqs,
+            txn_first_seq,
         })
     }
 

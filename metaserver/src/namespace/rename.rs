@@ -71,6 +71,14 @@ impl Namespace {
             if cur == ROOT_INO {
                 return Ok(false);
             }
+            if !self.holds_ino(cur) {
+                // Above here another group holds the ancestry (a mkdir across groups): walking it
+                // across groups is not built, and stopping would miss a loop through there.
+                return Err(CairnError::new(
+                    ErrorKind::CrossDevice,
+                    format!("directory {dir}'s ancestry continues in another metadata group (inode {cur})"),
+                ));
+            }
             cur = self.inode(cur)?.parent;
         }
         Err(CairnError::corrupt(format!("directory {dir} is more than {MAX_DEPTH} levels deep")))
@@ -86,7 +94,7 @@ impl Namespace {
     ) -> Result<()> {
         let now = cairn_common::time::now();
         self.dir(parent)?;
-        self.dir(new_parent)?;
+        super::txn::refuse_removing(&self.dir(new_parent)?)?;
         let src = self.dentry(parent, name)?.ok_or_else(|| {
             CairnError::not_found(format!("rename: no entry {:?}", String::from_utf8_lossy(name)))
         })?;

@@ -11,6 +11,16 @@ impl Namespace {
     /// non-directory whose names' directories were never recorded cannot be placed: refused,
     /// with what to do about it.
     pub fn inside(&self, ino: u64, top: u64) -> Result<bool> {
+        self.inside_here(ino, top).map_err(|e| match e.kind() {
+            ErrorKind::CrossDevice => CairnError::new(
+                ErrorKind::PermissionDenied,
+                format!("inode {ino} cannot be placed in this client's subtree here: {}", e.message()),
+            ),
+            _ => e,
+        })
+    }
+
+    fn inside_here(&self, ino: u64, top: u64) -> Result<bool> {
         if ino == top || top == ROOT_INO {
             return Ok(true);
         }

@@ -18,8 +18,8 @@ use cairn_common::{CairnError, ErrorKind, Result};
 use super::entries::{inherit, NewEntry};
 use super::{check_name, inos, once, Namespace};
 use crate::schema::{
-    self, read_counter, Inode, TxnRecord, S_IFDIR, TXN_ABORTED, TXN_COMMITTED, TXN_COORDINATOR, TXN_MKDIR,
-    TXN_PARTICIPANT, TXN_PENDING,
+    self, read_counter, Dentry, Inode, TxnRecord, S_IFDIR, TXN_ABORTED, TXN_COMMITTED, TXN_COORDINATOR,
+    TXN_MKDIR, TXN_PARTICIPANT, TXN_PENDING, TXN_RMDIR,
 };
 use crate::store::{Batch, Cf, MetaStore};
 
@@ -66,15 +66,25 @@ impl std::fmt::Display for TxnId {
     }
 }
 
-/// What the coordinator of a mkdir asks the participant to prepare.
+/// What a coordinator asks the participant to prepare.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Prepare {
     pub id: TxnId,
+    /// [`TXN_MKDIR`] or [`TXN_RMDIR`].
+    pub op: u32,
     pub parent: u64,
     pub name: Vec<u8>,
-    /// The new directory as asked: mode, owner, times, layout, parent (its number is 0: the
-    /// participant numbers it).
+    /// mkdir: the new directory as asked (mode, owner, times, layout, parent; its number 0:
+    /// the participant numbers it); rmdir: the directory to remove (its number only).
     pub inode: Inode,
+}
+
+/// Refuse a new entry in `dir` while an rmdir across groups is removing it.
+pub(super) fn refuse_removing(dir: &Inode) -> Result<()> {
+    if dir.removing.is_empty() {
+        return Ok(());
+    }
+    Err(CairnError::not_found(format!("directory {} is being removed", dir.ino)))
 }
 
 /// Where a transaction stands, as its coordinator says.
@@ -86,9 +96,19 @@ pub enum Outcome {
 }
 
 /// The counter of transaction sequences over `store`.
-pub(super) fn sequences(store: &dyn MetaStore) -> Result<Arc<inos::Inos>> {
+/// Move the transaction sequences of a group restored from a backup `gap` on (put in
+/// `batch`): ids the lost changes handed out are never handed out again.
+pub(super) fn prepare_restored(store: &dyn MetaStore, batch: &mut Batch, gap: u64) -> Result<()> {
+    let next = read_counter(store, TXN_RESERVED)?.unwrap_or(1).max(1).saturating_add(gap);
+    batch.put(Cf::Counters, TXN_RESERVED, schema::encode(&schema::Counter { value: next }));
+    Ok(())
+}
+
+/// The counter of transaction sequences over `store`, and the first it hands out: a pending
+/// transaction below it was begun by an earlier opening, whose leader nobody waits on.
+pub(super) fn sequences(store: &dyn MetaStore) -> Result<(Arc<inos::Inos>, u64)> {
     let next = read_counter(store, TXN_RESERVED)?.unwrap_or(1).max(1);
-    Ok(inos::Inos::counter(TXN_RESERVED.to_vec(), next))
+    Ok((inos::Inos::counter(TXN_RESERVED.to_vec(), next), next))
 }
 
 impl Namespace {
@@ -97,7 +117,7 @@ impl Namespace {
         match self.store.get(Cf::Txns, &id.key())? {
             Some(v) => {
                 let record: TxnRecord = schema::decode("transaction", &v)?;
-                if record.op != TXN_MKDIR {
+                if record.op != TXN_MKDIR && record.op != TXN_RMDIR {
                     return Err(CairnError::corrupt(format!(
                         "transaction {id} records operation {}, which this build does not know: it must \
                          not be skipped (run the build that wrote it)",
@@ -150,6 +170,7 @@ impl Namespace {
             || vec![new.parent],
             || {
                 let parent = self.dir(new.parent)?;
+                refuse_removing(&parent)?;
                 self.check_free(new.parent, new.name)?;
                 if parent.nlink == u32::MAX {
                     return Err(CairnError::new(ErrorKind::TooBig, "too many subdirectories"));
@@ -182,7 +203,71 @@ impl Namespace {
                 );
                 batch.set_durable();
                 self.store.write(batch)?;
-                Ok(Prepare { id, parent: new.parent, name: new.name.to_vec(), inode })
+                Ok(Prepare { id, op: TXN_MKDIR, parent: new.parent, name: new.name.to_vec(), inode })
+            },
+        )
+    }
+
+    /// Step 1 of an rmdir of `name` in `parent` naming directory `ino`, which metadata group
+    /// `group` (another than this one) holds: the entry is marked with the transaction (it
+    /// stays visible until the commit) and the `pending` record written, in one durable entry.
+    pub fn rmdir_begin(&self, parent: u64, name: &[u8], ino: u64, group: u32) -> Result<Prepare> {
+        check_name(name)?;
+        if group == self.group || self.holds_ino(ino) {
+            return Err(CairnError::invalid(format!(
+                "inode {ino} is this group's: its rmdir is this group's own"
+            )));
+        }
+        self.locked(
+            || vec![parent],
+            || {
+                self.dir(parent)?;
+                let entry = self.dentry(parent, name)?.ok_or_else(|| {
+                    CairnError::not_found(format!("no entry {:?}", String::from_utf8_lossy(name)))
+                })?;
+                if entry.is_removing() {
+                    if self.is_own_txn(&entry.txn)? {
+                        return Err(CairnError::unavailable(
+                            "an earlier try of this rmdir, across metadata groups, is not decided yet: try again later",
+                        ));
+                    }
+                    return Err(CairnError::not_found(format!(
+                        "{:?} is being removed",
+                        String::from_utf8_lossy(name)
+                    )));
+                }
+                if entry.kind != S_IFDIR {
+                    return Err(CairnError::new(ErrorKind::NotDir, "rmdir of a non-directory"));
+                }
+                if entry.ino != ino {
+                    return Err(CairnError::new(
+                        ErrorKind::Interrupted,
+                        format!("{:?} was replaced meanwhile: try again", String::from_utf8_lossy(name)),
+                    ));
+                }
+                let now = cairn_common::time::now();
+                let id = TxnId { group: self.group, seq: self.txn_seqs.next(&self.store)? };
+                let (client, seq) = once::current().unwrap_or((0, 0));
+                let asked = Inode { ino, mode: S_IFDIR, ..Default::default() };
+                let record = TxnRecord {
+                    role: TXN_COORDINATOR,
+                    state: TXN_PENDING,
+                    peer_group: group,
+                    written_sec: now.sec,
+                    op: TXN_RMDIR,
+                    parent,
+                    name: name.to_vec(),
+                    inode: Some(asked.clone()),
+                    client,
+                    seq,
+                };
+                let mut batch = Batch::new();
+                Self::put_record(&mut batch, id, &record);
+                let marked = Dentry { ino, kind: S_IFDIR, txn: id.key() };
+                batch.put(Cf::Dentries, schema::dentry_key(parent, name), schema::encode(&marked));
+                batch.set_durable();
+                self.store.write(batch)?;
+                Ok(Prepare { id, op: TXN_RMDIR, parent, name: name.to_vec(), inode: asked })
             },
         )
     }
@@ -206,11 +291,16 @@ impl Namespace {
             return Err(CairnError::not_found(format!("no transaction {id} to commit")));
         };
         let asked = record.inode.clone().unwrap_or_default();
-        if prepared.ino == 0
-            || !prepared.is_dir()
-            || prepared.parent != record.parent
-            || (prepared.mode, prepared.uid, prepared.gid) != (asked.mode, asked.uid, asked.gid)
-        {
+        let as_asked = match record.op {
+            TXN_MKDIR => {
+                prepared.ino != 0
+                    && prepared.is_dir()
+                    && prepared.parent == record.parent
+                    && (prepared.mode, prepared.uid, prepared.gid) == (asked.mode, asked.uid, asked.gid)
+            }
+            _ => prepared.ino == asked.ino && prepared.is_dir(),
+        };
+        if !as_asked {
             return Err(CairnError::invalid(format!(
                 "metadata group {} prepared transaction {id} with a directory other than the one asked",
                 record.peer_group
@@ -245,10 +335,19 @@ impl Namespace {
                 let now = cairn_common::time::now();
                 let mut tx = self.tx();
                 let parent = tx.get(record.parent)?;
-                parent.nlink = parent.nlink.saturating_add(1);
+                if record.op == TXN_MKDIR {
+                    parent.nlink = parent.nlink.saturating_add(1);
+                } else {
+                    parent.nlink = parent.nlink.saturating_sub(1).max(2);
+                }
                 parent.set_mtime(&now);
                 parent.set_ctime(&now);
-                tx.put_dentry(record.parent, &record.name, prepared.ino, S_IFDIR);
+                if record.op == TXN_MKDIR {
+                    tx.put_dentry(record.parent, &record.name, prepared.ino, S_IFDIR);
+                } else if self.stored_dentry(record.parent, &record.name)?.is_some_and(|d| d.txn == id.key())
+                {
+                    tx.delete_dentry(record.parent, &record.name);
+                }
                 record.state = TXN_COMMITTED;
                 record.written_sec = now.sec;
                 record.inode = Some(prepared.clone());
@@ -278,8 +377,13 @@ impl Namespace {
                     _ => {}
                 }
                 let mut batch = Batch::new();
-                if self.stored_dentry(record.parent, &record.name)?.is_some_and(|d| d.txn == id.key()) {
-                    batch.delete(Cf::Dentries, schema::dentry_key(record.parent, &record.name));
+                let key = schema::dentry_key(record.parent, &record.name);
+                match self.stored_dentry(record.parent, &record.name)? {
+                    Some(d) if d.txn == id.key() && record.op == TXN_MKDIR => batch.delete(Cf::Dentries, key),
+                    Some(d) if d.txn == id.key() => {
+                        batch.put(Cf::Dentries, key, schema::encode(&Dentry::new(d.ino, d.kind)))
+                    }
+                    _ => {}
                 }
                 record.state = TXN_ABORTED;
                 record.written_sec = cairn_common::time::now().sec;
@@ -327,9 +431,11 @@ impl Namespace {
 
     // ------------------------------------------------------------ the participant's side
 
-    /// Step 2: number the directory `prepare` asks for in this group's slots and keep it in a
-    /// `pending` record (one durable entry); nothing can reach it until the coordinator's entry
-    /// names it. Answers the directory; a prepare sent again answers the same one.
+    /// Step 2: prepare this group's part in one durable entry with its `pending` record, and
+    /// answer the directory concerned; a prepare sent again answers the same. mkdir: number
+    /// the directory asked for in this group's slots and keep it in the record (nothing can
+    /// reach it until the coordinator's entry names it). rmdir: check the directory is empty
+    /// and mark it (`Inode.removing`: nothing new goes into it until decided).
     pub fn txn_prepare(&self, prepare: &Prepare) -> Result<Inode> {
         let id = prepare.id;
         if id.group == self.group {
@@ -337,38 +443,81 @@ impl Namespace {
         }
         check_name(&prepare.name)?;
         let asked = &prepare.inode;
-        if asked.ino != 0 || !asked.is_dir() || asked.nlink != 2 || asked.parent != prepare.parent {
-            return Err(CairnError::invalid(format!("transaction {id} asks for a malformed directory")));
+        match prepare.op {
+            TXN_MKDIR => {
+                if asked.ino != 0 || !asked.is_dir() || asked.nlink != 2 || asked.parent != prepare.parent {
+                    return Err(CairnError::invalid(format!(
+                        "transaction {id} asks for a malformed directory"
+                    )));
+                }
+                asked.layout().validate()?;
+            }
+            TXN_RMDIR if asked.ino != 0 && self.holds_ino(asked.ino) => {}
+            TXN_RMDIR => {
+                return Err(CairnError::invalid(format!(
+                    "transaction {id} removes inode {}, which is not this group's",
+                    asked.ino
+                )))
+            }
+            op => {
+                return Err(CairnError::invalid(format!(
+                    "transaction {id}: operation {op} is not known here"
+                )))
+            }
         }
-        asked.layout().validate()?;
         self.locked(
-            || vec![id.lock()],
+            || [id.lock()].into_iter().chain((prepare.op == TXN_RMDIR).then_some(asked.ino)).collect(),
             || {
                 if let Some(record) = self.txn_record(id)? {
+                    let same = record.op == prepare.op
+                        && record.parent == prepare.parent
+                        && record.name == prepare.name;
                     return match (record.role, record.state, record.inode) {
-                        (TXN_PARTICIPANT, TXN_PENDING, Some(inode)) => Ok(inode),
+                        (TXN_PARTICIPANT, TXN_PENDING, Some(inode)) if same => Ok(inode),
                         _ => Err(CairnError::invalid(format!(
                             "transaction {id} is already recorded here in another state"
                         ))),
                     };
                 }
-                // Held until the record is proposed: the slot cannot be promised away meanwhile.
-                let numbered = self.number(prepare.parent, &prepare.name, true)?;
-                let mut inode = asked.clone();
-                inode.ino = numbered.ino;
+                let mut batch = Batch::new();
+                let (inode, numbered) = if prepare.op == TXN_MKDIR {
+                    // Held until the record is proposed: the slot cannot be promised away
+                    // meanwhile.
+                    let numbered = self.number(prepare.parent, &prepare.name, true)?;
+                    (Inode { ino: numbered.ino, ..asked.clone() }, Some(numbered))
+                } else {
+                    let mut dir = self.inode(asked.ino)?;
+                    if !dir.is_dir() {
+                        return Err(CairnError::new(ErrorKind::NotDir, "rmdir of a non-directory"));
+                    }
+                    if dir.parent != prepare.parent {
+                        return Err(CairnError::new(
+                            ErrorKind::Interrupted,
+                            format!("directory {} has moved meanwhile: try again", dir.ino),
+                        ));
+                    }
+                    if !dir.removing.is_empty() {
+                        return Err(CairnError::not_found(format!("directory {} is being removed", dir.ino)));
+                    }
+                    if !self.dir_is_empty(dir.ino)? {
+                        return Err(CairnError::new(ErrorKind::NotEmpty, "directory not empty"));
+                    }
+                    dir.removing = id.key();
+                    batch.put(Cf::Inodes, schema::ino_key(dir.ino), schema::encode(&dir));
+                    (dir, None)
+                };
                 let record = TxnRecord {
                     role: TXN_PARTICIPANT,
                     state: TXN_PENDING,
                     peer_group: id.group,
                     written_sec: cairn_common::time::now().sec,
-                    op: TXN_MKDIR,
+                    op: prepare.op,
                     parent: prepare.parent,
                     name: prepare.name.clone(),
                     inode: Some(inode.clone()),
                     client: 0,
                     seq: 0,
                 };
-                let mut batch = Batch::new();
                 Self::put_record(&mut batch, id, &record);
                 batch.set_durable();
                 self.store.write(batch)?;
@@ -378,25 +527,41 @@ impl Namespace {
         )
     }
 
-    /// Step 4: apply (`commit`: the directory is written) or drop the prepared change, and
-    /// forget the record, in one entry. A decision for a record this side no longer has was
-    /// applied before: acknowledged.
+    /// Step 4: apply or drop the prepared change, and forget the record, in one entry — mkdir:
+    /// the directory written (or dropped with the record); rmdir: the directory deleted (or its
+    /// mark cleared). A decision for a record this side no longer has was applied before:
+    /// acknowledged.
     pub fn txn_decide(&self, id: TxnId, commit: bool) -> Result<()> {
+        let ino = self.txn_record(id)?.and_then(|r| r.inode).map_or(0, |i| i.ino);
         self.locked(
-            || vec![id.lock()],
+            || vec![id.lock(), ino],
             || {
                 let Some(record) = self.txn_record(id)? else { return Ok(()) };
                 if record.role != TXN_PARTICIPANT {
                     return Err(CairnError::invalid(format!("this group leads transaction {id}")));
                 }
+                let inode = record.inode.ok_or_else(|| {
+                    CairnError::corrupt(format!("prepared transaction {id} holds no directory"))
+                })?;
                 let mut tx = self.tx();
-                if commit {
-                    let inode = record.inode.ok_or_else(|| {
-                        CairnError::corrupt(format!("prepared transaction {id} holds no directory"))
-                    })?;
-                    tx.stats.inodes += 1;
-                    tx.stats.directories += 1;
-                    tx.insert(inode);
+                match (record.op, commit) {
+                    (TXN_MKDIR, true) => {
+                        tx.stats.inodes += 1;
+                        tx.stats.directories += 1;
+                        tx.insert(inode);
+                    }
+                    (TXN_MKDIR, false) => {}
+                    (_, true) => {
+                        if self.try_inode(inode.ino)?.is_some_and(|d| d.removing == id.key()) {
+                            tx.destroy(inode.ino)?;
+                        }
+                    }
+                    (_, false) => {
+                        let dir = tx.get(inode.ino)?;
+                        if dir.removing == id.key() {
+                            dir.removing.clear();
+                        }
+                    }
                 }
                 tx.batch.delete(Cf::Txns, id.key());
                 tx.commit()
@@ -456,29 +621,58 @@ pub struct Made {
     pub acknowledged: bool,
 }
 
-/// mkdir of `new` with the directory in metadata group `group` (`ns` holds the parent):
-/// begin, prepare, decide, tell, forget. A participant that refuses or does not answer aborts
-/// it (its error is the answer; `Unavailable` when it did not answer); once committed, the
-/// mkdir has happened whatever the later steps meet.
+/// mkdir of `new` with the directory in metadata group `group` (`ns` holds the parent).
 pub fn mkdir_across(ns: &Namespace, peers: &dyn Peers, new: &NewEntry<'_>, group: u32) -> Result<Made> {
     let prepare = ns.mkdir_begin(new, group)?;
+    run(ns, peers, &prepare, group)
+}
+
+/// rmdir of `name` in `parent` (`ns`'s), naming directory `ino`, which metadata group `group`
+/// holds.
+pub fn rmdir_across(
+    ns: &Namespace,
+    peers: &dyn Peers,
+    (parent, name): (u64, &[u8]),
+    ino: u64,
+    group: u32,
+) -> Result<Made> {
+    let prepare = ns.rmdir_begin(parent, name, ino, group)?;
+    run(ns, peers, &prepare, group)
+}
+
+/// The steps after the first: prepare, decide, tell, forget. A participant that refuses or does
+/// not answer aborts it (its error is the answer; `Unavailable` when it did not answer); once
+/// committed, the change has happened whatever the later steps meet.
+fn run(ns: &Namespace, peers: &dyn Peers, prepare: &Prepare, group: u32) -> Result<Made> {
     let id = prepare.id;
-    let inode = match peers.prepare(group, &prepare).and_then(|inode| ns.txn_commit(id, &inode)) {
+    let inode = match peers.prepare(group, prepare).and_then(|inode| ns.txn_commit(id, &inode)) {
         Ok(inode) => inode,
         Err(e) => {
-            // Aborted here first: the name is free again at once, whatever the participant does.
+            // Aborted here first: the name is as it was at once, whatever the participant does.
             if let Err(abort) = ns.txn_abort(id) {
-                // Committed meanwhile by another step? Then the mkdir happened.
+                // Committed meanwhile by another step? Then the change happened.
                 if let Some(TxnRecord { state: TXN_COMMITTED, inode: Some(inode), .. }) = ns.txn_record(id)? {
                     return Ok(Made { acknowledged: tell(ns, peers, id, group, true), inode });
                 }
                 return Err(abort);
             }
             tell(ns, peers, id, group, false);
+            // Aborted under it (recovery took it for abandoned): the client may try again.
+            if e.kind() == ErrorKind::Interrupted {
+                return Err(CairnError::unavailable(e.message().to_string()));
+            }
             return Err(e);
         }
     };
-    Ok(Made { acknowledged: tell(ns, peers, id, group, true), inode })
+    // The answer waits a little for the participant to apply it, so the caller's next
+    // request there finds it; recovery delivers it otherwise.
+    let acknowledged = (0..3).any(|attempt| {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        tell(ns, peers, id, group, true)
+    });
+    Ok(Made { acknowledged, inode })
 }
 
 /// Send the decision of `id` to `group` once; forget the record when acknowledged.
@@ -494,39 +688,92 @@ fn tell(ns: &Namespace, peers: &dyn Peers, id: TxnId, group: u32, commit: bool) 
 
 /// One pass of recovery over the transactions this side has not finished (run by every
 /// leadership at its start and every few seconds): as coordinator, abort what is still
-/// pending when the pass is the leadership's first (`first`: nobody waits on it any more) or
-/// the record is older than `stale_secs`, and send every decision not acknowledged; as
-/// participant, ask the coordinator about pending records older than `stale_secs` and apply
-/// what it says. Answers how many transactions remain.
-pub fn recover(ns: &Namespace, peers: &dyn Peers, first: bool, stale_secs: i64) -> Result<usize> {
+/// pending when an earlier leadership began it (nobody waits on it any more) or it is older
+/// than `stale_secs`, and send every decision not acknowledged; as participant, ask the
+/// coordinator about pending records older than `stale_secs` and apply what it says. A group
+/// that did not answer is not asked again in the same pass; a record that fails is logged and
+/// left for the next. Answers how many transactions remain.
+pub fn recover(ns: &Namespace, peers: &dyn Peers, stale_secs: i64) -> Result<usize> {
     let now = cairn_common::time::now().sec;
     let mut left = 0;
+    let mut silent = std::collections::BTreeSet::new();
     for (id, record) in ns.txns()? {
-        let stale = first || now.saturating_sub(record.written_sec) >= stale_secs;
-        let done = match (record.role, record.state) {
-            (TXN_COORDINATOR, TXN_PENDING) if stale => {
-                ns.txn_abort(id)?;
-                tell(ns, peers, id, record.peer_group, false)
-            }
-            (TXN_COORDINATOR, TXN_PENDING) => false,
-            (TXN_COORDINATOR, state) => tell(ns, peers, id, record.peer_group, state == TXN_COMMITTED),
-            (TXN_PARTICIPANT, _) if !stale => false,
-            (TXN_PARTICIPANT, _) => match peers.outcome(id) {
-                Ok(Outcome::Pending) => false,
-                Ok(outcome) => {
-                    ns.txn_decide(id, outcome == Outcome::Committed)?;
-                    true
-                }
-                Err(e) => {
-                    tracing::info!("transaction {id}: its coordinator, metadata group {}, did not say how it ended ({e})", id.group);
-                    false
-                }
-            },
-            (role, _) => return Err(CairnError::corrupt(format!("transaction {id} has role {role}"))),
+        let stale = now.saturating_sub(record.written_sec) >= stale_secs;
+        let peer = if record.role == TXN_PARTICIPANT { id.group } else { record.peer_group };
+        let done = if silent.contains(&peer) {
+            Ok(Finished::Silent)
+        } else {
+            finish_one(ns, peers, id, &record, stale || id.seq < ns.txn_first_seq)
         };
-        if !done {
-            left += 1;
+        match done {
+            Ok(Finished::Done) => {}
+            Ok(Finished::Waiting) => left += 1,
+            Ok(Finished::Silent) => {
+                left += 1;
+                silent.insert(peer);
+            }
+            Err(e) => {
+                left += 1;
+                tracing::warn!("transaction {id} across metadata groups: {e}");
+            }
         }
     }
     Ok(left)
+}
+
+/// How one transaction's recovery went.
+enum Finished {
+    Done,
+    /// Not yet to be finished (a coordinator still waiting on it, or one still deciding).
+    Waiting,
+    /// Its other side did not answer.
+    Silent,
+}
+
+fn told(acknowledged: bool) -> Finished {
+    if acknowledged {
+        Finished::Done
+    } else {
+        Finished::Silent
+    }
+}
+
+/// Recovery of one transaction (see [`recover`]); `abandoned`: a coordinator's pending one
+/// nobody waits on, or a participant's old enough to ask about.
+fn finish_one(
+    ns: &Namespace,
+    peers: &dyn Peers,
+    id: TxnId,
+    record: &TxnRecord,
+    abandoned: bool,
+) -> Result<Finished> {
+    let group = record.peer_group;
+    match (record.role, record.state) {
+        (TXN_COORDINATOR, TXN_PENDING) if abandoned => {
+            if let Err(e) = ns.txn_abort(id) {
+                // Committed meanwhile (its mkdir was still running): deliver that instead.
+                return match ns.txn_record(id)? {
+                    Some(TxnRecord { state: TXN_COMMITTED, .. }) => {
+                        Ok(told(tell(ns, peers, id, group, true)))
+                    }
+                    _ => Err(e),
+                };
+            }
+            Ok(told(tell(ns, peers, id, group, false)))
+        }
+        (TXN_COORDINATOR, TXN_PENDING) => Ok(Finished::Waiting),
+        (TXN_COORDINATOR, state) => Ok(told(tell(ns, peers, id, group, state == TXN_COMMITTED))),
+        (TXN_PARTICIPANT, _) if !abandoned => Ok(Finished::Waiting),
+        (TXN_PARTICIPANT, _) => {
+            match peers.outcome(id) {
+                Ok(Outcome::Pending) => Ok(Finished::Waiting),
+                Ok(outcome) => ns.txn_decide(id, outcome == Outcome::Committed).map(|()| Finished::Done),
+                Err(e) => {
+                    tracing::info!("transaction {id}: its coordinator, metadata group {}, did not say how it ended ({e})", id.group);
+                    Ok(Finished::Silent)
+                }
+            }
+        }
+        (role, _) => Err(CairnError::corrupt(format!("transaction {id} has role {role}"))),
+    }
 }

@@ -234,10 +234,24 @@ impl MetaService {
         self.read(|ns| {
             let dir = ns.getattr(parent)?;
             who.check(&dir, MAY_WRITE | MAY_EXEC, what)?;
-            match ns.lookup(parent, name) {
-                Ok(victim) => {
+            match ns.lookup_entry(parent, name) {
+                Ok(crate::namespace::Looked::Here(victim)) => {
                     who.check_sticky(&dir, &victim)?;
                     Ok(Some(victim))
+                }
+                // Its owner is in the other group: in a sticky directory only the directory's
+                // owner may remove it until that check is sent there.
+                Ok(crate::namespace::Looked::Elsewhere { ino, .. }) => {
+                    if dir.mode & 0o1000 != 0 && who.uid != dir.uid {
+                        return Err(CairnError::new(
+                            ErrorKind::PermissionDenied,
+                            format!(
+                                "{what}: inode {ino} is another metadata group's, and in a sticky \
+                                 directory only the directory's owner may remove it"
+                            ),
+                        ));
+                    }
+                    Ok(None)
                 }
                 Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
                 Err(e) => Err(e),

@@ -283,9 +283,15 @@ impl Meta for MetaService {
                 let (looked, parent) = self.read(replay)?;
                 return Ok(Response::new(AttrReply { parent, ..looked_reply(looked) }));
             }
-            let (inode, parent) =
-                self.mkdir_across((parent, r.name, r.mode, r.uid, r.gid), group, once).await?;
-            return Ok(Response::new(AttrReply { parent, ..attr_reply(inode) }));
+            return match self.mkdir_across((parent, r.name, r.mode, r.uid, r.gid), group, once).await {
+                Ok((inode, parent)) => Ok(Response::new(AttrReply { parent, ..attr_reply(inode) })),
+                // An earlier try was done meanwhile: answered from what it left.
+                Err(_) if once.is_some() && self.done_before(once)? => {
+                    let (looked, parent) = self.read(replay)?;
+                    Ok(Response::new(AttrReply { parent, ..looked_reply(looked) }))
+                }
+                Err(e) => Err(e),
+            };
         }
         let (looked, parent) = self
             .once_change(
@@ -316,7 +322,26 @@ impl Meta for MetaService {
         if let Some(who) = self.who(&req, req.get_ref().caller.as_ref())? {
             self.check_remove(&who, check_ino(req.get_ref().parent)?, &req.get_ref().name, "rmdir")?;
         }
-        self.remove(req.into_inner(), true).await
+        let r = req.into_inner();
+        let parent = check_ino(r.parent)?;
+        if let Ok(crate::namespace::Looked::Elsewhere { ino, .. }) =
+            self.read(|ns| ns.lookup_entry(parent, &r.name))
+        {
+            // The directory is another metadata group's (`service/txn.rs`).
+            let once = once_of(&r.once);
+            if self.done_before(once)? {
+                return Ok(Response::new(RemoveReply { parent: self.read(|ns| Ok(dir_after(ns, parent)))? }));
+            }
+            let group = self.group_of(ino)?;
+            return match self.rmdir_across((parent, r.name), (ino, group), once).await {
+                Ok(after) => Ok(Response::new(RemoveReply { parent: after })),
+                Err(_) if once.is_some() && self.done_before(once)? => {
+                    Ok(Response::new(RemoveReply { parent: self.read(|ns| Ok(dir_after(ns, parent)))? }))
+                }
+                Err(e) => Err(e),
+            };
+        }
+        self.remove(r, true).await
     }
 
     async fn rename(&self, req: Request<RenameRequest>) -> Result<Response<RenameReply>, Status> {

@@ -18,7 +18,7 @@ use super::MetaService;
 use crate::groups;
 use crate::namespace::txn::{self, Outcome, Peers, Prepare, TxnId};
 use crate::namespace::{once, Namespace, NewEntry};
-use crate::schema::{self, Inode, TXN_ABORTED, TXN_COMMITTED, TXN_MKDIR, TXN_PENDING};
+use crate::schema::{self, Inode, TXN_ABORTED, TXN_COMMITTED, TXN_PENDING};
 
 /// How long a leader waits for another group's leader to answer one step.
 const STEP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -86,7 +86,7 @@ impl Peers for GroupPeers {
     fn prepare(&self, group: u32, prepare: &Prepare) -> Result<Inode> {
         let req = TxnPrepareRequest {
             id: Some(id_of(prepare.id)),
-            op: TXN_MKDIR,
+            op: prepare.op,
             parent: prepare.parent,
             name: prepare.name.clone(),
             inode: schema::encode(&prepare.inode),
@@ -164,15 +164,39 @@ impl MetaService {
         .await
     }
 
+    /// rmdir of `name` in `parent`, whose entry names directory `ino` of metadata group
+    /// `group` (another than this one), done once for `once`; answers the parent as it left it.
+    pub(super) async fn rmdir_across(
+        &self,
+        (parent, name): (u64, Vec<u8>),
+        (ino, group): (u64, u32),
+        once: Option<(u64, u64)>,
+    ) -> Result<Option<cairn_proto::Attr>, Status> {
+        let peers = self.peers()?;
+        self.run(move |ns| {
+            once::scope(once, || txn::rmdir_across(ns, &peers, (parent, &name), ino, group))?;
+            Ok(ns.inode(parent).ok().map(|i| i.to_attr()))
+        })
+        .await
+    }
+
+    /// The group holding inode `ino`, as this leader's map says.
+    pub(super) fn group_of(&self, ino: u64) -> Result<u32, Status> {
+        if let Some(held) = self.held_map.read().as_ref() {
+            return Ok(held.owner_of(ino).0);
+        }
+        Ok(self.serving()?.cluster.groups().owner_of(ino).0)
+    }
+
     /// Finish, every few seconds while this leadership serves `ns`, the transactions left
-    /// unfinished here: the first pass aborts what the previous leader was still preparing.
+    /// unfinished here (`txn::recover`: what an earlier leadership was still preparing is
+    /// aborted at once).
     pub(crate) async fn finish_txns(self: Arc<Self>, ns: Arc<Namespace>) {
-        let mut first = true;
         loop {
             let pass = match self.peers() {
                 Ok(peers) => {
                     let ns = ns.clone();
-                    tokio::task::spawn_blocking(move || txn::recover(&ns, &peers, first, STALE_SECS))
+                    tokio::task::spawn_blocking(move || txn::recover(&ns, &peers, STALE_SECS))
                         .await
                         .map_err(|e| CairnError::internal(e.to_string()))
                         .and_then(|r| r)
@@ -180,11 +204,8 @@ impl MetaService {
                 Err(e) => Err(CairnError::from(e)),
             };
             match pass {
-                Ok(0) => first = false,
-                Ok(left) => {
-                    first = false;
-                    tracing::info!(left, "transactions across metadata groups not finished yet");
-                }
+                Ok(0) => {}
+                Ok(left) => tracing::info!(left, "transactions across metadata groups not finished yet"),
                 Err(e) => tracing::warn!("finishing transactions across metadata groups: {e}"),
             }
             tokio::time::sleep(FINISH_EVERY).await;
@@ -193,15 +214,9 @@ impl MetaService {
 
     pub(super) async fn txn_prepare(&self, req: TxnPrepareRequest) -> Result<TxnPrepareReply, Status> {
         let id = id_from(req.id)?;
-        if req.op != TXN_MKDIR {
-            return Err(CairnError::invalid(format!(
-                "transaction {id}: operation {} is not known here",
-                req.op
-            ))
-            .into());
-        }
         let prepare = Prepare {
             id,
+            op: req.op,
             parent: req.parent,
             name: req.name,
             inode: schema::decode("directory to prepare", &req.inode)?,
