@@ -710,6 +710,7 @@ fn cairn_up_starts_and_registers_a_second_metadata_group() {
     let (code, out) = cli_on(&cluster, &cluster.meta_addr, &["meta", "groups", "spread", "on"]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("spread over the groups by their slots (group map version 5)"), "{out}");
+    assert_eq!(listed(&cluster)["spread_dirs"], true);
     let top = cluster.mnt.join("spread");
     fs::create_dir(&top).unwrap();
     let mut elsewhere = Vec::new();

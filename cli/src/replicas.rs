@@ -277,11 +277,13 @@ pub async fn groups(meta: &str, as_json: bool) -> Result<u8> {
                 })
             })
             .collect();
-        let out = json!({"version": map.version, "groups": groups});
+        let out = json!({"version": map.version, "spread_dirs": map.spread_dirs, "groups": groups});
         println!("{}", serde_json::to_string_pretty(&out).expect("json"));
         return Ok(code);
     }
-    println!("group map version {}", map.version);
+    let spread =
+        if map.spread_dirs { "spread over the groups by their slots" } else { "in their parent's group" };
+    println!("group map version {}; new directories {spread}", map.version);
     println!("{:>5} {:>6} {:>5}  {:<32} REPLICAS", "GROUP", "SLOTS", "MAP", "LEADER");
     for (g, l) in &rows {
         // The map version the group's leader holds: behind the map's for a few seconds after

@@ -319,6 +319,26 @@ impl Namespace {
         )
     }
 
+    /// Whether directory `ino` has an entry to list at or after key `start` (placeholders of
+    /// mkdirs not decided yet are not listed).
+    fn lists_more(&self, ino: u64, start: &[u8]) -> Result<bool> {
+        let mut start = start.to_vec();
+        loop {
+            let rows = self.store.scan(Cf::Dentries, &start, &schema::prefix_end(ino), 64)?;
+            let Some((last, _)) = rows.last() else { return Ok(false) };
+            for (_, value) in &rows {
+                if !schema::decode::<Dentry>("dentry", value)?.is_pending() {
+                    return Ok(true);
+                }
+            }
+            if rows.len() < 64 {
+                return Ok(false);
+            }
+            start = last.clone();
+            start.push(0);
+        }
+    }
+
     pub(super) fn dir_is_empty(&self, ino: u64) -> Result<bool> {
         let start = schema::ino_key(ino);
         Ok(self.store.scan(Cf::Dentries, &start, &schema::prefix_end(ino), 1)?.is_empty())
@@ -362,9 +382,8 @@ impl Namespace {
                 });
             }
             if entries.len() == limit {
-                // Whether anything follows the last entry listed.
-                break rows.peek().is_some()
-                    || !self.store.scan(Cf::Dentries, &start, &schema::prefix_end(ino), 1)?.is_empty();
+                // Whether an entry to list follows the last one listed.
+                break self.lists_more(ino, &start)?;
             }
             if scanned <= limit {
                 break false;

@@ -41,12 +41,17 @@ impl Namespace {
         let mut dirs: Vec<u64> = inode.name_dirs().collect();
         dirs.sort_unstable();
         dirs.dedup();
+        // One name inside is enough; a name whose ancestry leaves this group cannot be placed.
+        let mut unplaced = None;
         for dir in dirs {
-            if self.is_ancestor(top, dir)? {
-                return Ok(true);
+            match self.is_ancestor(top, dir) {
+                Ok(true) => return Ok(true),
+                Ok(false) => {}
+                Err(e) if e.kind() == ErrorKind::CrossDevice => unplaced = Some(e),
+                Err(e) => return Err(e),
             }
         }
-        Ok(false)
+        unplaced.map_or(Ok(false), Err)
     }
 
     /// The directory at absolute `path` (`/a/b`), by lookups from the root.

@@ -481,3 +481,22 @@ fn recovery_spares_live_transactions_and_listings_skip_placeholders() {
     assert_eq!(recover(&pair.g0, &peers, 60).unwrap(), 0, "an earlier leadership's: aborted at once");
     assert_eq!(names(&pair.g0, top).len(), 2);
 }
+
+/// A coordinator that lost its leader while the other group is down gives every name back at
+/// once; the decisions wait for the other group.
+#[test]
+fn names_come_back_while_the_other_group_is_down() {
+    let mut pair = Pair::new();
+    let top = dir(&pair.g0, ROOT_INO, "top").ino;
+    for name in ["a", "b"] {
+        pair.g0.mkdir_begin(&new(top, name, 0o755), GROUP).unwrap();
+    }
+    pair.g0 = Fixture::open(pair.store0.clone(), layout());
+    let peers = pair.peers();
+    peers.refuse.set(true);
+    assert_eq!(recover(&pair.g0, &peers, 60).unwrap(), 2, "told nobody yet");
+    dir(&pair.g0, top, "a");
+    dir(&pair.g0, top, "b");
+    peers.refuse.set(false);
+    assert_eq!(recover(&pair.g0, &peers, 60).unwrap(), 0);
+}

@@ -240,10 +240,10 @@ impl Namespace {
                     return Err(CairnError::new(ErrorKind::NotDir, "rmdir of a non-directory"));
                 }
                 if entry.ino != ino {
-                    return Err(CairnError::new(
-                        ErrorKind::Interrupted,
-                        format!("{:?} was replaced meanwhile: try again", String::from_utf8_lossy(name)),
-                    ));
+                    return Err(CairnError::unavailable(format!(
+                        "{:?} was replaced meanwhile: try again",
+                        String::from_utf8_lossy(name)
+                    )));
                 }
                 let now = cairn_common::time::now();
                 let id = TxnId { group: self.group, seq: self.txn_seqs.next(&self.store)? };
@@ -532,9 +532,10 @@ impl Namespace {
     /// mark cleared). A decision for a record this side no longer has was applied before:
     /// acknowledged.
     pub fn txn_decide(&self, id: TxnId, commit: bool) -> Result<()> {
-        let ino = self.txn_record(id)?.and_then(|r| r.inode).map_or(0, |i| i.ino);
+        // The directory's lock too, read again under the locks (a prepare may land meanwhile).
+        let ino = || self.txn_record(id).ok().flatten().and_then(|r| r.inode).map_or(0, |i| i.ino);
         self.locked(
-            || vec![id.lock(), ino],
+            || vec![id.lock(), ino()],
             || {
                 let Some(record) = self.txn_record(id)? else { return Ok(()) };
                 if record.role != TXN_PARTICIPANT {
@@ -557,9 +558,8 @@ impl Namespace {
                         }
                     }
                     (_, false) => {
-                        let dir = tx.get(inode.ino)?;
-                        if dir.removing == id.key() {
-                            dir.removing.clear();
+                        if self.try_inode(inode.ino)?.is_some_and(|d| d.removing == id.key()) {
+                            tx.get(inode.ino)?.removing.clear();
                         }
                     }
                 }
@@ -700,10 +700,17 @@ pub fn recover(ns: &Namespace, peers: &dyn Peers, stale_secs: i64) -> Result<usi
     for (id, record) in ns.txns()? {
         let stale = now.saturating_sub(record.written_sec) >= stale_secs;
         let peer = if record.role == TXN_PARTICIPANT { id.group } else { record.peer_group };
+        // A coordinator's pending transaction of an earlier leadership: nobody waits on it.
+        let earlier = record.role == TXN_COORDINATOR && id.seq < ns.txn_first_seq;
         let done = if silent.contains(&peer) {
-            Ok(Finished::Silent)
+            // Aborting needs no answer: the name is given back now, the telling waits.
+            if record.role == TXN_COORDINATOR && record.state == TXN_PENDING && (stale || earlier) {
+                ns.txn_abort(id).map(|()| Finished::Silent)
+            } else {
+                Ok(Finished::Silent)
+            }
         } else {
-            finish_one(ns, peers, id, &record, stale || id.seq < ns.txn_first_seq)
+            finish_one(ns, peers, id, &record, stale || earlier)
         };
         match done {
             Ok(Finished::Done) => {}

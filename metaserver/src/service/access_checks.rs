@@ -242,9 +242,9 @@ impl MetaService {
                 // Its owner is in the other group: in a sticky directory only the directory's
                 // owner may remove it until that check is sent there.
                 Ok(crate::namespace::Looked::Elsewhere { ino, .. }) => {
-                    if dir.mode & 0o1000 != 0 && who.uid != dir.uid {
+                    if dir.mode & 0o1000 != 0 && !who.is_root() && who.uid != dir.uid {
                         return Err(CairnError::new(
-                            ErrorKind::PermissionDenied,
+                            ErrorKind::NotPermitted,
                             format!(
                                 "{what}: inode {ino} is another metadata group's, and in a sticky \
                                  directory only the directory's owner may remove it"

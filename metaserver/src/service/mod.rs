@@ -29,11 +29,13 @@ mod access_checks;
 mod backup;
 mod cluster;
 mod groups;
+mod replies;
 mod serving;
 mod txn;
 
 pub(crate) use cluster::nodes_with_progress;
 use cluster::{check_cluster, remove_node, status_reply};
+use replies::{attr_reply, cert_name, check_ino, dir_after, looked_reply, once_of};
 
 /// Most files one Release request may name.
 pub const MAX_RELEASES: usize = 10_000;
@@ -70,69 +72,6 @@ pub struct Serving {
     pub ns: Arc<Namespace>,
     pub cluster: Arc<Cluster>,
     pub repair: Option<Arc<Repair>>,
-}
-
-impl MetaService {
-    /// Unlink (or, with `dir`, rmdir) and answer with the parent as the removal left it.
-    async fn remove(&self, r: RemoveRequest, dir: bool) -> Result<Response<RemoveReply>, Status> {
-        let once = once_of(&r.once);
-        let parent = check_ino(r.parent)?;
-        let after = self
-            .once_change(
-                once,
-                move |ns| {
-                    if dir {
-                        ns.rmdir(parent, &r.name)?;
-                    } else {
-                        ns.unlink(parent, &r.name)?;
-                    }
-                    Ok(dir_after(ns, parent))
-                },
-                |ns| Ok(dir_after(ns, parent)),
-            )
-            .await?;
-        Ok(Response::new(RemoveReply { parent: after }))
-    }
-}
-
-fn once_of(once: &Option<Once>) -> Option<(u64, u64)> {
-    once.as_ref().map(|o| (o.client, o.seq))
-}
-
-fn check_ino(ino: u64) -> Result<u64> {
-    if ino == 0 {
-        return Err(CairnError::invalid("inode 0"));
-    }
-    Ok(ino)
-}
-
-/// The name on the caller's TLS certificate (empty on a plaintext server), which binds a
-/// chunkserver's node id to the certificate it registered with.
-fn cert_name<T>(req: &Request<T>) -> String {
-    req.extensions().get::<cairn_net::tls::Peer>().map(|p| p.name.clone()).unwrap_or_default()
-}
-
-fn attr_reply(inode: crate::schema::Inode) -> AttrReply {
-    AttrReply { attr: Some(inode.to_attr()), parent: None, elsewhere: false }
-}
-
-/// What an entry names: its attributes, or the number and type of an inode another group
-/// holds (`AttrReply.elsewhere`), which the caller asks that group about.
-fn looked_reply(looked: crate::namespace::Looked) -> AttrReply {
-    match looked {
-        crate::namespace::Looked::Here(inode) => attr_reply(inode),
-        crate::namespace::Looked::Elsewhere { ino, kind } => AttrReply {
-            attr: Some(Attr { ino, mode: kind, ..Default::default() }),
-            parent: None,
-            elsewhere: true,
-        },
-    }
-}
-
-/// A directory's attributes right after a change in it, for the reply; `None` if it is gone
-/// again already (removed by another request since).
-fn dir_after(ns: &Namespace, ino: u64) -> Option<Attr> {
-    ns.inode(ino).ok().map(|i| i.to_attr())
 }
 
 #[tonic::async_trait]
@@ -273,26 +212,13 @@ impl Meta for MetaService {
         if let Some(who) = &who {
             self.check_new_entry(who, check_ino(r.parent)?, &r.name, Some(r.uid), "mkdir")?;
         }
-        let once = once_of(&r.once);
-        let (parent, name) = (check_ino(r.parent)?, r.name.clone());
-        let replay = |ns: &Namespace| Ok((ns.lookup_entry(parent, &name)?, dir_after(ns, parent)));
-        let group = self.dir_group(parent, &r.name)?;
+        let (parent, group) = (check_ino(r.parent)?, self.dir_group(r.parent, &r.name)?);
         if self.raft.get().is_some_and(|raft| raft.group() != group) {
-            // The directory goes to another metadata group (`service/txn.rs`).
-            if self.done_before(once)? {
-                let (looked, parent) = self.read(replay)?;
-                return Ok(Response::new(AttrReply { parent, ..looked_reply(looked) }));
-            }
-            return match self.mkdir_across((parent, r.name, r.mode, r.uid, r.gid), group, once).await {
-                Ok((inode, parent)) => Ok(Response::new(AttrReply { parent, ..attr_reply(inode) })),
-                // An earlier try was done meanwhile: answered from what it left.
-                Err(_) if once.is_some() && self.done_before(once)? => {
-                    let (looked, parent) = self.read(replay)?;
-                    Ok(Response::new(AttrReply { parent, ..looked_reply(looked) }))
-                }
-                Err(e) => Err(e),
-            };
+            return Ok(Response::new(self.mkdir_in(group, r).await?));
         }
+        let once = once_of(&r.once);
+        let name = r.name.clone();
+        let replay = |ns: &Namespace| Ok((ns.lookup_entry(parent, &name)?, dir_after(ns, parent)));
         let (looked, parent) = self
             .once_change(
                 once,
@@ -323,23 +249,8 @@ impl Meta for MetaService {
             self.check_remove(&who, check_ino(req.get_ref().parent)?, &req.get_ref().name, "rmdir")?;
         }
         let r = req.into_inner();
-        let parent = check_ino(r.parent)?;
-        if let Ok(crate::namespace::Looked::Elsewhere { ino, .. }) =
-            self.read(|ns| ns.lookup_entry(parent, &r.name))
-        {
-            // The directory is another metadata group's (`service/txn.rs`).
-            let once = once_of(&r.once);
-            if self.done_before(once)? {
-                return Ok(Response::new(RemoveReply { parent: self.read(|ns| Ok(dir_after(ns, parent)))? }));
-            }
-            let group = self.group_of(ino)?;
-            return match self.rmdir_across((parent, r.name), (ino, group), once).await {
-                Ok(after) => Ok(Response::new(RemoveReply { parent: after })),
-                Err(_) if once.is_some() && self.done_before(once)? => {
-                    Ok(Response::new(RemoveReply { parent: self.read(|ns| Ok(dir_after(ns, parent)))? }))
-                }
-                Err(e) => Err(e),
-            };
+        if let Some(reply) = self.rmdir_elsewhere(&r).await? {
+            return Ok(Response::new(reply));
         }
         self.remove(r, true).await
     }

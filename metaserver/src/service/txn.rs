@@ -10,14 +10,17 @@ use std::time::Duration;
 
 use cairn_common::{CairnError, ErrorKind, Result};
 use cairn_proto::meta_client::MetaClient;
-use cairn_proto::{GroupMap, TxnDecideRequest, TxnOutcomeReply, TxnPrepareReply, TxnPrepareRequest};
+use cairn_proto::{
+    AttrReply, GroupMap, MkdirRequest, RemoveReply, RemoveRequest, TxnDecideRequest, TxnOutcomeReply,
+    TxnPrepareReply, TxnPrepareRequest,
+};
 use tonic::transport::Channel;
 use tonic::Status;
 
-use super::MetaService;
+use super::{attr_reply, check_ino, dir_after, looked_reply, once_of, MetaService};
 use crate::groups;
 use crate::namespace::txn::{self, Outcome, Peers, Prepare, TxnId};
-use crate::namespace::{once, Namespace, NewEntry};
+use crate::namespace::{once, Looked, Namespace, NewEntry};
 use crate::schema::{self, Inode, TXN_ABORTED, TXN_COMMITTED, TXN_PENDING};
 
 /// How long a leader waits for another group's leader to answer one step.
@@ -146,38 +149,63 @@ impl MetaService {
         Ok(self.serving()?.cluster.groups().dir_group(own, parent, name))
     }
 
-    /// mkdir of `new` with the directory in metadata group `group` (another than this one),
-    /// done once for `once`; answers the directory and the parent as it left it.
-    pub(super) async fn mkdir_across(
-        &self,
-        new: (u64, Vec<u8>, u32, u32, u32),
-        group: u32,
-        once: Option<(u64, u64)>,
-    ) -> Result<(Inode, Option<cairn_proto::Attr>), Status> {
+    /// mkdir of `r` with the directory in metadata group `group` (another than this one; `r`
+    /// checked and its caller's rules applied), done once for its `once`: answers the
+    /// directory and the parent as the change left it. A try sent again after the first was
+    /// done is answered from what it left (the directory's number only: the client asks its
+    /// group, `AttrReply.elsewhere`).
+    pub(super) async fn mkdir_in(&self, group: u32, r: MkdirRequest) -> Result<AttrReply, Status> {
+        let once = once_of(&r.once);
+        let (parent, name) = (r.parent, r.name.clone());
+        let replay = || {
+            let (looked, after) =
+                self.read(|ns| Ok((ns.lookup_entry(parent, &name)?, dir_after(ns, parent))))?;
+            Ok(AttrReply { parent: after, ..looked_reply(looked) })
+        };
+        if self.done_before(once)? {
+            return replay();
+        }
         let peers = self.peers()?;
-        let (parent, name, mode, uid, gid) = new;
-        self.run(move |ns| {
-            let entry = NewEntry { parent, name: &name, mode, uid, gid };
-            let made = once::scope(once, || txn::mkdir_across(ns, &peers, &entry, group))?;
-            Ok((made.inode, ns.inode(parent).ok().map(|i| i.to_attr())))
-        })
-        .await
+        let made = self
+            .run(move |ns| {
+                let entry = NewEntry { parent, name: &r.name, mode: r.mode, uid: r.uid, gid: r.gid };
+                let made = once::scope(once, || txn::mkdir_across(ns, &peers, &entry, group))?;
+                Ok((made.inode, dir_after(ns, parent)))
+            })
+            .await;
+        match made {
+            Ok((inode, after)) => Ok(AttrReply { parent: after, ..attr_reply(inode) }),
+            // An earlier try was done meanwhile: answered from what it left.
+            Err(_) if once.is_some() && self.done_before(once)? => replay(),
+            Err(e) => Err(e),
+        }
     }
 
-    /// rmdir of `name` in `parent`, whose entry names directory `ino` of metadata group
-    /// `group` (another than this one), done once for `once`; answers the parent as it left it.
-    pub(super) async fn rmdir_across(
-        &self,
-        (parent, name): (u64, Vec<u8>),
-        (ino, group): (u64, u32),
-        once: Option<(u64, u64)>,
-    ) -> Result<Option<cairn_proto::Attr>, Status> {
-        let peers = self.peers()?;
-        self.run(move |ns| {
-            once::scope(once, || txn::rmdir_across(ns, &peers, (parent, &name), ino, group))?;
-            Ok(ns.inode(parent).ok().map(|i| i.to_attr()))
-        })
-        .await
+    /// rmdir of `r` when its entry names a directory another metadata group holds (`None`:
+    /// it does not; the caller removes it here), done once for its `once`: answers the parent
+    /// as the change left it.
+    pub(super) async fn rmdir_elsewhere(&self, r: &RemoveRequest) -> Result<Option<RemoveReply>, Status> {
+        let parent = check_ino(r.parent)?;
+        let Ok(Looked::Elsewhere { ino, .. }) = self.read(|ns| ns.lookup_entry(parent, &r.name)) else {
+            return Ok(None);
+        };
+        let once = once_of(&r.once);
+        let after = || Ok(Some(RemoveReply { parent: self.read(|ns| Ok(dir_after(ns, parent)))? }));
+        if self.done_before(once)? {
+            return after();
+        }
+        let (peers, group, name) = (self.peers()?, self.group_of(ino)?, r.name.clone());
+        let removed = self
+            .run(move |ns| {
+                once::scope(once, || txn::rmdir_across(ns, &peers, (parent, &name), ino, group))?;
+                Ok(dir_after(ns, parent))
+            })
+            .await;
+        match removed {
+            Ok(parent) => Ok(Some(RemoveReply { parent })),
+            Err(_) if once.is_some() && self.done_before(once)? => after(),
+            Err(e) => Err(e),
+        }
     }
 
     /// The group holding inode `ino`, as this leader's map says.
