@@ -633,10 +633,15 @@ fn a_directory_changed_by_several_clients_through_failed_commits_stays_consisten
 /// `cairn up --meta-groups 2`: a second Raft group of three metaservers starts beside group 0
 /// and is registered in its group map; it elects its own leader and sends requests for the
 /// cluster's state to group 0; the mount serves as with one group; after a restart the same
-/// map, not a new version.
+/// map, not a new version. Then directories spread over both groups, the first mkdir across
+/// groups killing group 0's leader right after its commit (`CAIRN_CRASH_AT`): the next leader
+/// finishes it and the mount's retry is answered from it.
 #[test]
 fn cairn_up_starts_and_registers_a_second_metadata_group() {
-    let mut cluster = Cluster::start_env(6, "4+2", 64, &["--meta-replicas", "3", "--meta-groups", "2"], &[]);
+    let crash = tempfile::tempdir().unwrap();
+    let crashed = crash.path().join("crashed");
+    let env = [("CAIRN_CRASH_AT", "txn-committed"), ("CAIRN_CRASH_ONCE", crashed.to_str().unwrap())];
+    let mut cluster = Cluster::start_env(6, "4+2", 64, &["--meta-replicas", "3", "--meta-groups", "2"], &env);
     let group1: Vec<&support::Node> = cluster.nodes.iter().filter(|n| n.id.starts_with("g1-")).collect();
     assert_eq!(group1.len(), 3, "{:?}", cluster.nodes.iter().map(|n| &n.id).collect::<Vec<_>>());
     let group1_addrs = group1.iter().map(|n| n.addr.clone()).collect::<Vec<_>>().join(",");
@@ -725,6 +730,7 @@ fn cairn_up_starts_and_registers_a_second_metadata_group() {
         }
     }
     println!("directories made in group 1: {elsewhere:?}");
+    assert!(crashed.exists(), "group 0's leader was killed in its first mkdir across groups");
     assert!(!elsewhere.is_empty() && elsewhere.len() < 24, "{elsewhere:?}");
     let fresh = Mount::new(&cluster, "spread");
     let listed: Vec<String> = {
@@ -755,5 +761,12 @@ fn cairn_up_starts_and_registers_a_second_metadata_group() {
     fs::remove_dir_all(fresh.dir.join("spread")).unwrap();
     assert!(!fresh.dir.join("spread").exists());
     drop(fresh);
+    // The replica killed in the crash test comes back (as an operator would restart it).
+    let alive =
+        |pid: u32| fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| !s.contains("State:\tZ"));
+    let dead: Vec<String> =
+        cluster.nodes.iter().filter(|n| n.role == "meta" && !alive(n.pid)).map(|n| n.id.clone()).collect();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let _back = KillOnDrop(Some(restart_server(&cluster, "meta", &format!("meta-{}", dead[0]))));
     fsck_clean(&cluster);
 }

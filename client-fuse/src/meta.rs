@@ -88,6 +88,10 @@ struct Routes {
 /// this handle's to learn the newer one.
 const GROUP_CATCH_UP: Duration = Duration::from_secs(10);
 
+/// How long a lookup waits for the directory another group holds to appear there (the
+/// decision of its mkdir on its way).
+const ELSEWHERE_WAIT: Duration = Duration::from_secs(10);
+
 /// What decides where a request goes: the inode it names, or the cluster (group 0).
 #[derive(Clone, Copy)]
 enum Route {
@@ -369,7 +373,17 @@ impl MetaConn {
             return Ok(reply);
         }
         let ino = reply.attr.as_ref().map_or(0, |a| a.ino);
-        let there = self.get_attr(p::InoRequest { ino }).await?;
+        // The entry's group committed it; the inode's group takes the decision a moment later
+        // (at once, or from the coordinator's next leader within seconds when it failed).
+        let started = tokio::time::Instant::now();
+        let there = loop {
+            match self.get_attr(p::InoRequest { ino }).await {
+                Err(e) if e.kind() == ErrorKind::NotFound && started.elapsed() < ELSEWHERE_WAIT => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                there => break there?,
+            }
+        };
         Ok(p::AttrReply { attr: there.attr, parent: reply.parent, elsewhere: false })
     }
 

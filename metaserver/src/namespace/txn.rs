@@ -645,7 +645,12 @@ pub fn rmdir_across(
 /// committed, the change has happened whatever the later steps meet.
 fn run(ns: &Namespace, peers: &dyn Peers, prepare: &Prepare, group: u32) -> Result<Made> {
     let id = prepare.id;
-    let inode = match peers.prepare(group, prepare).and_then(|inode| ns.txn_commit(id, &inode)) {
+    crash_point("txn-begun");
+    let committed = peers.prepare(group, prepare).and_then(|inode| {
+        crash_point("txn-prepared");
+        ns.txn_commit(id, &inode)
+    });
+    let inode = match committed {
         Ok(inode) => inode,
         Err(e) => {
             // Aborted here first: the name is as it was at once, whatever the participant does.
@@ -664,6 +669,7 @@ fn run(ns: &Namespace, peers: &dyn Peers, prepare: &Prepare, group: u32) -> Resu
             return Err(e);
         }
     };
+    crash_point("txn-committed");
     // The answer waits a little for the participant to apply it, so the caller's next
     // request there finds it; recovery delivers it otherwise.
     let acknowledged = (0..3).any(|attempt| {
@@ -673,6 +679,21 @@ fn run(ns: &Namespace, peers: &dyn Peers, prepare: &Prepare, group: u32) -> Resu
         tell(ns, peers, id, group, true)
     });
     Ok(Made { acknowledged, inode })
+}
+
+/// Kill this process at `step` of a transaction it coordinates, once, when the crash tests ask
+/// for it: `CAIRN_CRASH_AT` names the step (`txn-begun`, `txn-prepared`, `txn-committed`) and
+/// `CAIRN_CRASH_ONCE` a file that must not exist yet (made here, so only one process of a
+/// cluster started with both dies, and only once).
+fn crash_point(step: &str) {
+    if std::env::var("CAIRN_CRASH_AT").ok().as_deref() != Some(step) {
+        return;
+    }
+    let Some(once) = std::env::var_os("CAIRN_CRASH_ONCE") else { return };
+    if std::fs::OpenOptions::new().write(true).create_new(true).open(&once).is_ok() {
+        tracing::error!("crash test: killing this metaserver at {step}");
+        std::process::abort();
+    }
 }
 
 /// Send the decision of `id` to `group` once; forget the record when acknowledged.
