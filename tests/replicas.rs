@@ -731,6 +731,19 @@ fn cairn_up_starts_and_registers_a_second_metadata_group() {
     }
     println!("directories made in group 1: {elsewhere:?}");
     assert!(crashed.exists(), "group 0's leader was killed in its first mkdir across groups");
+    // The replica killed comes back (as an operator would restart it).
+    let alive =
+        |pid: u32| fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| !s.contains("State:\tZ"));
+    let dead: Vec<String> =
+        cluster.nodes.iter().filter(|n| n.role == "meta" && !alive(n.pid)).map(|n| n.id.clone()).collect();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let _back = KillOnDrop(Some(restart_server(&cluster, "meta", &format!("meta-{}", dead[0]))));
+    // fsck checks every group and matches each directory's two halves: it counts both
+    // groups' inodes (the root, `spread`, 24 directories, their files and subdirectories).
+    fsck_clean(&cluster);
+    let out = cluster.cli(&["fsck", "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert!(report["namespace"]["inodes"].as_u64().is_some_and(|n| n >= 2 + 3 * 24), "{report}");
     assert!(!elsewhere.is_empty() && elsewhere.len() < 24, "{elsewhere:?}");
     let fresh = Mount::new(&cluster, "spread");
     let listed: Vec<String> = {
@@ -761,12 +774,5 @@ fn cairn_up_starts_and_registers_a_second_metadata_group() {
     fs::remove_dir_all(fresh.dir.join("spread")).unwrap();
     assert!(!fresh.dir.join("spread").exists());
     drop(fresh);
-    // The replica killed in the crash test comes back (as an operator would restart it).
-    let alive =
-        |pid: u32| fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| !s.contains("State:\tZ"));
-    let dead: Vec<String> =
-        cluster.nodes.iter().filter(|n| n.role == "meta" && !alive(n.pid)).map(|n| n.id.clone()).collect();
-    assert_eq!(dead.len(), 1, "{dead:?}");
-    let _back = KillOnDrop(Some(restart_server(&cluster, "meta", &format!("meta-{}", dead[0]))));
     fsck_clean(&cluster);
 }

@@ -121,7 +121,7 @@ pub async fn run(opts: Options) -> Result<u8> {
 
     let namespace = if opts.fsck {
         bar.set_message("checking the namespace");
-        Some(conn.check_namespace(p::CheckNamespaceRequest { repair: opts.repair }).await?)
+        Some(conn.check_namespace(p::CheckNamespaceRequest { repair: opts.repair, own_group: false }).await?)
     } else {
         None
     };

@@ -20,6 +20,8 @@ pub fn required(service: &str, method: &str) -> Roles {
         ("meta", "RaftVote" | "RaftAppend" | "RaftSnapshot") => &[Meta],
         // Group 0's leader handing the group map to the other groups.
         ("meta", "ShareGroupMap" | "ReleaseSlots") => &[Meta],
+        // Group 0's leader checking every group's namespace for `cairn fsck`.
+        ("meta", "CheckNamespace") => &[Meta, Admin],
         // Changes across metadata groups, between their leaders.
         ("meta", "TxnPrepare" | "TxnDecide" | "TxnOutcome") => &[Meta],
         // Finding the leader: anyone of the cluster.
@@ -252,7 +254,6 @@ mod tests {
         let admin_only = [
             "ClusterStatus",
             "RepairNow",
-            "CheckNamespace",
             "Reconcile",
             "DrainNode",
             "ActivateNode",

@@ -148,6 +148,10 @@ pub struct CheckReport {
     pub stripes: u64,
     pub problems: Vec<Problem>,
     pub repaired: u64,
+    /// Entries here naming a directory another metadata group holds: (parent, name, inode).
+    pub remote_entries: Vec<(u64, Vec<u8>, u64)>,
+    /// Directories here whose parent another metadata group holds: (inode, parent).
+    pub away_dirs: Vec<(u64, u64)>,
 }
 
 impl Namespace {
@@ -217,10 +221,12 @@ impl Namespace {
             }
             if !self.holds_ino(dentry.ino) {
                 // A directory made here by a mkdir across groups (`txn.rs`): its inode is the
-                // other group's to check; its entry counts in this parent's link count.
+                // other group's to check (fsck across groups matches the two halves); its
+                // entry counts in this parent's link count.
                 if dentry.kind == crate::schema::S_IFDIR {
                     *subdirs.entry(parent).or_default() += 1;
                 }
+                report.remote_entries.push((parent, name, dentry.ino));
                 continue;
             }
             let Some(child) = inodes.get(&dentry.ino) else {
@@ -251,6 +257,9 @@ impl Namespace {
                 }
                 // A directory whose parent is another group's is named there (a mkdir across
                 // groups): fsck across groups checks that entry.
+                if ino != ROOT_INO && !self.holds_ino(inode.parent) {
+                    report.away_dirs.push((ino, inode.parent));
+                }
                 if ino != ROOT_INO && self.holds_ino(inode.parent) {
                     match dir_entry_parent.get(&ino) {
                         None => problems.push(Problem::Unreachable { ino }),

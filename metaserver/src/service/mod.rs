@@ -28,6 +28,7 @@ use crate::sessions::{Lock, F_UNLCK};
 mod access_checks;
 mod backup;
 mod cluster;
+mod fsck;
 mod groups;
 mod replies;
 mod serving;
@@ -630,23 +631,7 @@ impl Meta for MetaService {
         &self,
         req: Request<CheckNamespaceRequest>,
     ) -> Result<Response<CheckNamespaceReply>, Status> {
-        let repair = req.into_inner().repair;
-        let (report, misplaced) = self
-            .run_zero(move |s| {
-                let report = s.ns.check(repair)?;
-                if repair {
-                    s.ns.store().sync()?;
-                }
-                Ok((report, crate::groups::misplaced_slots(s.cluster.groups(), &**s.ns.store())?))
-            })
-            .await?;
-        Ok(Response::new(CheckNamespaceReply {
-            inodes: report.inodes,
-            dentries: report.dentries,
-            stripes: report.stripes,
-            problems: report.problems.iter().map(|p| p.to_string()).chain(misplaced).collect(),
-            repaired: report.repaired,
-        }))
+        Ok(Response::new(self.check_namespace(req.into_inner()).await?))
     }
 
     async fn reconcile(&self, req: Request<ReconcileRequest>) -> Result<Response<ReconcileReply>, Status> {

@@ -1,0 +1,218 @@
+//! `CheckNamespace` over every metadata group: group 0's leader checks its own namespace, asks
+//! each other group's leader for its own check (`own_group`), and matches the two halves of
+//! every directory made across groups — the entry in its parent's group, the directory in its
+//! own (`docs/ARCHITECTURE.md`, "Several metadata groups").
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use cairn_common::{CairnError, ErrorKind, Result};
+use cairn_proto::{AwayDir, CheckNamespaceReply, CheckNamespaceRequest, GroupMap, RemoteEntry};
+use tonic::Status;
+
+use super::MetaService;
+use crate::groups;
+
+/// How long group 0's leader waits for another group's check (a whole namespace's scan).
+const CHECK_TIMEOUT: Duration = Duration::from_secs(1800);
+
+fn reply_of(report: crate::namespace::CheckReport, more: Vec<String>) -> CheckNamespaceReply {
+    CheckNamespaceReply {
+        inodes: report.inodes,
+        dentries: report.dentries,
+        stripes: report.stripes,
+        problems: report.problems.iter().map(|p| p.to_string()).chain(more).collect(),
+        repaired: report.repaired,
+        remote_entries: report
+            .remote_entries
+            .into_iter()
+            .map(|(parent, name, ino)| RemoteEntry { parent, name, ino })
+            .collect(),
+        away_dirs: report.away_dirs.into_iter().map(|(ino, parent)| AwayDir { ino, parent }).collect(),
+    }
+}
+
+/// The problems of directories made across groups, from each group's half: an entry naming a
+/// directory that its group does not hold under that parent, and a directory whose parent's
+/// group names it nowhere. `owner` says which group holds an inode.
+pub(crate) fn unmatched(
+    checked: &BTreeMap<u32, CheckNamespaceReply>,
+    owner: impl Fn(u64) -> u32,
+) -> Vec<String> {
+    let mut away: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
+    for (group, reply) in checked {
+        for dir in &reply.away_dirs {
+            away.insert(dir.ino, (*group, dir.parent));
+        }
+    }
+    let mut named: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for (group, reply) in checked {
+        for entry in &reply.remote_entries {
+            let name = String::from_utf8_lossy(&entry.name);
+            let there = owner(entry.ino);
+            match away.get(&entry.ino) {
+                Some((_, parent)) if *parent == entry.parent => {
+                    named.insert(entry.ino, entry.parent);
+                }
+                Some((_, parent)) => problems.push(format!(
+                    "entry {:?} in directory {} (group {group}) names directory {}, whose parent is {parent} in group {there}",
+                    name, entry.parent, entry.ino
+                )),
+                // Its group's half is reported missing only when that group answered.
+                None if checked.contains_key(&there) => problems.push(format!(
+                    "entry {:?} in directory {} (group {group}) names directory {}, which group {there} does not hold",
+                    name, entry.parent, entry.ino
+                )),
+                None => {}
+            }
+        }
+    }
+    for (ino, (group, parent)) in away {
+        if named.get(&ino) != Some(&parent) && checked.contains_key(&owner(parent)) {
+            problems.push(format!(
+                "directory {ino} (group {group}) has its parent {parent} in group {}, whose entries do not name it",
+                owner(parent)
+            ));
+        }
+    }
+    problems
+}
+
+impl MetaService {
+    /// `CheckNamespace`: this group's own check (`own_group`), or, on group 0, every group's
+    /// and the match of their halves.
+    pub(super) async fn check_namespace(
+        &self,
+        req: CheckNamespaceRequest,
+    ) -> Result<CheckNamespaceReply, Status> {
+        let repair = req.repair;
+        // A group other than 0 asked for the whole check answers `WrongGroup` (`run_zero`).
+        if req.own_group {
+            let report = self
+                .run(move |ns| {
+                    let report = ns.check(repair)?;
+                    if repair {
+                        ns.store().sync()?;
+                    }
+                    Ok(report)
+                })
+                .await?;
+            return Ok(reply_of(report, Vec::new()));
+        }
+        let (report, misplaced, map) = self
+            .run_zero(move |s| {
+                let report = s.ns.check(repair)?;
+                if repair {
+                    s.ns.store().sync()?;
+                }
+                let misplaced = groups::misplaced_slots(s.cluster.groups(), &**s.ns.store())?;
+                Ok((report, misplaced, s.cluster.groups().map()?))
+            })
+            .await?;
+        let mut total = reply_of(report, misplaced);
+        if map.groups.is_empty() {
+            total.remote_entries.clear();
+            total.away_dirs.clear();
+            return Ok(total);
+        }
+        let mut checked = BTreeMap::new();
+        for group in map.groups.iter().map(|g| g.group).filter(|g| *g != 0) {
+            match self.check_of(&map, group, repair).await {
+                Ok(reply) => {
+                    total.inodes += reply.inodes;
+                    total.dentries += reply.dentries;
+                    total.stripes += reply.stripes;
+                    total.repaired += reply.repaired;
+                    total.problems.extend(reply.problems.iter().map(|p| format!("group {group}: {p}")));
+                    checked.insert(group, reply);
+                }
+                Err(e) => total.problems.push(format!("group {group} could not be checked: {e}")),
+            }
+        }
+        let own = CheckNamespaceReply {
+            remote_entries: std::mem::take(&mut total.remote_entries),
+            away_dirs: std::mem::take(&mut total.away_dirs),
+            ..Default::default()
+        };
+        checked.insert(0, own);
+        let serving = self.zero()?;
+        total.problems.extend(unmatched(&checked, |ino| serving.cluster.groups().owner_of(ino).0));
+        Ok(total)
+    }
+
+    /// Group `group`'s own check, asked of its leader among the replicas `map` names.
+    async fn check_of(&self, map: &GroupMap, group: u32, repair: bool) -> Result<CheckNamespaceReply> {
+        let replicas = map.groups.iter().filter(|g| g.group == group).flat_map(|g| g.replicas.iter());
+        let mut why = format!("the group map names no replicas of group {group}");
+        for replica in replicas {
+            let addr = groups::replica_addr(replica);
+            let req = CheckNamespaceRequest { repair, own_group: true };
+            let answer = match self.channels.meta(addr) {
+                Ok(mut client) => tokio::time::timeout(CHECK_TIMEOUT, client.check_namespace(req)).await,
+                Err(e) => Ok(Err(e.into())),
+            };
+            match answer.map(|a| a.map_err(CairnError::from)) {
+                Ok(Ok(reply)) => return Ok(reply.into_inner()),
+                Ok(Err(e)) if matches!(e.kind(), ErrorKind::NotLeader | ErrorKind::Unavailable) => {
+                    why = format!("{addr}: {}", e.message())
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => why = format!("{addr} did not answer within {CHECK_TIMEOUT:?}"),
+            }
+        }
+        Err(CairnError::unavailable(format!("no leader answered ({why})")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(parent: u64, name: &str, ino: u64) -> RemoteEntry {
+        RemoteEntry { parent, name: name.into(), ino }
+    }
+
+    /// Each directory made across groups needs both halves: the entry in its parent's group
+    /// and the directory, under that parent, in its own; a group that did not answer is not
+    /// blamed for its half.
+    #[test]
+    fn both_halves_of_a_directory_across_groups_must_match() {
+        let in_slot = |slot: u64, n: u64| (slot << cairn_common::ids::SLOT_SHIFT) | n;
+        let owner = |ino: u64| if cairn_common::ids::slot_of(ino) == 0 { 0 } else { 1 };
+        let (d, e, lost) = (in_slot(5, 1), in_slot(5, 2), in_slot(5, 3));
+        let mut checked = BTreeMap::new();
+        checked.insert(
+            0,
+            CheckNamespaceReply {
+                remote_entries: vec![entry(1, "d", d), entry(1, "e", e), entry(1, "lost", lost)],
+                away_dirs: vec![AwayDir { ino: 9, parent: d }],
+                ..Default::default()
+            },
+        );
+        checked.insert(
+            1,
+            CheckNamespaceReply {
+                remote_entries: vec![entry(d, "sub", 9)],
+                away_dirs: vec![
+                    AwayDir { ino: d, parent: 1 },
+                    AwayDir { ino: e, parent: 7 },
+                    AwayDir { ino: in_slot(5, 4), parent: 1 },
+                ],
+                ..Default::default()
+            },
+        );
+        let problems = unmatched(&checked, owner);
+        assert_eq!(problems.len(), 4, "{problems:#?}");
+        assert!(problems[0].contains("\"e\"") && problems[0].contains("whose parent is 7"), "{problems:#?}");
+        assert!(problems[1].contains("\"lost\"") && problems[1].contains("does not hold"), "{problems:#?}");
+        assert!(problems.iter().any(|p| p.starts_with(&format!("directory {e} "))), "{problems:#?}");
+        assert!(
+            problems.iter().any(|p| p.starts_with(&format!("directory {} ", in_slot(5, 4)))),
+            "{problems:#?}"
+        );
+        // Group 1 did not answer: only group 0's own half is judged, and nothing of it is blamed.
+        checked.remove(&1);
+        assert!(unmatched(&checked, owner).iter().all(|p| !p.contains("does not hold")));
+    }
+}
