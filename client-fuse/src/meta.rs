@@ -359,11 +359,21 @@ impl MetaConn {
 
     /// The inode `name` in `parent` names: asked of the parent's group, and, when that group
     /// answers that another holds it (a directory made by a mkdir across groups), of the
-    /// inode's group.
+    /// inode's group — asked again, both, while the entry is there and its directory not yet
+    /// (the decision of its mkdir on its way), and answered `NotFound` at once when the entry
+    /// went meanwhile (an rmdir).
     pub async fn lookup(&self, req: p::LookupRequest) -> Result<p::AttrReply> {
-        let route = Route::Ino(req.parent);
-        let reply = send!(self, lookup, req, route)?;
-        self.follow(reply).await
+        let started = tokio::time::Instant::now();
+        loop {
+            let (route, again) = (Route::Ino(req.parent), req.clone());
+            let reply = send!(self, lookup, again, route)?;
+            match self.follow(reply).await {
+                Err(e) if e.kind() == ErrorKind::NotFound && started.elapsed() < ELSEWHERE_WAIT => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                answer => return answer,
+            }
+        }
     }
 
     /// `reply` as is, or, when it names an inode another group holds (`elsewhere`), with that
@@ -373,17 +383,7 @@ impl MetaConn {
             return Ok(reply);
         }
         let ino = reply.attr.as_ref().map_or(0, |a| a.ino);
-        // The entry's group committed it; the inode's group takes the decision a moment later
-        // (at once, or from the coordinator's next leader within seconds when it failed).
-        let started = tokio::time::Instant::now();
-        let there = loop {
-            match self.get_attr(p::InoRequest { ino }).await {
-                Err(e) if e.kind() == ErrorKind::NotFound && started.elapsed() < ELSEWHERE_WAIT => {
-                    tokio::time::sleep(Duration::from_millis(100)).await
-                }
-                there => break there?,
-            }
-        };
+        let there = self.get_attr(p::InoRequest { ino }).await?;
         Ok(p::AttrReply { attr: there.attr, parent: reply.parent, elsewhere: false })
     }
 
@@ -391,7 +391,16 @@ impl MetaConn {
     /// after the first was done may be answered with only its number ([`MetaConn::follow`]).
     pub async fn mkdir(&self, req: p::MkdirRequest) -> Result<p::AttrReply> {
         let reply = self.mkdir_here(req).await?;
-        self.follow(reply).await
+        let started = tokio::time::Instant::now();
+        loop {
+            // Done by an earlier try: its directory's group may take the decision a moment later.
+            match self.follow(reply).await {
+                Err(e) if e.kind() == ErrorKind::NotFound && started.elapsed() < ELSEWHERE_WAIT => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                answer => return answer,
+            }
+        }
     }
     rpc!(get_attr, p::InoRequest, p::AttrReply, |r: &p::InoRequest| r.ino);
     rpc_once!(set_attr, p::SetAttrRequest, p::AttrReply, |r: &p::SetAttrRequest| r.ino);

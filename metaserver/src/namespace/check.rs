@@ -201,6 +201,16 @@ impl Namespace {
             .filter_map(|(k, _)| k.try_into().ok().map(u64::from_be_bytes))
             .collect();
 
+        // Transactions across groups this group decided and has not yet seen taken by the
+        // other side: their entries' other halves are on their way (not matched by fsck).
+        let mut deciding = BTreeSet::new();
+        for (_, value) in view.scan(Cf::Txns, &[], &[], usize::MAX)? {
+            let record: crate::schema::TxnRecord = schema::decode("transaction", &value)?;
+            if record.role == crate::schema::TXN_COORDINATOR && record.state == crate::schema::TXN_COMMITTED {
+                deciding.insert((record.parent, record.name));
+            }
+        }
+
         // Entries: who names whom.
         let mut refs: HashMap<u64, u32> = HashMap::new();
         let mut subdirs: HashMap<u64, u32> = HashMap::new();
@@ -226,7 +236,10 @@ impl Namespace {
                 if dentry.kind == crate::schema::S_IFDIR {
                     *subdirs.entry(parent).or_default() += 1;
                 }
-                report.remote_entries.push((parent, name, dentry.ino));
+                // One being removed, or just made and its decision on its way, is not matched.
+                if !dentry.is_removing() && !deciding.contains(&(parent, name.clone())) {
+                    report.remote_entries.push((parent, name, dentry.ino));
+                }
                 continue;
             }
             let Some(child) = inodes.get(&dentry.ino) else {
@@ -257,7 +270,8 @@ impl Namespace {
                 }
                 // A directory whose parent is another group's is named there (a mkdir across
                 // groups): fsck across groups checks that entry.
-                if ino != ROOT_INO && !self.holds_ino(inode.parent) {
+                // Not one an rmdir across groups is removing (its entry may be gone already).
+                if ino != ROOT_INO && !self.holds_ino(inode.parent) && inode.removing.is_empty() {
                     report.away_dirs.push((ino, inode.parent));
                 }
                 if ino != ROOT_INO && self.holds_ino(inode.parent) {

@@ -158,6 +158,10 @@ fn a_mkdir_across_groups_lands_half_in_each() {
     assert_eq!(names(g0, top.ino), [("d".to_string(), made.ino)]);
     assert_eq!(g0.getattr(top.ino).unwrap().nlink, nlink + 1);
     assert_eq!(g0.txn_outcome(prepare.id).unwrap(), Outcome::Committed);
+    assert!(
+        g0.check(false).unwrap().remote_entries.is_empty(),
+        "its other half is on its way: not matched yet"
+    );
     assert_eq!(kind(g0.txn_abort(prepare.id)), ErrorKind::InvalidArgument, "committed stays committed");
     assert_eq!(kind(g0.mkdir(&new(top.ino, "d", 0o755))), ErrorKind::Exists);
 
@@ -170,6 +174,8 @@ fn a_mkdir_across_groups_lands_half_in_each() {
     assert!(g3.txns().unwrap().is_empty());
     g0.txn_forget(prepare.id).unwrap();
     assert!(g0.txns().unwrap().is_empty());
+    assert_eq!(g0.check(false).unwrap().remote_entries, [(top.ino, b"d".to_vec(), made.ino)]);
+    assert_eq!(g3.check(false).unwrap().away_dirs, [(made.ino, top.ino)]);
     assert_eq!(
         g0.txn_outcome(prepare.id).unwrap(),
         Outcome::Aborted,
@@ -376,6 +382,8 @@ fn an_rmdir_across_groups_removes_both_halves() {
     let prepare = once::scope(Some((7, 1)), || pair.g0.rmdir_begin(top, b"d", made.ino, GROUP)).unwrap();
     pair.g3.txn_prepare(&prepare).unwrap();
     assert!(matches!(pair.g0.lookup_entry(top, b"d").unwrap(), Looked::Elsewhere { .. }));
+    assert!(pair.g0.check(false).unwrap().remote_entries.is_empty(), "being removed: not matched");
+    assert!(pair.g3.check(false).unwrap().away_dirs.is_empty(), "being removed: not matched");
     assert_eq!(names(&pair.g0, top).len(), 1);
     assert_eq!(kind(pair.g3.mkdir(&new(made.ino, "late", 0o755))), ErrorKind::NotFound);
     assert_eq!(kind(pair.g3.create(&new(made.ino, "late", S_IFREG | 0o644), 0, true)), ErrorKind::NotFound);
