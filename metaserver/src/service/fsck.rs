@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use cairn_common::{CairnError, ErrorKind, Result};
+use cairn_common::Result;
 use cairn_proto::{AwayDir, CheckNamespaceReply, CheckNamespaceRequest, GroupMap, RemoteEntry};
 use tonic::Status;
 
@@ -143,25 +143,12 @@ impl MetaService {
 
     /// Group `group`'s own check, asked of its leader among the replicas `map` names.
     async fn check_of(&self, map: &GroupMap, group: u32, repair: bool) -> Result<CheckNamespaceReply> {
-        let replicas = map.groups.iter().filter(|g| g.group == group).flat_map(|g| g.replicas.iter());
-        let mut why = format!("the group map names no replicas of group {group}");
-        for replica in replicas {
-            let addr = groups::replica_addr(replica);
-            let req = CheckNamespaceRequest { repair, own_group: true };
-            let answer = match self.channels.meta(addr) {
-                Ok(mut client) => tokio::time::timeout(CHECK_TIMEOUT, client.check_namespace(req)).await,
-                Err(e) => Ok(Err(e.into())),
-            };
-            match answer.map(|a| a.map_err(CairnError::from)) {
-                Ok(Ok(reply)) => return Ok(reply.into_inner()),
-                Ok(Err(e)) if matches!(e.kind(), ErrorKind::NotLeader | ErrorKind::Unavailable) => {
-                    why = format!("{addr}: {}", e.message())
-                }
-                Ok(Err(e)) => return Err(e),
-                Err(_) => why = format!("{addr} did not answer within {CHECK_TIMEOUT:?}"),
-            }
-        }
-        Err(CairnError::unavailable(format!("no leader answered ({why})")))
+        let req = CheckNamespaceRequest { repair, own_group: true };
+        let client = |addr: &str| self.channels.meta(addr);
+        super::groups::on_group_leader(client, map, group, CHECK_TIMEOUT, |mut c| async move {
+            c.check_namespace(req).await
+        })
+        .await
     }
 }
 

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_common::{CairnError, ErrorKind, Result};
+use cairn_proto::meta_client::MetaClient;
 use cairn_proto::{GroupMap, MetaGroup, SharedGroupMap};
+use tonic::transport::Channel;
 
 use super::MetaService;
 use crate::cluster::Cluster;
@@ -136,38 +138,32 @@ impl MetaService {
     /// move will be written against, names them) promise to number nothing more in `slots`.
     /// Answers where the group had numbered each slot up to.
     async fn promise_of(&self, map: &GroupMap, group: u32, slots: &[u32]) -> Result<Vec<u64>> {
-        let replicas = map.groups.iter().filter(|g| g.group == group).flat_map(|g| g.replicas.iter());
-        let mut why = format!("the group map names no replicas of group {group}");
-        for replica in replicas {
-            let addr = groups::replica_addr(replica);
-            let req = cairn_proto::ReleaseSlotsRequest { slots: slots.to_vec(), map_version: map.version };
-            let answer = match self.channels.meta(addr) {
-                Ok(mut client) => tokio::time::timeout(PROMISE_TIMEOUT, client.release_slots(req)).await,
-                Err(e) => Ok(Err(e.into())),
-            };
-            match answer.map(|a| a.map_err(CairnError::from)) {
-                Ok(Ok(reply)) => {
-                    let ends = reply.into_inner().reserved_ends;
-                    if ends.len() != slots.len() {
-                        return Err(CairnError::internal(format!(
-                            "metadata group {group}'s leader answered {} reserved ends for {} slots",
-                            ends.len(),
-                            slots.len()
-                        )));
-                    }
-                    return Ok(ends);
-                }
-                Ok(Err(e)) if matches!(e.kind(), ErrorKind::NotLeader | ErrorKind::Unavailable) => {
-                    why = format!("{addr}: {}", e.message())
-                }
-                Ok(Err(e)) => return Err(e),
-                Err(_) => why = format!("{addr} did not answer within {PROMISE_TIMEOUT:?}"),
+        let req = cairn_proto::ReleaseSlotsRequest { slots: slots.to_vec(), map_version: map.version };
+        let client = |addr: &str| self.channels.meta(addr);
+        let asked = on_group_leader(client, map, group, PROMISE_TIMEOUT, |mut c| {
+            let req = req.clone();
+            async move { c.release_slots(req).await }
+        })
+        .await;
+        let ends = match asked {
+            Ok(reply) => reply.reserved_ends,
+            Err(e) if e.kind() == ErrorKind::Unavailable => {
+                return Err(CairnError::unavailable(format!(
+                    "slots {slots:?} leave metadata group {group} only once its leader promised to create \
+                     nothing more in them, and none did ({})",
+                    e.message()
+                )))
             }
+            Err(e) => return Err(e),
+        };
+        if ends.len() != slots.len() {
+            return Err(CairnError::internal(format!(
+                "metadata group {group}'s leader answered {} reserved ends for {} slots",
+                ends.len(),
+                slots.len()
+            )));
         }
-        Err(CairnError::unavailable(format!(
-            "slots {slots:?} leave metadata group {group} only once its leader promised to create nothing \
-             more in them, and none did ({why})"
-        )))
+        Ok(ends)
     }
 
     /// Promise group 0's leader to number nothing more in some of this group's slots
@@ -426,4 +422,42 @@ impl MetaService {
         }
         answers_as(&status, addr, id, wanted)
     }
+}
+
+/// Ask the leader of metadata group `group` (its replicas as `map` names them, each reached
+/// through `client`) with `call`, each replica given `timeout`: followers (`NotLeader`),
+/// replicas without a leader yet (`Unavailable`) and replicas silent that long are passed
+/// over; `Unavailable` when none answered as leader.
+pub(super) async fn on_group_leader<T, C, F, Fut>(
+    client: C,
+    map: &GroupMap,
+    group: u32,
+    timeout: Duration,
+    call: F,
+) -> Result<T>
+where
+    C: Fn(&str) -> Result<MetaClient<Channel>>,
+    F: Fn(MetaClient<Channel>) -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+{
+    let replicas = map.groups.iter().filter(|g| g.group == group).flat_map(|g| g.replicas.iter());
+    let mut why = format!("the group map names no replicas of metadata group {group}");
+    for replica in replicas {
+        let addr = groups::replica_addr(replica);
+        let answer = match client(addr) {
+            Ok(c) => match tokio::time::timeout(timeout, call(c)).await {
+                Ok(answer) => answer.map(|r| r.into_inner()).map_err(CairnError::from),
+                Err(_) => Err(CairnError::unavailable(format!("{addr} did not answer within {timeout:?}"))),
+            },
+            Err(e) => Err(e),
+        };
+        match answer {
+            Ok(reply) => return Ok(reply),
+            Err(e) if matches!(e.kind(), ErrorKind::NotLeader | ErrorKind::Unavailable) => {
+                why = format!("{addr}: {}", e.message())
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(CairnError::unavailable(format!("no leader of metadata group {group} answered ({why})")))
 }

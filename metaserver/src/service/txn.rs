@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_common::{CairnError, ErrorKind, Result};
+use cairn_common::{CairnError, Result};
 use cairn_proto::meta_client::MetaClient;
 use cairn_proto::{
     AttrReply, GroupMap, MkdirRequest, RemoveReply, RemoveRequest, TxnDecideRequest, TxnOutcomeReply,
@@ -56,32 +56,13 @@ impl GroupPeers {
         F: Fn(MetaClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, Status>>,
     {
-        let replicas = self.map.groups.iter().filter(|g| g.group == group).flat_map(|g| g.replicas.iter());
-        let mut why = format!("the group map names no replicas of metadata group {group}");
-        for replica in replicas {
-            let addr = groups::replica_addr(replica);
-            let answer = self.runtime.block_on(async {
-                let client = self
-                    .clients
-                    .get(addr)
-                    .cloned()
-                    .ok_or_else(|| CairnError::unavailable(format!("no connection to {addr}")))?;
-                match tokio::time::timeout(STEP_TIMEOUT, call(client)).await {
-                    Ok(answer) => answer.map(|r| r.into_inner()).map_err(CairnError::from),
-                    Err(_) => {
-                        Err(CairnError::unavailable(format!("{addr} did not answer within {STEP_TIMEOUT:?}")))
-                    }
-                }
-            });
-            match answer {
-                Ok(reply) => return Ok(reply),
-                Err(e) if matches!(e.kind(), ErrorKind::NotLeader | ErrorKind::Unavailable) => {
-                    why = format!("{addr}: {}", e.message())
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(CairnError::unavailable(format!("no leader of metadata group {group} answered ({why})")))
+        let client = |addr: &str| {
+            self.clients
+                .get(addr)
+                .cloned()
+                .ok_or_else(|| CairnError::unavailable(format!("no connection to {addr}")))
+        };
+        self.runtime.block_on(super::groups::on_group_leader(client, &self.map, group, STEP_TIMEOUT, call))
     }
 }
 
