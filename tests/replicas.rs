@@ -767,6 +767,28 @@ fn cairn_up_starts_and_registers_a_second_metadata_group() {
     let there = fresh.dir.join(format!("spread/d{}", elsewhere[0]));
     let e = fs::rename(&there, fresh.dir.join("spread/moved")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{e}");
+    // Files move, link and go across groups (a change across groups): the inode stays where
+    // it was made, with its number, and its links are counted there.
+    let here = fresh.dir.join(format!("spread/d{}", (0..24).find(|i| !elsewhere.contains(i)).unwrap()));
+    let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&fs::metadata(p).unwrap());
+    let nlink = |p: &Path| std::os::unix::fs::MetadataExt::nlink(&fs::metadata(p).unwrap());
+    let before = ino(&here.join("f"));
+    let text = fs::read_to_string(here.join("f")).unwrap();
+    fs::rename(here.join("f"), there.join("moved")).unwrap();
+    assert!(!here.join("f").exists());
+    assert_eq!(
+        (ino(&there.join("moved")), fs::read_to_string(there.join("moved")).unwrap()),
+        (before, text.clone())
+    );
+    fs::hard_link(there.join("moved"), here.join("link")).unwrap();
+    assert_eq!((nlink(&here.join("link")), nlink(&there.join("moved"))), (2, 2));
+    fs::rename(there.join("moved"), there.join("moved2")).unwrap();
+    fs::write(here.join("g"), "replaces").unwrap();
+    fs::rename(here.join("g"), there.join("f")).unwrap();
+    assert_eq!(fs::read_to_string(there.join("f")).unwrap(), "replaces");
+    fs::remove_file(there.join("moved2")).unwrap();
+    assert_eq!((nlink(&here.join("link")), fs::read_to_string(here.join("link")).unwrap()), (1, text));
+    fsck_clean(&cluster);
     // A non-empty one is not removed; the whole tree goes, each directory from its own group
     // (an rmdir across groups where the parent's group is another).
     let e = fs::remove_dir(&there).unwrap_err();

@@ -402,6 +402,12 @@ impl MetaConn {
             }
         }
     }
+    /// link: a try sent again after the first was done into a directory of another group than
+    /// the file's may be answered with only the file's number ([`MetaConn::follow`]).
+    pub async fn link(&self, req: p::LinkRequest) -> Result<p::AttrReply> {
+        let reply = self.link_here(req).await?;
+        self.follow(reply).await
+    }
     rpc!(get_attr, p::InoRequest, p::AttrReply, |r: &p::InoRequest| r.ino);
     rpc_once!(set_attr, p::SetAttrRequest, p::AttrReply, |r: &p::SetAttrRequest| r.ino);
     rpc_once!(create, p::CreateRequest, p::CreateReply, |r: &p::CreateRequest| r.parent);
@@ -409,7 +415,7 @@ impl MetaConn {
     rpc_once!(unlink, p::RemoveRequest, p::RemoveReply, |r: &p::RemoveRequest| r.parent);
     rpc_once!(rmdir, p::RemoveRequest, p::RemoveReply, |r: &p::RemoveRequest| r.parent);
     rpc_once!(rename, p::RenameRequest, p::RenameReply, |r: &p::RenameRequest| r.parent);
-    rpc_once!(link, p::LinkRequest, p::AttrReply, |r: &p::LinkRequest| r.new_parent);
+    rpc_once!(link_here, link, p::LinkRequest, p::AttrReply, |r: &p::LinkRequest| r.new_parent);
     rpc_once!(symlink, p::SymlinkRequest, p::AttrReply, |r: &p::SymlinkRequest| r.parent);
     rpc!(readlink, p::InoRequest, p::ReadlinkReply, |r: &p::InoRequest| r.ino);
     rpc!(read_dir, p::ReadDirRequest, p::ReadDirReply, |r: &p::ReadDirRequest| r.ino);

@@ -72,6 +72,19 @@ impl Who {
         Ok(Who { uid, groups })
     }
 
+    /// A caller another metaserver resolved ([`Who::of`]) and sent with a change across
+    /// metadata groups: its uid and groups.
+    pub fn resolved(uid: u32, mut groups: Vec<u32>) -> Who {
+        groups.sort_unstable();
+        groups.dedup();
+        Who { uid, groups }
+    }
+
+    /// Its primary and supplementary groups, sorted.
+    pub fn groups(&self) -> &[u32] {
+        &self.groups
+    }
+
     pub fn is_root(&self) -> bool {
         self.uid == 0
     }
@@ -114,7 +127,7 @@ impl Who {
         )))
     }
 
-    fn owns(&self, inode: &Inode) -> bool {
+    pub fn owns(&self, inode: &Inode) -> bool {
         self.is_root() || self.uid == inode.uid
     }
 

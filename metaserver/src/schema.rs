@@ -346,8 +346,9 @@ impl Dentry {
         !self.txn.is_empty() && self.ino == 0
     }
 
-    /// Whether an rmdir across groups not decided yet is removing the entry (present until
-    /// committed).
+    /// Whether a change across groups not decided yet holds the entry (an rmdir removing it,
+    /// an unlink or rename taking it away or replacing it): present until committed, and no
+    /// other change may take it meanwhile.
     pub fn is_removing(&self) -> bool {
         !self.txn.is_empty() && self.ino != 0
     }
@@ -368,7 +369,8 @@ pub struct TxnRecord {
     /// When the record was last written (seconds since 1970).
     #[prost(int64, tag = "4")]
     pub written_sec: i64,
-    /// The operation: [`TXN_MKDIR`] or [`TXN_RMDIR`].
+    /// The operation: [`TXN_MKDIR`], [`TXN_RMDIR`] or [`TXN_CHANGE`] (whose parent, name and
+    /// inode are unused: its effects say what it does).
     #[prost(uint32, tag = "5")]
     pub op: u32,
     #[prost(uint64, tag = "6")]
@@ -384,7 +386,80 @@ pub struct TxnRecord {
     pub client: u64,
     #[prost(uint64, tag = "10")]
     pub seq: u64,
+    /// [`TXN_CHANGE`]: this side's effects (as prepared: what a name replaces filled in).
+    #[prost(message, repeated, tag = "11")]
+    pub effects: Vec<TxnEffect>,
+    /// [`TXN_CHANGE`], the coordinator's: the participants' groups (all of them once
+    /// committed; those asked once aborted).
+    #[prost(uint32, repeated, tag = "12")]
+    pub groups: Vec<u32>,
 }
+
+/// One group's part of a [`TXN_CHANGE`] transaction (`namespace/txn/change.rs`).
+#[derive(Clone, PartialEq, Message)]
+pub struct TxnEffect {
+    /// [`EFFECT_UNNAME`], [`EFFECT_NAME`] or [`EFFECT_RELINK`].
+    #[prost(uint32, tag = "1")]
+    pub kind: u32,
+    /// unname, name: the entry's directory and name.
+    #[prost(uint64, tag = "2")]
+    pub parent: u64,
+    #[prost(bytes = "vec", tag = "3")]
+    pub name: Vec<u8>,
+    /// The inode the entry names (unname, name) or whose link count changes (relink).
+    #[prost(uint64, tag = "4")]
+    pub ino: u64,
+    /// name: the entry's file type (`S_IF*`; 0 until the inode's group said it).
+    #[prost(uint32, tag = "5")]
+    pub entry_kind: u32,
+    /// name: a non-directory there may be replaced (a rename without RENAME_NOREPLACE).
+    #[prost(bool, tag = "6")]
+    pub replace: bool,
+    /// relink: -1, 0 or +1.
+    #[prost(int32, tag = "7")]
+    pub delta: i32,
+    /// relink: the directory a name leaves (unlink, rename) and the one it goes to (link,
+    /// rename); 0 where none.
+    #[prost(uint64, tag = "8")]
+    pub from: u64,
+    #[prost(uint64, tag = "9")]
+    pub to: u64,
+    /// relink: the uid that must own the inode (the sticky rule), where `owner_checked`.
+    #[prost(bool, tag = "10")]
+    pub owner_checked: bool,
+    #[prost(uint32, tag = "11")]
+    pub owner: u32,
+    /// name: the caller whose write and search on the directory are checked, where
+    /// `caller_checked` (its uid, then its groups, sorted).
+    #[prost(bool, tag = "12")]
+    pub caller_checked: bool,
+    #[prost(uint32, tag = "13")]
+    pub caller_uid: u32,
+    #[prost(uint32, repeated, tag = "14")]
+    pub caller_groups: Vec<u32>,
+    /// name, as prepared: the inode of the entry it replaces (0: the name was free) and, where
+    /// that inode is another group's and the sticky rule asks it, the uid that must own it.
+    #[prost(uint64, tag = "15")]
+    pub replaced: u64,
+    #[prost(bool, tag = "16")]
+    pub replaced_owner_checked: bool,
+    #[prost(uint32, tag = "17")]
+    pub replaced_owner: u32,
+    /// relink, as prepared: the inode (after a new name's link).
+    #[prost(message, optional, tag = "18")]
+    pub inode: Option<Inode>,
+}
+
+/// The effects of a [`TXN_CHANGE`] as one group prepares them (`TxnPrepareRequest.effects`).
+#[derive(Clone, PartialEq, Message)]
+pub struct TxnEffects {
+    #[prost(message, repeated, tag = "1")]
+    pub effects: Vec<TxnEffect>,
+}
+
+pub const EFFECT_UNNAME: u32 = 1;
+pub const EFFECT_NAME: u32 = 2;
+pub const EFFECT_RELINK: u32 = 3;
 
 pub const TXN_COORDINATOR: u32 = 1;
 pub const TXN_PARTICIPANT: u32 = 2;
@@ -393,6 +468,7 @@ pub const TXN_COMMITTED: u32 = 2;
 pub const TXN_ABORTED: u32 = 3;
 pub const TXN_MKDIR: u32 = 1;
 pub const TXN_RMDIR: u32 = 2;
+pub const TXN_CHANGE: u32 = 3;
 
 /// One committed stripe of a file.
 #[derive(Clone, PartialEq, Message)]

@@ -148,10 +148,14 @@ pub struct CheckReport {
     pub stripes: u64,
     pub problems: Vec<Problem>,
     pub repaired: u64,
-    /// Entries here naming a directory another metadata group holds: (parent, name, inode).
-    pub remote_entries: Vec<(u64, Vec<u8>, u64)>,
+    /// Entries here naming an inode another metadata group holds: (parent, name, inode, the
+    /// entry's file type).
+    pub remote_entries: Vec<(u64, Vec<u8>, u64, u32)>,
     /// Directories here whose parent another metadata group holds: (inode, parent).
     pub away_dirs: Vec<(u64, u64)>,
+    /// Names of files here in directories another metadata group holds, as each file lists
+    /// them: (inode, directory), once per name.
+    pub away_names: Vec<(u64, u64)>,
 }
 
 impl Namespace {
@@ -204,8 +208,15 @@ impl Namespace {
         // Transactions across groups this group decided and has not yet seen taken by the
         // other side: their entries' other halves are on their way (not matched by fsck).
         let mut deciding = BTreeSet::new();
+        // Files whose names or link counts a change across groups is changing: their names
+        // elsewhere are not matched until it is decided on every side.
+        let mut changing = BTreeSet::new();
         for (_, value) in view.scan(Cf::Txns, &[], &[], usize::MAX)? {
             let record: crate::schema::TxnRecord = schema::decode("transaction", &value)?;
+            for e in &record.effects {
+                deciding.insert((e.parent, e.name.clone()));
+                changing.extend([e.ino, e.replaced]);
+            }
             if record.role == crate::schema::TXN_COORDINATOR && record.state == crate::schema::TXN_COMMITTED {
                 deciding.insert((record.parent, record.name));
             }
@@ -230,15 +241,15 @@ impl Namespace {
                 continue;
             }
             if !self.holds_ino(dentry.ino) {
-                // A directory made here by a mkdir across groups (`txn.rs`): its inode is the
-                // other group's to check (fsck across groups matches the two halves); its
-                // entry counts in this parent's link count.
+                // An inode another group holds (a directory made by a mkdir across groups, a
+                // file renamed or linked here): that group checks it, and fsck across groups
+                // matches the two halves; a directory's entry counts in this parent's links.
                 if dentry.kind == crate::schema::S_IFDIR {
                     *subdirs.entry(parent).or_default() += 1;
                 }
                 // One being removed, or just made and its decision on its way, is not matched.
                 if !dentry.is_removing() && !deciding.contains(&(parent, name.clone())) {
-                    report.remote_entries.push((parent, name, dentry.ino));
+                    report.remote_entries.push((parent, name, dentry.ino, dentry.kind));
                 }
                 continue;
             }
@@ -289,18 +300,32 @@ impl Namespace {
                 counted.files += 1;
                 counted.logical_bytes += inode.size as i64;
             }
-            if named == 0 && orphans.contains(&ino) {
+            // Names in directories other groups hold, as the file lists them: counted in its
+            // links, matched with those groups' entries by fsck across groups.
+            let away: Vec<u64> = if inode.names_known() {
+                inode.name_dirs().filter(|d| *d != 0 && !self.holds_ino(*d)).collect()
+            } else {
+                Vec::new()
+            };
+            if !changing.contains(&ino) {
+                report.away_names.extend(away.iter().map(|d| (ino, *d)));
+            }
+            let named_anywhere = named + away.len() as u32;
+            if named_anywhere == 0 && orphans.contains(&ino) {
                 continue;
             }
-            if named == 0 {
+            if named_anywhere == 0 {
                 problems.push(Problem::Unreachable { ino });
-            } else if inode.nlink != named {
-                problems.push(Problem::LinkCount { ino, nlink: inode.nlink, want: named });
+            } else if inode.nlink != named_anywhere {
+                problems.push(Problem::LinkCount { ino, nlink: inode.nlink, want: named_anywhere });
             }
             if let Some(want) = name_dirs.get_mut(&ino) {
                 want.sort_unstable();
-                let mut dirs: Vec<u64> =
-                    if inode.names_known() { inode.name_dirs().collect() } else { Vec::new() };
+                let mut dirs: Vec<u64> = if inode.names_known() {
+                    inode.name_dirs().filter(|d| self.holds_ino(*d)).collect()
+                } else {
+                    Vec::new()
+                };
                 dirs.sort_unstable();
                 if dirs != *want {
                     problems.push(Problem::NameDirs { ino, dirs, want: want.clone() });

@@ -150,6 +150,17 @@ impl Namespace {
                             format!("{:?} exists", String::from_utf8_lossy(new.name)),
                         ));
                     }
+                    if !self.holds_ino(existing.ino) {
+                        // Race only: the kernel looks the name up first, and opens what it finds.
+                        return Err(CairnError::new(
+                            ErrorKind::Exists,
+                            format!(
+                                "{:?} exists, naming inode {} of another metadata group: open it there",
+                                String::from_utf8_lossy(new.name),
+                                existing.ino
+                            ),
+                        ));
+                    }
                     let inode = self.inode(existing.ino)?;
                     if inode.is_dir() {
                         return Err(CairnError::new(ErrorKind::IsDir, "create: the name is a directory"));
@@ -293,6 +304,7 @@ impl Namespace {
                 if !dir && d.kind == S_IFDIR {
                     return Err(CairnError::new(ErrorKind::IsDir, "unlink of a directory"));
                 }
+                self.refuse_held(&d, name)?;
                 self.refuse_elsewhere(d.ino, "removing")?;
                 let mut tx = self.tx();
                 let child = tx.get(d.ino)?;

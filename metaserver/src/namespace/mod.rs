@@ -25,6 +25,8 @@ mod subtree;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_change;
+#[cfg(test)]
 mod tests_files;
 #[cfg(test)]
 mod tests_names;

@@ -105,6 +105,10 @@ impl Namespace {
             ));
         }
         let dst = self.dentry(new_parent, new_name)?;
+        self.refuse_held(&src, name)?;
+        if let Some(dst) = &dst {
+            self.refuse_held(dst, new_name)?;
+        }
         for entry in [Some(&src), dst.as_ref()].into_iter().flatten() {
             self.refuse_elsewhere(entry.ino, "renaming")?;
         }

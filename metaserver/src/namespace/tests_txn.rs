@@ -15,22 +15,22 @@ use crate::fixture::Fixture;
 use crate::groups::Groups;
 use crate::schema::{S_IFREG, S_ISGID};
 
-const GROUP: u32 = 3;
+pub(super) const GROUP: u32 = 3;
 const SLOTS: [usize; 2] = [5, 9];
 
 /// Group 0 (the root) and group 3 (slots 5 and 9), each over its own store, reopened as a new
 /// leader would after a crash.
-struct Pair {
+pub(super) struct Pair {
     store0: Arc<dyn MetaStore>,
     store3: Arc<dyn MetaStore>,
     map: Arc<Groups>,
     cluster3: Arc<Cluster>,
-    g0: Fixture,
-    g3: Namespace,
+    pub(super) g0: Fixture,
+    pub(super) g3: Namespace,
 }
 
 impl Pair {
-    fn new() -> Pair {
+    pub(super) fn new() -> Pair {
         let store0: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
         let g0 = Fixture::open(store0.clone(), layout());
         super::tests::add_nodes(&g0, 3);
@@ -54,25 +54,34 @@ impl Pair {
     }
 
     /// Both sides lose their leaders and open again from what their logs hold.
-    fn crash(&mut self) {
+    pub(super) fn crash(&mut self) {
         self.g0 = Fixture::open(self.store0.clone(), layout());
         self.g3 =
             Namespace::open_slots(self.store3.clone(), (GROUP, self.map.clone()), 78, self.cluster3.clone())
                 .unwrap();
     }
 
-    fn peers(&self) -> Direct<'_> {
+    pub(super) fn peers(&self) -> Direct<'_> {
         Direct { pair: self, refuse: Cell::new(false), lose_prepare: Cell::new(false) }
     }
 }
 
 /// The other side reached in process: group 0 asks group 3, group 3 asks group 0.
-struct Direct<'a> {
+pub(super) struct Direct<'a> {
     pair: &'a Pair,
     /// Every call fails as an unreachable leader's would.
-    refuse: Cell<bool>,
+    pub(super) refuse: Cell<bool>,
     /// The prepare is applied, its answer lost.
-    lose_prepare: Cell<bool>,
+    pub(super) lose_prepare: Cell<bool>,
+}
+
+impl Direct<'_> {
+    fn group(&self, group: u32) -> Result<&Namespace> {
+        if self.refuse.get() {
+            return Err(CairnError::unavailable(format!("group {group} has no leader")));
+        }
+        Ok(if group == 0 { &self.pair.g0 } else { &self.pair.g3 })
+    }
 }
 
 impl Peers for Direct<'_> {
@@ -91,23 +100,33 @@ impl Peers for Direct<'_> {
     }
 
     fn decide(&self, group: u32, id: TxnId, commit: bool) -> Result<()> {
-        assert_eq!(group, GROUP);
-        if self.refuse.get() {
-            return Err(CairnError::unavailable("group 3 has no leader"));
-        }
-        self.pair.g3.txn_decide(id, commit)
+        self.group(group)?.txn_decide(id, commit)
     }
 
     fn outcome(&self, id: TxnId) -> Result<Outcome> {
-        assert_eq!(id.group, 0);
-        if self.refuse.get() {
-            return Err(CairnError::unavailable("group 0 has no leader"));
+        self.group(id.group)?.txn_outcome(id)
+    }
+
+    fn prepare_change(
+        &self,
+        group: u32,
+        id: TxnId,
+        effects: &[crate::schema::TxnEffect],
+    ) -> Result<Vec<crate::schema::TxnEffect>> {
+        let prepared = self.group(group)?.txn_prepare_change(id, effects.to_vec())?;
+        if self.lose_prepare.get() {
+            self.refuse.set(true);
+            return Err(CairnError::unavailable("the answer was lost"));
         }
-        self.pair.g0.txn_outcome(id)
+        Ok(prepared)
+    }
+
+    fn owner(&self, ino: u64) -> u32 {
+        self.pair.map.owner_of(ino).0
     }
 }
 
-fn names(ns: &Namespace, ino: u64) -> Vec<(String, u64)> {
+pub(super) fn names(ns: &Namespace, ino: u64) -> Vec<(String, u64)> {
     let (entries, _) = ns.readdir(ino, b"", 1024, false).unwrap();
     entries.into_iter().map(|e| (String::from_utf8(e.name).unwrap(), e.ino)).collect()
 }
@@ -174,7 +193,7 @@ fn a_mkdir_across_groups_lands_half_in_each() {
     assert!(g3.txns().unwrap().is_empty());
     g0.txn_forget(prepare.id).unwrap();
     assert!(g0.txns().unwrap().is_empty());
-    assert_eq!(g0.check(false).unwrap().remote_entries, [(top.ino, b"d".to_vec(), made.ino)]);
+    assert_eq!(g0.check(false).unwrap().remote_entries, [(top.ino, b"d".to_vec(), made.ino, S_IFDIR)]);
     assert_eq!(g3.check(false).unwrap().away_dirs, [(made.ino, top.ino)]);
     assert_eq!(
         g0.txn_outcome(prepare.id).unwrap(),

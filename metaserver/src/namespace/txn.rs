@@ -18,13 +18,15 @@ use cairn_common::{CairnError, ErrorKind, Result};
 use super::entries::{inherit, NewEntry};
 use super::{check_name, inos, once, Namespace};
 use crate::schema::{
-    self, read_counter, Dentry, Inode, TxnRecord, S_IFDIR, TXN_ABORTED, TXN_COMMITTED, TXN_COORDINATOR,
-    TXN_MKDIR, TXN_PARTICIPANT, TXN_PENDING, TXN_RMDIR,
+    self, read_counter, Dentry, Inode, TxnRecord, S_IFDIR, TXN_ABORTED, TXN_CHANGE, TXN_COMMITTED,
+    TXN_COORDINATOR, TXN_MKDIR, TXN_PARTICIPANT, TXN_PENDING, TXN_RMDIR,
 };
 use crate::store::{Batch, Cf, MetaStore};
 
+mod change;
 mod exchange;
-pub use exchange::{mkdir_across, recover, rmdir_across, Made, Peers};
+pub use change::{name, relink, unname};
+pub use exchange::{change_across, mkdir_across, recover, rmdir_across, Changed, Made, Peers};
 
 /// Where a group keeps the end of the transaction sequences it reserved.
 const TXN_RESERVED: &[u8] = b"txn_reserved";
@@ -120,7 +122,7 @@ impl Namespace {
         match self.store.get(Cf::Txns, &id.key())? {
             Some(v) => {
                 let record: TxnRecord = schema::decode("transaction", &v)?;
-                if record.op != TXN_MKDIR && record.op != TXN_RMDIR {
+                if ![TXN_MKDIR, TXN_RMDIR, TXN_CHANGE].contains(&record.op) {
                     return Err(CairnError::corrupt(format!(
                         "transaction {id} records operation {}, which this build does not know: it must \
                          not be skipped (run the build that wrote it)",
@@ -195,6 +197,7 @@ impl Namespace {
                     inode: Some(inode.clone()),
                     client,
                     seq,
+                    ..Default::default()
                 };
                 let mut batch = Batch::new();
                 Self::put_record(&mut batch, id, &record);
@@ -263,6 +266,7 @@ impl Namespace {
                     inode: Some(asked.clone()),
                     client,
                     seq,
+                    ..Default::default()
                 };
                 let mut batch = Batch::new();
                 Self::put_record(&mut batch, id, &record);
@@ -293,6 +297,11 @@ impl Namespace {
         let Some(record) = self.coordinated(id)? else {
             return Err(CairnError::not_found(format!("no transaction {id} to commit")));
         };
+        if record.op == TXN_CHANGE {
+            return Err(CairnError::invalid(format!(
+                "transaction {id} is a change: it commits with its effects"
+            )));
+        }
         let asked = record.inode.clone().unwrap_or_default();
         let as_asked = match record.op {
             TXN_MKDIR => {
@@ -366,6 +375,10 @@ impl Namespace {
     /// acknowledged. Refused for a committed transaction; nothing to do for one not here.
     pub fn txn_abort(&self, id: TxnId) -> Result<()> {
         let Some(record) = self.coordinated(id)? else { return Ok(()) };
+        if record.op == TXN_CHANGE {
+            // The groups it asked are not known here: they ask how it ended (`TxnOutcome`).
+            return self.change_abort(id, &record.groups);
+        }
         self.locked(
             || vec![record.parent, id.lock()],
             || {
@@ -520,6 +533,7 @@ impl Namespace {
                     inode: Some(inode.clone()),
                     client: 0,
                     seq: 0,
+                    ..Default::default()
                 };
                 Self::put_record(&mut batch, id, &record);
                 batch.set_durable();
@@ -537,12 +551,16 @@ impl Namespace {
     pub fn txn_decide(&self, id: TxnId, commit: bool) -> Result<()> {
         // The directory's lock too, read again under the locks (a prepare may land meanwhile).
         let ino = || self.txn_record(id).ok().flatten().and_then(|r| r.inode).map_or(0, |i| i.ino);
+        // A change's: each entry's directory and inode its effects touch.
         self.locked(
-            || vec![id.lock(), ino()],
+            || [id.lock(), ino()].into_iter().chain(self.decide_locks(id)).collect(),
             || {
                 let Some(record) = self.txn_record(id)? else { return Ok(()) };
                 if record.role != TXN_PARTICIPANT {
                     return Err(CairnError::invalid(format!("this group leads transaction {id}")));
+                }
+                if record.op == TXN_CHANGE {
+                    return self.decide_change(id, &record, commit);
                 }
                 let inode = record.inode.ok_or_else(|| {
                     CairnError::corrupt(format!("prepared transaction {id} holds no directory"))

@@ -54,10 +54,10 @@ impl MetaService {
 
     /// Refuse `req` where the first of `inos` (the one a client routes by) lies in a namespace
     /// slot another metadata group owns (`WrongGroup`, with this map's version: the caller asks
-    /// that group), where another of them does (`CrossDevice`: renames and links across groups
-    /// are not built; `mv` copies instead), or where its caller is limited to a subtree and any
-    /// of them lies outside (`docs/ARCHITECTURE.md`, "Subtree rules"; nothing is read for other
-    /// callers).
+    /// that group), where another of them does (`CrossDevice`: rename and link, which may run
+    /// across groups, leave such an inode out after asking [`Self::across`]), or where its
+    /// caller is limited to a subtree and any of them lies outside (`docs/ARCHITECTURE.md`,
+    /// "Subtree rules"; nothing is read for other callers).
     pub(super) fn within<T>(&self, req: &Request<T>, inos: &[u64]) -> Result<(), Status> {
         let serving = self.serving()?;
         let own = serving.ns.group();
@@ -68,7 +68,7 @@ impl MetaService {
                     ErrorKind::CrossDevice,
                     format!(
                         "inode {ino} is metadata group {group}'s and this request's first inode group {own}'s: \
-                         renames and links across metadata groups are not built yet"
+                         this request does not run across metadata groups"
                     ),
                 )
                 .into());
@@ -239,8 +239,12 @@ impl MetaService {
                     who.check_sticky(&dir, &victim)?;
                     Ok(Some(victim))
                 }
-                // Its owner is in the other group: in a sticky directory only the directory's
-                // owner may remove it until that check is sent there.
+                // A file's owner is checked by its group (`across.rs`, the relink's owner); a
+                // directory's: in a sticky directory only the directory's owner may remove it
+                // until that check is sent there.
+                Ok(crate::namespace::Looked::Elsewhere { kind, .. }) if kind != crate::schema::S_IFDIR => {
+                    Ok(None)
+                }
                 Ok(crate::namespace::Looked::Elsewhere { ino, .. }) => {
                     if dir.mode & 0o1000 != 0 && !who.is_root() && who.uid != dir.uid {
                         return Err(CairnError::new(

@@ -7,11 +7,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use cairn_common::Result;
-use cairn_proto::{AwayDir, CheckNamespaceReply, CheckNamespaceRequest, GroupMap, RemoteEntry};
+use cairn_proto::{AwayDir, AwayName, CheckNamespaceReply, CheckNamespaceRequest, GroupMap, RemoteEntry};
 use tonic::Status;
 
 use super::MetaService;
 use crate::groups;
+use crate::schema::S_IFDIR;
 
 /// How long group 0's leader waits for another group's check (a whole namespace's scan).
 const CHECK_TIMEOUT: Duration = Duration::from_secs(1800);
@@ -26,9 +27,10 @@ fn reply_of(report: crate::namespace::CheckReport, more: Vec<String>) -> CheckNa
         remote_entries: report
             .remote_entries
             .into_iter()
-            .map(|(parent, name, ino)| RemoteEntry { parent, name, ino })
+            .map(|(parent, name, ino, kind)| RemoteEntry { parent, name, ino, kind })
             .collect(),
         away_dirs: report.away_dirs.into_iter().map(|(ino, parent)| AwayDir { ino, parent }).collect(),
+        away_names: report.away_names.into_iter().map(|(ino, dir)| AwayName { ino, dir }).collect(),
     }
 }
 
@@ -45,10 +47,43 @@ pub(crate) fn unmatched(
             away.insert(dir.ino, (*group, dir.parent));
         }
     }
+    // Each file's names in other groups' directories, as the file lists them: (inode,
+    // directory) → how many.
+    let mut owed: BTreeMap<(u64, u64), (u32, usize)> = BTreeMap::new();
+    for (group, reply) in checked {
+        for name in &reply.away_names {
+            owed.entry((name.ino, name.dir)).or_insert((*group, 0)).1 += 1;
+        }
+    }
     let mut named: BTreeMap<u64, u64> = BTreeMap::new();
     let mut problems = Vec::new();
     for (group, reply) in checked {
-        for entry in &reply.remote_entries {
+        for entry in reply.remote_entries.iter().filter(|e| e.kind != 0 && e.kind != S_IFDIR) {
+            let there = owner(entry.ino);
+            match owed.get_mut(&(entry.ino, entry.parent)) {
+                Some((_, n)) if *n > 0 => *n -= 1,
+                _ if checked.contains_key(&there) => problems.push(format!(
+                    "entry {:?} in directory {} (group {group}) names file {}, which group {there} does not \
+                     hold with a name there",
+                    String::from_utf8_lossy(&entry.name),
+                    entry.parent,
+                    entry.ino
+                )),
+                _ => {}
+            }
+        }
+    }
+    for ((ino, dir), (group, left)) in owed {
+        if left > 0 && checked.contains_key(&owner(dir)) {
+            problems.push(format!(
+                "file {ino} (group {group}) counts {left} name(s) in directory {dir} of group {}, which names \
+                 it fewer times",
+                owner(dir)
+            ));
+        }
+    }
+    for (group, reply) in checked {
+        for entry in reply.remote_entries.iter().filter(|e| e.kind == 0 || e.kind == S_IFDIR) {
             let name = String::from_utf8_lossy(&entry.name);
             let there = owner(entry.ino);
             match away.get(&entry.ino) {
@@ -114,6 +149,7 @@ impl MetaService {
         if map.groups.is_empty() {
             total.remote_entries.clear();
             total.away_dirs.clear();
+            total.away_names.clear();
             return Ok(total);
         }
         let mut checked = BTreeMap::new();
@@ -133,6 +169,7 @@ impl MetaService {
         let own = CheckNamespaceReply {
             remote_entries: std::mem::take(&mut total.remote_entries),
             away_dirs: std::mem::take(&mut total.away_dirs),
+            away_names: std::mem::take(&mut total.away_names),
             ..Default::default()
         };
         checked.insert(0, own);
@@ -157,7 +194,7 @@ mod tests {
     use super::*;
 
     fn entry(parent: u64, name: &str, ino: u64) -> RemoteEntry {
-        RemoteEntry { parent, name: name.into(), ino }
+        RemoteEntry { parent, name: name.into(), ino, kind: S_IFDIR }
     }
 
     /// Each directory made across groups needs both halves: the entry in its parent's group
@@ -201,5 +238,42 @@ mod tests {
         // Group 1 did not answer: only group 0's own half is judged, and nothing of it is blamed.
         checked.remove(&1);
         assert!(unmatched(&checked, owner).iter().all(|p| !p.contains("does not hold")));
+    }
+
+    /// A file named in another group's directory: each entry needs a name the file lists in
+    /// that directory (two links, two names), and each listed name an entry.
+    #[test]
+    fn a_files_names_in_other_groups_must_match_its_entries() {
+        let in_slot = |slot: u64, n: u64| (slot << cairn_common::ids::SLOT_SHIFT) | n;
+        let owner = |ino: u64| if cairn_common::ids::slot_of(ino) == 0 { 0 } else { 1 };
+        let (d, f, g, h) = (in_slot(5, 1), 20, 21, 22);
+        let file = |name: &str, ino: u64| RemoteEntry { parent: d, name: name.into(), ino, kind: 0o100000 };
+        let mut checked = BTreeMap::new();
+        checked.insert(
+            0,
+            CheckNamespaceReply {
+                away_names: vec![
+                    AwayName { ino: f, dir: d },
+                    AwayName { ino: f, dir: d },
+                    AwayName { ino: g, dir: d },
+                    AwayName { ino: h, dir: d },
+                ],
+                ..Default::default()
+            },
+        );
+        checked.insert(
+            1,
+            CheckNamespaceReply {
+                remote_entries: vec![file("f1", f), file("f2", f), file("g", g), file("lost", 23)],
+                ..Default::default()
+            },
+        );
+        let problems = unmatched(&checked, owner);
+        assert_eq!(problems.len(), 2, "{problems:#?}");
+        assert!(problems[0].contains("\"lost\"") && problems[0].contains("names file 23"), "{problems:#?}");
+        assert!(problems[1].starts_with(&format!("file {h} ")), "{problems:#?}");
+        // Group 0 did not answer: its files' entries are not blamed.
+        checked.remove(&0);
+        assert!(unmatched(&checked, owner).is_empty());
     }
 }

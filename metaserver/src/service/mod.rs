@@ -26,6 +26,7 @@ use crate::schema::{NODE_ACTIVE, NODE_DRAINING};
 use crate::sessions::{Lock, F_UNLCK};
 
 mod access_checks;
+mod across;
 mod backup;
 mod cluster;
 mod fsck;
@@ -237,10 +238,15 @@ impl Meta for MetaService {
     async fn unlink(&self, req: Request<RemoveRequest>) -> Result<Response<RemoveReply>, Status> {
         self.within(&req, &[req.get_ref().parent])?;
         self.may_change(&req, "unlink")?;
-        if let Some(who) = self.who(&req, req.get_ref().caller.as_ref())? {
-            self.check_remove(&who, check_ino(req.get_ref().parent)?, &req.get_ref().name, "unlink")?;
+        let who = self.who(&req, req.get_ref().caller.as_ref())?;
+        if let Some(who) = &who {
+            self.check_remove(who, check_ino(req.get_ref().parent)?, &req.get_ref().name, "unlink")?;
         }
-        self.remove(req.into_inner(), false).await
+        let r = req.into_inner();
+        if let Some(reply) = self.unlink_elsewhere(&r, who.as_ref()).await? {
+            return Ok(Response::new(reply));
+        }
+        self.remove(r, false).await
     }
 
     async fn rmdir(&self, req: Request<RemoveRequest>) -> Result<Response<RemoveReply>, Status> {
@@ -257,10 +263,16 @@ impl Meta for MetaService {
     }
 
     async fn rename(&self, req: Request<RenameRequest>) -> Result<Response<RenameReply>, Status> {
-        self.within(&req, &[req.get_ref().parent, req.get_ref().new_parent])?;
+        let (parent, new_parent) = (req.get_ref().parent, req.get_ref().new_parent);
+        let dst_across = self.across(&req, new_parent)?;
+        let inos = [parent, new_parent];
+        self.within(&req, &inos[..if dst_across { 1 } else { 2 }])?;
         self.may_change(&req, "rename")?;
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let r = req.into_inner();
+        if let Some(reply) = self.rename_across(&r, who.as_ref(), dst_across).await? {
+            return Ok(Response::new(reply));
+        }
         let (parent, new_parent) = (check_ino(r.parent)?, check_ino(r.new_parent)?);
         if let Some(who) = who {
             self.check_rename(&who, &r)?;
@@ -280,12 +292,18 @@ impl Meta for MetaService {
     }
 
     async fn link(&self, req: Request<LinkRequest>) -> Result<Response<AttrReply>, Status> {
-        self.within(&req, &[req.get_ref().new_parent, req.get_ref().ino])?;
+        let (new_parent, ino) = (req.get_ref().new_parent, req.get_ref().ino);
+        let elsewhere = self.across(&req, ino)?;
+        let inos = [new_parent, ino];
+        self.within(&req, &inos[..if elsewhere { 1 } else { 2 }])?;
         self.may_change(&req, "link")?;
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let r = req.into_inner();
         if let Some(who) = who {
             self.check_new_entry(&who, check_ino(r.new_parent)?, &r.new_name, None, "link")?;
+        }
+        if elsewhere {
+            return Ok(Response::new(self.link_elsewhere(r).await?));
         }
         let once = once_of(&r.once);
         let (ino, new_parent, name) = (check_ino(r.ino)?, check_ino(r.new_parent)?, r.new_name.clone());

@@ -21,7 +21,9 @@ use super::{attr_reply, check_ino, dir_after, looked_reply, once_of, MetaService
 use crate::groups;
 use crate::namespace::txn::{self, Outcome, Peers, Prepare, TxnId};
 use crate::namespace::{once, Looked, Namespace, NewEntry};
-use crate::schema::{self, Inode, TXN_ABORTED, TXN_COMMITTED, TXN_PENDING};
+use crate::schema::{
+    self, Inode, TxnEffect, TxnEffects, TXN_ABORTED, TXN_CHANGE, TXN_COMMITTED, TXN_PENDING,
+};
 
 /// How long a leader waits for another group's leader to answer one step.
 const STEP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -43,7 +45,7 @@ fn id_from(id: Option<cairn_proto::TxnId>) -> Result<TxnId> {
 
 /// The other groups' leaders, reached from a blocking thread: each call tries the group's
 /// replicas as `map` names them until its leader answers.
-struct GroupPeers {
+pub(super) struct GroupPeers {
     map: GroupMap,
     /// A client for each replica the map names (channels connect on first use).
     clients: HashMap<String, MetaClient<Channel>>,
@@ -74,6 +76,7 @@ impl Peers for GroupPeers {
             parent: prepare.parent,
             name: prepare.name.clone(),
             inode: schema::encode(&prepare.inode),
+            effects: Vec::new(),
         };
         let reply = self.ask(group, |mut c| {
             let req = req.clone();
@@ -85,6 +88,25 @@ impl Peers for GroupPeers {
     fn decide(&self, group: u32, id: TxnId, commit: bool) -> Result<()> {
         let req = TxnDecideRequest { id: Some(id_of(id)), commit };
         self.ask(group, |mut c| async move { c.txn_decide(req).await }).map(drop)
+    }
+
+    fn prepare_change(&self, group: u32, id: TxnId, effects: &[TxnEffect]) -> Result<Vec<TxnEffect>> {
+        let req = TxnPrepareRequest {
+            id: Some(id_of(id)),
+            op: TXN_CHANGE,
+            effects: schema::encode(&TxnEffects { effects: effects.to_vec() }),
+            ..Default::default()
+        };
+        let reply = self.ask(group, |mut c| {
+            let req = req.clone();
+            async move { c.txn_prepare(req).await }
+        })?;
+        Ok(schema::decode::<TxnEffects>("prepared effects", &reply.effects)?.effects)
+    }
+
+    fn owner(&self, ino: u64) -> u32 {
+        let slot = cairn_common::ids::slot_of(ino) as usize;
+        self.map.slots.get(slot).copied().unwrap_or(0)
     }
 
     fn outcome(&self, id: TxnId) -> Result<Outcome> {
@@ -107,7 +129,7 @@ impl MetaService {
         self.group_map()
     }
 
-    fn peers(&self) -> Result<GroupPeers, Status> {
+    pub(super) fn peers(&self) -> Result<GroupPeers, Status> {
         let map = self.txn_map()?;
         let mut clients = HashMap::new();
         for replica in map.groups.iter().flat_map(|g| g.replicas.iter()) {
@@ -223,6 +245,14 @@ impl MetaService {
 
     pub(super) async fn txn_prepare(&self, req: TxnPrepareRequest) -> Result<TxnPrepareReply, Status> {
         let id = id_from(req.id)?;
+        if req.op == TXN_CHANGE {
+            let effects = schema::decode::<TxnEffects>("effects to prepare", &req.effects)?.effects;
+            let prepared = self.run(move |ns| ns.txn_prepare_change(id, effects)).await?;
+            return Ok(TxnPrepareReply {
+                effects: schema::encode(&TxnEffects { effects: prepared }),
+                ..Default::default()
+            });
+        }
         let prepare = Prepare {
             id,
             op: req.op,
@@ -231,7 +261,7 @@ impl MetaService {
             inode: schema::decode("directory to prepare", &req.inode)?,
         };
         let inode = self.run(move |ns| ns.txn_prepare(&prepare)).await?;
-        Ok(TxnPrepareReply { inode: schema::encode(&inode) })
+        Ok(TxnPrepareReply { inode: schema::encode(&inode), ..Default::default() })
     }
 
     pub(super) async fn txn_decide(&self, req: TxnDecideRequest) -> Result<(), Status> {

@@ -6,7 +6,10 @@ use cairn_common::{CairnError, ErrorKind, Result};
 
 use super::{Outcome, Prepare, TxnId};
 use crate::namespace::{Namespace, NewEntry};
-use crate::schema::{Inode, TxnRecord, TXN_COMMITTED, TXN_COORDINATOR, TXN_PARTICIPANT, TXN_PENDING};
+use crate::schema::{
+    Inode, TxnEffect, TxnRecord, EFFECT_NAME, TXN_CHANGE, TXN_COMMITTED, TXN_COORDINATOR, TXN_PARTICIPANT,
+    TXN_PENDING,
+};
 
 /// The other groups' leaders, as one side of a transaction reaches them (the service's over
 /// gRPC, `service/txn.rs`; tests' in process). Each call may fail or time out: the caller
@@ -18,6 +21,160 @@ pub trait Peers {
     fn decide(&self, group: u32, id: TxnId, commit: bool) -> Result<()>;
     /// `TxnOutcome` to the leader of the group that leads `id`.
     fn outcome(&self, id: TxnId) -> Result<Outcome>;
+    /// `TxnPrepare` of a change to `group`'s leader: its effects as prepared.
+    fn prepare_change(&self, group: u32, id: TxnId, effects: &[TxnEffect]) -> Result<Vec<TxnEffect>>;
+    /// The group holding inode `ino`, as the map says.
+    fn owner(&self, ino: u64) -> u32;
+}
+
+/// What a change across groups did.
+#[derive(Debug)]
+pub enum Changed {
+    /// It happened; the inodes whose link counts it changed, as their groups answered, and
+    /// whether every participant took the commit before the answer.
+    Done { relinked: Vec<Inode>, acknowledged: bool },
+    /// Nothing to do: a rename onto another name of the same file.
+    Nothing,
+}
+
+/// A change across groups of `effects`, each with the group that takes it (`ns`'s own among
+/// them), coordinated by `ns`: its own effects begun, then the group of a new name asked
+/// first (it says what the name replaces; a file replaced in a third group adds that group),
+/// then every other group, then the commit and the decisions.
+pub fn change_across(ns: &Namespace, peers: &dyn Peers, effects: Vec<(u32, TxnEffect)>) -> Result<Changed> {
+    let own_group = ns.group();
+    let mut own = Vec::new();
+    let mut others: Vec<(u32, Vec<TxnEffect>)> = Vec::new();
+    for (group, effect) in effects {
+        if group == own_group {
+            own.push(effect);
+        } else {
+            add_to(&mut others, group, effect);
+        }
+    }
+    // The group making a name goes first.
+    others.sort_by_key(|(_, effects)| !effects.iter().any(|e| e.kind == EFFECT_NAME));
+    let (id, own) = ns.change_begin(own)?;
+    let mut more = Vec::new();
+    if let Some(named) = own.iter().find(|e| e.kind == EFFECT_NAME) {
+        if named.replaced == named.ino {
+            return nothing(ns, peers, id, &[]);
+        }
+        replaced_elsewhere(ns, peers, named, &mut others, &mut more);
+    }
+    crash_point("txn-begun");
+    let mut asked = Vec::new();
+    let mut relinked = Vec::new();
+    let mut named_kind = 0;
+    let mut next = 0;
+    while next < others.len() {
+        let (group, effects) = others[next].clone();
+        next += 1;
+        asked.push(group);
+        let prepared = match peers.prepare_change(group, id, &effects) {
+            Ok(prepared) => prepared,
+            Err(e) => return Err(abort_change(ns, peers, id, &asked, e)),
+        };
+        for e in &prepared {
+            if e.kind == EFFECT_NAME {
+                if e.replaced == e.ino {
+                    return nothing(ns, peers, id, &asked);
+                }
+                replaced_elsewhere(ns, peers, e, &mut others, &mut more);
+            }
+            if let Some(inode) = &e.inode {
+                if e.delta > 0 {
+                    named_kind = inode.kind();
+                }
+                relinked.push(inode.clone());
+            }
+        }
+    }
+    crash_point("txn-prepared");
+    if let Err(e) = ns.change_commit(id, named_kind, more, asked.clone()) {
+        return Err(abort_change(ns, peers, id, &asked, e));
+    }
+    crash_point("txn-committed");
+    let acknowledged = (0..3).any(|attempt| {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        tell_all(ns, peers, id, &asked, true)
+    });
+    Ok(Changed::Done { relinked, acknowledged })
+}
+
+fn add_to(others: &mut Vec<(u32, Vec<TxnEffect>)>, group: u32, effect: TxnEffect) {
+    match others.iter_mut().find(|(g, _)| *g == group) {
+        Some((_, effects)) => effects.push(effect),
+        None => others.push((group, vec![effect])),
+    }
+}
+
+/// A name prepared as `named` replaces a file its group does not hold: that file loses a
+/// link in its own group (this one's: `more`, checked at the commit), with the sticky rule's
+/// owner where the name's group asked it.
+fn replaced_elsewhere(
+    ns: &Namespace,
+    peers: &dyn Peers,
+    named: &TxnEffect,
+    others: &mut Vec<(u32, Vec<TxnEffect>)>,
+    more: &mut Vec<TxnEffect>,
+) {
+    let replaced = named.replaced;
+    if replaced == 0 || peers.owner(replaced) == peers.owner(named.parent) {
+        return;
+    }
+    let owner = named.replaced_owner_checked.then_some(named.replaced_owner);
+    let effect = super::relink(replaced, -1, (named.parent, 0), owner);
+    match peers.owner(replaced) {
+        g if g == ns.group() => more.push(effect),
+        g => add_to(others, g, effect),
+    }
+}
+
+/// Abort change `id` after `error`, telling the groups `asked`; answers the error to give the
+/// client (committed meanwhile by recovery: the change happened, and `Unavailable` lets the
+/// client's retry find it done).
+fn abort_change(
+    ns: &Namespace,
+    peers: &dyn Peers,
+    id: TxnId,
+    asked: &[u32],
+    error: CairnError,
+) -> CairnError {
+    if let Err(abort) = ns.change_abort(id, asked) {
+        return abort;
+    }
+    tell_all(ns, peers, id, asked, false);
+    if error.kind() == ErrorKind::Interrupted {
+        return CairnError::unavailable(error.message().to_string());
+    }
+    error
+}
+
+/// The change turned out to do nothing: undone everywhere it was prepared.
+fn nothing(ns: &Namespace, peers: &dyn Peers, id: TxnId, asked: &[u32]) -> Result<Changed> {
+    ns.change_abort(id, asked)?;
+    tell_all(ns, peers, id, asked, false);
+    Ok(Changed::Nothing)
+}
+
+/// Send the decision of `id` to each of `groups`; forget the record once all acknowledged.
+fn tell_all(ns: &Namespace, peers: &dyn Peers, id: TxnId, groups: &[u32], commit: bool) -> bool {
+    let told = groups.iter().filter(|&&group| {
+        peers.decide(group, id, commit).map_err(|e| {
+            tracing::info!("transaction {id}: metadata group {group} has not taken the decision yet ({e}); recovery sends it again");
+        }).is_err()
+    }).count() == 0;
+    match told.then(|| ns.txn_forget(id)) {
+        Some(Ok(())) => true,
+        Some(Err(e)) => {
+            tracing::info!("transaction {id}: its record stays ({e})");
+            false
+        }
+        None => false,
+    }
 }
 
 /// What a mkdir across groups did.
@@ -128,7 +285,12 @@ pub fn recover(ns: &Namespace, peers: &dyn Peers, stale_secs: i64) -> Result<usi
     let mut silent = std::collections::BTreeSet::new();
     for (id, record) in ns.txns()? {
         let stale = now.saturating_sub(record.written_sec) >= stale_secs;
-        let peer = if record.role == TXN_PARTICIPANT { id.group } else { record.peer_group };
+        let peer = match (record.role, record.op) {
+            (TXN_PARTICIPANT, _) => id.group,
+            // A change's coordinator tells several groups: none is skipped for it.
+            (_, TXN_CHANGE) => u32::MAX,
+            _ => record.peer_group,
+        };
         // A coordinator's pending transaction of an earlier leadership: nobody waits on it.
         let earlier = record.role == TXN_COORDINATOR && id.seq < ns.txn_first_seq;
         let done = if silent.contains(&peer) {
@@ -189,15 +351,25 @@ fn finish_one(
             if let Err(e) = ns.txn_abort(id) {
                 // Committed meanwhile (its mkdir was still running): deliver that instead.
                 return match ns.txn_record(id)? {
+                    Some(r @ TxnRecord { state: TXN_COMMITTED, .. }) if r.op == TXN_CHANGE => {
+                        Ok(told(tell_all(ns, peers, id, &r.groups, true)))
+                    }
                     Some(TxnRecord { state: TXN_COMMITTED, .. }) => {
                         Ok(told(tell(ns, peers, id, group, true)))
                     }
                     _ => Err(e),
                 };
             }
+            if record.op == TXN_CHANGE {
+                // The groups it asked ask how it ended once their records are old.
+                return Ok(told(tell_all(ns, peers, id, &[], false)));
+            }
             Ok(told(tell(ns, peers, id, group, false)))
         }
         (TXN_COORDINATOR, TXN_PENDING) => Ok(Finished::Waiting),
+        (TXN_COORDINATOR, state) if record.op == TXN_CHANGE => {
+            Ok(told(tell_all(ns, peers, id, &record.groups, state == TXN_COMMITTED)))
+        }
         (TXN_COORDINATOR, state) => Ok(told(tell(ns, peers, id, group, state == TXN_COMMITTED))),
         (TXN_PARTICIPANT, _) if !abandoned => Ok(Finished::Waiting),
         (TXN_PARTICIPANT, _) => {

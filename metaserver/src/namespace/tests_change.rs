@@ -1,0 +1,268 @@
+//! Unlink, link and rename of files across metadata groups (`txn/change.rs`): what each group
+//! holds after each, what is refused with nothing changed, and recovery from a crash of both
+//! sides after each step.
+
+use cairn_common::{ErrorKind, ROOT_INO};
+
+use super::tests::{dir, file, kind, new};
+use super::tests_txn::{names, Pair, GROUP};
+use super::txn::{self, change_across, mkdir_across, recover, Changed, Peers};
+use super::*;
+use crate::schema::{TxnEffect, S_IFREG};
+
+/// A directory `d` in group 3 under the root, and a file `f` of group 0 in the root.
+fn setup(pair: &Pair) -> (u64, Inode) {
+    let d = mkdir_across(&pair.g0, &pair.peers(), &new(ROOT_INO, "d", 0o755), GROUP).unwrap().inode.ino;
+    let f = file(&pair.g0, ROOT_INO, "f");
+    (d, f)
+}
+
+fn owner(pair: &Pair, ino: u64) -> u32 {
+    pair.peers().owner(ino)
+}
+
+/// rename of `(parent, name)`, naming `ino` (a file), to `(to, to_name)`, as the service plans
+/// it; coordinated by the source directory's group.
+fn rename_plan(
+    pair: &Pair,
+    (parent, name): (u64, &str),
+    ino: u64,
+    (to, to_name): (u64, &str),
+) -> Vec<(u32, TxnEffect)> {
+    vec![
+        (owner(pair, parent), txn::unname(parent, name.as_bytes(), ino)),
+        (owner(pair, to), txn::name(to, to_name.as_bytes(), ino, S_IFREG, true, None)),
+        (owner(pair, ino), txn::relink(ino, 0, (parent, to), None)),
+    ]
+}
+
+fn side(pair: &Pair, group: u32) -> &Namespace {
+    if group == 0 {
+        &pair.g0
+    } else {
+        &pair.g3
+    }
+}
+
+fn rename(pair: &Pair, from: (u64, &str), ino: u64, to: (u64, &str)) -> Result<Changed> {
+    let coordinator = side(pair, owner(pair, from.0));
+    change_across(coordinator, &pair.peers(), rename_plan(pair, from, ino, to))
+}
+
+fn no_txns(pair: &Pair) {
+    assert!(pair.g0.txns().unwrap().is_empty(), "group 0 holds {:?}", pair.g0.txns().unwrap());
+    assert!(pair.g3.txns().unwrap().is_empty(), "group 3 holds {:?}", pair.g3.txns().unwrap());
+}
+
+/// A file renamed into another group's directory keeps its inode (and number) where it was
+/// made; renamed back, it is an ordinary entry again. Each step leaves no record behind.
+#[test]
+fn a_file_renamed_across_groups_keeps_its_inode() {
+    let pair = Pair::new();
+    let (d, f) = setup(&pair);
+    let changed = rename(&pair, (ROOT_INO, "f"), f.ino, (d, "g")).unwrap();
+    assert!(matches!(changed, Changed::Done { acknowledged: true, .. }), "{changed:?}");
+    no_txns(&pair);
+    assert_eq!(kind(pair.g0.lookup_entry(ROOT_INO, b"f")), ErrorKind::NotFound);
+    match pair.g3.lookup_entry(d, b"g").unwrap() {
+        Looked::Elsewhere { ino, kind } => assert_eq!((ino, kind), (f.ino, S_IFREG)),
+        other => panic!("{other:?}"),
+    }
+    let moved = pair.g0.getattr(f.ino).unwrap();
+    assert_eq!((moved.nlink, moved.parent), (1, d), "its one name is in d now");
+    assert!((moved.ctime_sec, moved.ctime_nsec) >= (f.ctime_sec, f.ctime_nsec));
+
+    // Back, coordinated by group 3 this time: group 0 takes the name and the inode's part.
+    rename(&pair, (d, "g"), f.ino, (ROOT_INO, "h")).unwrap();
+    no_txns(&pair);
+    assert!(names(&pair.g3, d).is_empty());
+    assert!(matches!(pair.g0.lookup_entry(ROOT_INO, b"h").unwrap(), Looked::Here(i) if i.ino == f.ino));
+    assert_eq!(pair.g0.getattr(f.ino).unwrap().parent, ROOT_INO);
+    assert!(pair.g0.check(false).unwrap().problems.is_empty());
+}
+
+/// A link into another group's directory counts where the file is (at once: the file cannot
+/// go while its new name is undecided); unlinking that name there takes the count back, and
+/// the last one frees the file.
+#[test]
+fn links_across_groups_count_where_the_file_is() {
+    let pair = Pair::new();
+    let (d, f) = setup(&pair);
+    let before = pair.g0.stats();
+    let link =
+        vec![(GROUP, txn::name(d, b"l", f.ino, 0, false, None)), (0, txn::relink(f.ino, 1, (0, d), None))];
+    match change_across(&pair.g3, &pair.peers(), link).unwrap() {
+        Changed::Done { relinked, .. } => assert_eq!(relinked[0].nlink, 2),
+        other => panic!("{other:?}"),
+    }
+    no_txns(&pair);
+    assert!(
+        matches!(pair.g3.lookup_entry(d, b"l").unwrap(), Looked::Elsewhere { ino, kind: S_IFREG } if ino == f.ino)
+    );
+    assert_eq!(pair.g0.getattr(f.ino).unwrap().nlink, 2);
+
+    // A link onto a name that exists: refused, nothing changed anywhere.
+    let taken =
+        vec![(GROUP, txn::name(d, b"l", f.ino, 0, false, None)), (0, txn::relink(f.ino, 1, (0, d), None))];
+    assert_eq!(kind(change_across(&pair.g3, &pair.peers(), taken)), ErrorKind::Exists);
+    no_txns(&pair);
+    assert_eq!(pair.g0.getattr(f.ino).unwrap().nlink, 2);
+
+    pair.g0.unlink(ROOT_INO, b"f").unwrap();
+    assert_eq!(pair.g0.getattr(f.ino).unwrap().nlink, 1, "its name in group 3 keeps it");
+    let unlink = vec![(GROUP, txn::unname(d, b"l", f.ino)), (0, txn::relink(f.ino, -1, (d, 0), None))];
+    change_across(&pair.g3, &pair.peers(), unlink).unwrap();
+    no_txns(&pair);
+    assert!(names(&pair.g3, d).is_empty());
+    assert_eq!(kind(pair.g0.getattr(f.ino)), ErrorKind::NotFound, "its last name went");
+    assert_eq!(pair.g0.stats().inodes, before.inodes - 1);
+    assert!(pair.g0.check(false).unwrap().problems.is_empty());
+    assert!(pair.g3.check(false).unwrap().problems.is_empty());
+}
+
+/// A rename over a file: one of the destination's group goes there in the same entry, one of
+/// another group loses its link in its own group; `RENAME_NOREPLACE`, a directory in the way
+/// and a sticky owner's check refuse with nothing changed; two names of one file do nothing.
+#[test]
+fn a_rename_across_groups_replaces_files_wherever_they_are() {
+    let pair = Pair::new();
+    let (d, f) = setup(&pair);
+    // A file of group 3 in d, replaced: freed in group 3.
+    let x = file(&pair.g3, d, "x");
+    rename(&pair, (ROOT_INO, "f"), f.ino, (d, "x")).unwrap();
+    no_txns(&pair);
+    assert_eq!(kind(pair.g3.getattr(x.ino)), ErrorKind::NotFound);
+    assert!(matches!(pair.g3.lookup_entry(d, b"x").unwrap(), Looked::Elsewhere { ino, .. } if ino == f.ino));
+
+    // A file of group 0 named in d, replaced by another: it loses that link in group 0.
+    let y = file(&pair.g0, ROOT_INO, "y");
+    let link =
+        vec![(GROUP, txn::name(d, b"y", y.ino, 0, false, None)), (0, txn::relink(y.ino, 1, (0, d), None))];
+    change_across(&pair.g3, &pair.peers(), link).unwrap();
+    let z = file(&pair.g0, ROOT_INO, "z");
+    rename(&pair, (ROOT_INO, "z"), z.ino, (d, "y")).unwrap();
+    no_txns(&pair);
+    let y_now = pair.g0.getattr(y.ino).unwrap();
+    assert_eq!((y_now.nlink, y_now.parent), (1, ROOT_INO));
+    assert!(matches!(pair.g3.lookup_entry(d, b"y").unwrap(), Looked::Elsewhere { ino, .. } if ino == z.ino));
+
+    // Refused, nothing changed: NOREPLACE over a name, a directory in the way, an owner the
+    // sticky rule asks that the file does not have.
+    let w = file(&pair.g0, ROOT_INO, "w");
+    let mut plan = rename_plan(&pair, (ROOT_INO, "w"), w.ino, (d, "y"));
+    plan[1].1.replace = false;
+    assert_eq!(kind(change_across(&pair.g0, &pair.peers(), plan)), ErrorKind::Exists);
+    dir(&pair.g3, d, "sub");
+    assert_eq!(kind(rename(&pair, (ROOT_INO, "w"), w.ino, (d, "sub"))), ErrorKind::IsDir);
+    let mut plan = rename_plan(&pair, (d, "y"), z.ino, (ROOT_INO, "v"));
+    plan[2].1 = txn::relink(z.ino, 0, (d, ROOT_INO), Some(4242));
+    assert_eq!(kind(change_across(&pair.g3, &pair.peers(), plan)), ErrorKind::NotPermitted);
+    no_txns(&pair);
+    assert!(matches!(pair.g0.lookup_entry(ROOT_INO, b"w").unwrap(), Looked::Here(_)));
+    assert!(matches!(pair.g3.lookup_entry(d, b"y").unwrap(), Looked::Elsewhere { ino, .. } if ino == z.ino));
+    assert_eq!(kind(pair.g0.lookup_entry(ROOT_INO, b"v")), ErrorKind::NotFound);
+
+    // y's other name is in the root: a rename of it onto d/y... names z, not y; onto the same
+    // file's other name does nothing.
+    let link =
+        vec![(GROUP, txn::name(d, b"w2", w.ino, 0, false, None)), (0, txn::relink(w.ino, 1, (0, d), None))];
+    change_across(&pair.g3, &pair.peers(), link).unwrap();
+    let same = rename(&pair, (ROOT_INO, "w"), w.ino, (d, "w2")).unwrap();
+    assert!(matches!(same, Changed::Nothing), "{same:?}");
+    no_txns(&pair);
+    assert_eq!(pair.g0.getattr(w.ino).unwrap().nlink, 2);
+    assert!(matches!(pair.g0.lookup_entry(ROOT_INO, b"w").unwrap(), Looked::Here(_)));
+    assert!(pair.g0.check(false).unwrap().problems.is_empty());
+    assert!(pair.g3.check(false).unwrap().problems.is_empty());
+}
+
+/// While a change is prepared, its entries are held: the name it takes away is still there
+/// but no other change may take it, the name it makes is absent but taken; a try of the same
+/// change sent again is told to try later.
+#[test]
+fn a_change_holds_its_names_until_decided() {
+    let pair = Pair::new();
+    let (d, f) = setup(&pair);
+    let plan = rename_plan(&pair, (ROOT_INO, "f"), f.ino, (d, "g"));
+    let own: Vec<TxnEffect> = plan.iter().filter(|(g, _)| *g == 0).map(|(_, e)| e.clone()).collect();
+    let theirs: Vec<TxnEffect> = plan.iter().filter(|(g, _)| *g == GROUP).map(|(_, e)| e.clone()).collect();
+    let (id, _) = once::scope(Some((9, 1)), || pair.g0.change_begin(own.clone())).unwrap();
+    pair.g3.txn_prepare_change(id, theirs.clone()).unwrap();
+    assert!(matches!(pair.g0.lookup_entry(ROOT_INO, b"f").unwrap(), Looked::Here(_)));
+    assert_eq!(kind(pair.g0.unlink(ROOT_INO, b"f")), ErrorKind::Unavailable);
+    assert_eq!(kind(pair.g0.rename(ROOT_INO, b"f", ROOT_INO, b"f2", 0)), ErrorKind::Unavailable);
+    let again = once::scope(Some((9, 1)), || pair.g0.change_begin(own.clone()));
+    assert_eq!(kind(again), ErrorKind::Unavailable);
+    assert_eq!(kind(pair.g3.lookup_entry(d, b"g")), ErrorKind::NotFound);
+    assert_eq!(kind(pair.g3.create(&new(d, "g", S_IFREG | 0o644), 0, true)), ErrorKind::Exists);
+    // A prepare sent again answers the same.
+    assert_eq!(pair.g3.txn_prepare_change(id, theirs).unwrap()[0].replaced, 0);
+
+    pair.g0.change_commit(id, 0, Vec::new(), vec![GROUP]).unwrap();
+    assert!(pair.g0.txn_forget(id).is_ok());
+    assert_eq!(kind(pair.g0.lookup_entry(ROOT_INO, b"f")), ErrorKind::NotFound);
+    pair.g3.txn_decide(id, true).unwrap();
+    assert!(matches!(pair.g3.lookup_entry(d, b"g").unwrap(), Looked::Elsewhere { .. }));
+    no_txns(&pair);
+}
+
+/// Both leaders crash after each step of a rename across groups; the new leaders' recovery
+/// either finishes it (committed) or undoes it everywhere (not), and nothing is left held.
+#[test]
+fn a_change_recovers_from_a_crash_after_any_step() {
+    for step in 1..=4 {
+        let mut pair = Pair::new();
+        let (d, f) = setup(&pair);
+        let plan = rename_plan(&pair, (ROOT_INO, "f"), f.ino, (d, "g"));
+        let own: Vec<TxnEffect> = plan.iter().filter(|(g, _)| *g == 0).map(|(_, e)| e.clone()).collect();
+        let theirs: Vec<TxnEffect> =
+            plan.iter().filter(|(g, _)| *g == GROUP).map(|(_, e)| e.clone()).collect();
+        let (id, _) = pair.g0.change_begin(own).unwrap();
+        if step >= 2 {
+            pair.g3.txn_prepare_change(id, theirs).unwrap();
+        }
+        if step >= 3 {
+            pair.g0.change_commit(id, 0, Vec::new(), vec![GROUP]).unwrap();
+        }
+        if step >= 4 {
+            pair.g3.txn_decide(id, true).unwrap();
+        }
+        pair.crash();
+        let peers = pair.peers();
+        // Group 0 first (it aborts what its predecessor left pending), then group 3 asks.
+        for _ in 0..2 {
+            recover(&pair.g0, &peers, 0).unwrap();
+            recover(&pair.g3, &peers, 0).unwrap();
+        }
+        no_txns(&pair);
+        let moved = step >= 3;
+        assert_eq!(pair.g0.lookup_entry(ROOT_INO, b"f").is_ok(), !moved, "step {step}");
+        assert_eq!(pair.g3.lookup_entry(d, b"g").is_ok(), moved, "step {step}");
+        assert_eq!(pair.g0.getattr(f.ino).unwrap().parent, if moved { d } else { ROOT_INO }, "step {step}");
+        assert!(pair.g0.check(false).unwrap().problems.is_empty(), "step {step}");
+        assert!(pair.g3.check(false).unwrap().problems.is_empty(), "step {step}");
+    }
+}
+
+/// A link whose prepare answer is lost: the coordinator aborts at once, and the participant,
+/// which raised the link count, takes it back once it asks how the change ended.
+#[test]
+fn a_lost_prepare_of_a_link_gives_the_count_back() {
+    let pair = Pair::new();
+    let (d, f) = setup(&pair);
+    let peers = pair.peers();
+    peers.lose_prepare.set(true);
+    let link =
+        vec![(GROUP, txn::name(d, b"l", f.ino, 0, false, None)), (0, txn::relink(f.ino, 1, (0, d), None))];
+    assert_eq!(kind(change_across(&pair.g3, &peers, link)), ErrorKind::Unavailable);
+    assert_eq!(pair.g0.getattr(f.ino).unwrap().nlink, 2, "raised at prepare, not decided");
+    assert_eq!(kind(pair.g3.lookup_entry(d, b"l")), ErrorKind::NotFound);
+    let peers = pair.peers();
+    for _ in 0..2 {
+        recover(&pair.g3, &peers, 0).unwrap();
+        recover(&pair.g0, &peers, 0).unwrap();
+    }
+    no_txns(&pair);
+    assert_eq!(pair.g0.getattr(f.ino).unwrap().nlink, 1);
+    assert!(pair.g0.check(false).unwrap().problems.is_empty());
+}

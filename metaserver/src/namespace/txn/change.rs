@@ -1,0 +1,477 @@
+//! Unlink, link and rename of files across metadata groups: one transaction kind
+//! ([`TXN_CHANGE`]) whose records carry each group's **effects** — an entry named or unnamed, a
+//! link count changed — prepared, applied or undone by the group that holds what they touch
+//! (`docs/ARCHITECTURE.md`, "Unlink, link and rename of files across groups"). The steps and
+//! their order are [`super`]'s (begin, prepare, commit or abort, decide, forget); who is asked
+//! when is `exchange.rs`'s.
+
+use cairn_common::{CairnError, ErrorKind, Result};
+
+use super::TxnId;
+use crate::namespace::{check_name, once, Namespace, Tx};
+use crate::permissions::{Who, MAY_EXEC, MAY_WRITE};
+use crate::schema::{
+    self, Dentry, TxnEffect, TxnRecord, EFFECT_NAME, EFFECT_RELINK, EFFECT_UNNAME, S_IFDIR, TXN_ABORTED,
+    TXN_CHANGE, TXN_COMMITTED, TXN_COORDINATOR, TXN_PARTICIPANT, TXN_PENDING,
+};
+use crate::store::Cf;
+
+/// The sticky bit of a directory's mode.
+const S_ISVTX: u32 = 0o1000;
+
+/// Take the entry `name` of `parent`, which names `ino`, away.
+pub fn unname(parent: u64, name: &[u8], ino: u64) -> TxnEffect {
+    TxnEffect { kind: EFFECT_UNNAME, parent, name: name.to_vec(), ino, ..Default::default() }
+}
+
+/// Make the entry `name` of `parent` name `ino` (of file type `kind`, 0 until its group says),
+/// replacing a non-directory there where `replace`; `caller`, where checked, must have write
+/// and search on `parent` and pass the sticky rule for what it replaces.
+pub fn name(parent: u64, name: &[u8], ino: u64, kind: u32, replace: bool, caller: Option<&Who>) -> TxnEffect {
+    TxnEffect {
+        kind: EFFECT_NAME,
+        parent,
+        name: name.to_vec(),
+        ino,
+        entry_kind: kind,
+        replace,
+        caller_checked: caller.is_some(),
+        caller_uid: caller.map_or(0, |w| w.uid),
+        caller_groups: caller.map_or(Vec::new(), |w| w.groups().to_vec()),
+        ..Default::default()
+    }
+}
+
+/// Change the link count of `ino` by `delta` (a name leaving `from`, going to `to`, or both);
+/// `owner`, where set, is the uid that must own it (the sticky rule).
+pub fn relink(ino: u64, delta: i32, (from, to): (u64, u64), owner: Option<u32>) -> TxnEffect {
+    TxnEffect {
+        kind: EFFECT_RELINK,
+        ino,
+        delta,
+        from,
+        to,
+        owner_checked: owner.is_some(),
+        owner: owner.unwrap_or(0),
+        ..Default::default()
+    }
+}
+
+fn quoted(name: &[u8]) -> String {
+    format!("{:?}", String::from_utf8_lossy(name))
+}
+
+impl Namespace {
+    /// The locks a change of `effects` takes: the transaction's, each entry's directory and
+    /// each inode concerned (a file an entry replaces here included).
+    fn effect_locks(&self, id: TxnId, effects: &[TxnEffect]) -> Vec<u64> {
+        let mut locks = vec![id.lock()];
+        for e in effects {
+            match e.kind {
+                EFFECT_RELINK => locks.push(e.ino),
+                _ => {
+                    locks.push(e.parent);
+                    locks.extend(self.peek(e.parent, &e.name));
+                }
+            }
+        }
+        locks
+    }
+
+    /// Check `effects` (well formed, of this group) before anything is locked.
+    fn check_effects(&self, effects: &[TxnEffect]) -> Result<()> {
+        if effects.is_empty() {
+            return Err(CairnError::invalid("a change across metadata groups with nothing to do here"));
+        }
+        for e in effects {
+            let ok = match e.kind {
+                EFFECT_UNNAME | EFFECT_NAME => {
+                    check_name(&e.name)?;
+                    self.holds_ino(e.parent) && e.ino != 0
+                }
+                EFFECT_RELINK => self.holds_ino(e.ino) && (-1..=1).contains(&e.delta),
+                _ => false,
+            };
+            if !ok {
+                return Err(CairnError::invalid(format!(
+                    "a change across metadata groups asks this group (metadata group {}) for an effect \
+                     it cannot take: kind {}, directory {}, inode {}",
+                    self.group, e.kind, e.parent, e.ino
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Prepare `effects` in `tx` for transaction `id`: mark the entries taken away or replaced,
+    /// write placeholders for new names, raise the link count of an inode getting a new name;
+    /// each effect is filled in with what it found (the file a name replaces, an inode as it
+    /// is now). Refused as the same change done here would be.
+    fn prepare_effects(&self, id: TxnId, effects: &mut [TxnEffect], tx: &mut Tx<'_>) -> Result<()> {
+        let now = cairn_common::time::now();
+        for e in effects.iter_mut() {
+            match e.kind {
+                EFFECT_UNNAME => {
+                    self.dir(e.parent)?;
+                    let entry = self.stored_dentry(e.parent, &e.name)?.filter(|d| !d.is_pending());
+                    let Some(entry) = entry else {
+                        return Err(CairnError::not_found(format!("no entry {}", quoted(&e.name))));
+                    };
+                    self.refuse_held(&entry, &e.name)?;
+                    if entry.ino != e.ino {
+                        return Err(CairnError::new(
+                            ErrorKind::Interrupted,
+                            format!("{} was replaced meanwhile: try again", quoted(&e.name)),
+                        ));
+                    }
+                    e.entry_kind = entry.kind;
+                    let marked = Dentry { ino: entry.ino, kind: entry.kind, txn: id.key() };
+                    tx.batch.put(
+                        Cf::Dentries,
+                        schema::dentry_key(e.parent, &e.name),
+                        schema::encode(&marked),
+                    );
+                }
+                EFFECT_NAME => self.prepare_name(id, e, tx)?,
+                _ => {
+                    let inode = tx.get(e.ino)?;
+                    if inode.is_dir() {
+                        return Err(if e.delta > 0 {
+                            CairnError::new(ErrorKind::NotPermitted, "cannot hard-link a directory")
+                        } else {
+                            CairnError::new(
+                                ErrorKind::CrossDevice,
+                                "a directory moves across metadata groups only by mkdir and rmdir",
+                            )
+                        });
+                    }
+                    if e.owner_checked && inode.uid != e.owner {
+                        return Err(CairnError::new(
+                            ErrorKind::NotPermitted,
+                            format!(
+                                "uid {} may not remove or replace inode {} (owner {}) in a sticky directory \
+                                 it does not own",
+                                e.owner, inode.ino, inode.uid
+                            ),
+                        ));
+                    }
+                    if e.delta > 0 {
+                        if inode.nlink == u32::MAX {
+                            return Err(CairnError::new(ErrorKind::TooBig, "too many links"));
+                        }
+                        // Applied now: the inode cannot be freed while its new name is undecided.
+                        inode.nlink += 1;
+                        inode.add_name(e.to);
+                        inode.set_ctime(&now);
+                    }
+                    e.inode = Some(inode.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Prepare a new name: a placeholder where it is free, a mark on the file it replaces.
+    fn prepare_name(&self, id: TxnId, e: &mut TxnEffect, tx: &mut Tx<'_>) -> Result<()> {
+        let dir = self.dir(e.parent)?;
+        super::refuse_removing(&dir)?;
+        let who = e.caller_checked.then(|| Who::resolved(e.caller_uid, e.caller_groups.clone()));
+        if let Some(who) = &who {
+            who.check(&dir, MAY_WRITE | MAY_EXEC, "rename")?;
+        }
+        let key = schema::dentry_key(e.parent, &e.name);
+        e.replaced = 0;
+        match self.stored_dentry(e.parent, &e.name)? {
+            None => {
+                let placeholder = Dentry { ino: 0, kind: e.entry_kind, txn: id.key() };
+                tx.batch.put(Cf::Dentries, key, schema::encode(&placeholder));
+            }
+            Some(there) if there.is_pending() => {
+                self.check_free(e.parent, &e.name)?;
+            }
+            Some(there) => {
+                self.refuse_held(&there, &e.name)?;
+                if !e.replace {
+                    return Err(CairnError::new(ErrorKind::Exists, format!("{} exists", quoted(&e.name))));
+                }
+                if there.ino == e.ino {
+                    // Two names of one file: the rename does nothing (POSIX).
+                    e.replaced = there.ino;
+                    return Ok(());
+                }
+                if there.kind == S_IFDIR {
+                    return Err(CairnError::new(
+                        ErrorKind::IsDir,
+                        "rename: a non-directory over a directory",
+                    ));
+                }
+                e.replaced = there.ino;
+                if let Some(who) = who.filter(|w| dir.mode & S_ISVTX != 0 && !w.owns(&dir)) {
+                    if self.holds_ino(there.ino) {
+                        who.check_sticky(&dir, &self.inode(there.ino)?)?;
+                    } else {
+                        // Its owner is known where it is: asked there.
+                        e.replaced_owner_checked = true;
+                        e.replaced_owner = who.uid;
+                    }
+                }
+                let marked = Dentry { ino: there.ino, kind: there.kind, txn: id.key() };
+                tx.batch.put(Cf::Dentries, key, schema::encode(&marked));
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuse to take an entry another change across groups holds (`NotFound`: it is going;
+    /// to a try of this same change sent again, `Unavailable`: its first try is not decided).
+    pub(in crate::namespace) fn refuse_held(&self, entry: &Dentry, name: &[u8]) -> Result<()> {
+        if entry.txn.is_empty() {
+            return Ok(());
+        }
+        if self.is_own_txn(&entry.txn)? {
+            return Err(CairnError::unavailable(format!(
+                "{} is held by an earlier try of this change, across metadata groups, not decided yet: \
+                 try again later",
+                quoted(name)
+            )));
+        }
+        Err(CairnError::new(
+            ErrorKind::Unavailable,
+            format!("{} is being changed across metadata groups: try again", quoted(name)),
+        ))
+    }
+
+    /// Apply (`commit`) or undo prepared `effects` of transaction `id` in `tx`. What another
+    /// step already settled (an entry no longer marked by `id`) is left alone.
+    fn settle_effects(&self, id: TxnId, effects: &[TxnEffect], commit: bool, tx: &mut Tx<'_>) -> Result<()> {
+        let now = cairn_common::time::now();
+        let ours = |e: &TxnEffect| -> Result<Option<Dentry>> {
+            Ok(self.stored_dentry(e.parent, &e.name)?.filter(|d| d.txn == id.key()))
+        };
+        for e in effects {
+            match (e.kind, commit) {
+                (EFFECT_UNNAME | EFFECT_NAME, _) => {
+                    let Some(held) = ours(e)? else { continue };
+                    if !commit {
+                        if held.ino == 0 {
+                            tx.delete_dentry(e.parent, &e.name);
+                        } else {
+                            tx.put_dentry(e.parent, &e.name, held.ino, held.kind);
+                        }
+                        continue;
+                    }
+                    if e.kind == EFFECT_UNNAME {
+                        tx.delete_dentry(e.parent, &e.name);
+                    } else {
+                        if e.entry_kind == 0 {
+                            return Err(CairnError::invalid(format!(
+                                "transaction {id} names {} without its file type",
+                                quoted(&e.name)
+                            )));
+                        }
+                        tx.put_dentry(e.parent, &e.name, e.ino, e.entry_kind);
+                        if e.replaced != 0
+                            && self.holds_ino(e.replaced)
+                            && self.try_inode(e.replaced)?.is_some()
+                        {
+                            tx.drop_link(e.replaced, e.parent, &now)?;
+                        }
+                    }
+                    let dir = tx.get(e.parent)?;
+                    dir.set_mtime(&now);
+                    dir.set_ctime(&now);
+                }
+                (_, _) => {
+                    if self.try_inode(e.ino)?.is_none() {
+                        continue;
+                    }
+                    match (e.delta, commit) {
+                        (1, true) => {}
+                        (1, false) => tx.drop_link(e.ino, e.to, &now)?,
+                        (0, true) => {
+                            let moved = tx.get(e.ino)?;
+                            moved.move_name(e.from, e.to);
+                            moved.set_ctime(&now);
+                        }
+                        (_, true) => tx.drop_link(e.ino, e.from, &now)?,
+                        (_, false) => {}
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ the coordinator's side
+
+    /// Step 1 of a change across groups: prepare this group's `effects` and write the
+    /// `pending` record, in one durable entry. Answers the transaction and the effects as
+    /// prepared (what a name here replaces).
+    pub fn change_begin(&self, mut effects: Vec<TxnEffect>) -> Result<(TxnId, Vec<TxnEffect>)> {
+        self.check_effects(&effects)?;
+        let id = TxnId { group: self.group, seq: self.txn_seqs.next(&self.store)? };
+        let (client, seq) = once::current().unwrap_or((0, 0));
+        let locks = self.effect_locks(id, &effects);
+        self.locked(
+            || locks.clone(),
+            || {
+                let mut tx = self.tx();
+                self.prepare_effects(id, &mut effects, &mut tx)?;
+                let record = TxnRecord {
+                    role: TXN_COORDINATOR,
+                    state: TXN_PENDING,
+                    written_sec: cairn_common::time::now().sec,
+                    op: TXN_CHANGE,
+                    effects: effects.clone(),
+                    client,
+                    seq,
+                    ..Default::default()
+                };
+                Self::put_record(&mut tx.batch, id, &record);
+                tx.batch.set_durable();
+                // Not the client's change yet: its once-record goes with the commit.
+                once::scope(None, || tx.commit())?;
+                Ok((id, effects.clone()))
+            },
+        )
+    }
+
+    /// Step 3, yes: every participant prepared. This group's effects are applied — those
+    /// begun, `named_kind` filling in the file type of a name made here (a link: its inode's
+    /// group said it), and `more`, learned since (a file of this group that a name elsewhere
+    /// replaces), checked now — and the record says `committed` with the participants'
+    /// `groups`, in one entry with the client's once-record: from here the change has happened.
+    pub fn change_commit(
+        &self,
+        id: TxnId,
+        named_kind: u32,
+        mut more: Vec<TxnEffect>,
+        groups: Vec<u32>,
+    ) -> Result<()> {
+        let Some(record) = self.coordinated(id)? else {
+            return Err(CairnError::not_found(format!("no transaction {id} to commit")));
+        };
+        if !more.is_empty() {
+            self.check_effects(&more)?;
+        }
+        let locks: Vec<u64> =
+            self.effect_locks(id, &record.effects).into_iter().chain(self.effect_locks(id, &more)).collect();
+        self.locked(
+            || locks.clone(),
+            || {
+                let Some(mut record) = self.coordinated(id)? else {
+                    return Err(CairnError::not_found(format!("no transaction {id} to commit")));
+                };
+                match record.state {
+                    TXN_COMMITTED => return Ok(()),
+                    TXN_ABORTED => {
+                        return Err(CairnError::new(
+                            ErrorKind::Interrupted,
+                            format!("transaction {id} was aborted (a participant did not answer in time)"),
+                        ))
+                    }
+                    _ => {}
+                }
+                let mut tx = self.tx();
+                self.prepare_effects(id, &mut more, &mut tx)?;
+                for e in record.effects.iter_mut().filter(|e| e.kind == EFFECT_NAME && e.entry_kind == 0) {
+                    e.entry_kind = named_kind;
+                }
+                record.effects.append(&mut more);
+                self.settle_effects(id, &record.effects, true, &mut tx)?;
+                record.state = TXN_COMMITTED;
+                record.written_sec = cairn_common::time::now().sec;
+                record.groups = groups;
+                Self::put_record(&mut tx.batch, id, &record);
+                tx.commit()
+            },
+        )
+    }
+
+    /// Step 3, no, for a change: this group's effects are undone and the record says `aborted`,
+    /// listing the groups `asked` to prepare (told until they acknowledge). Refused for a
+    /// committed transaction; nothing to do for one not here.
+    pub fn change_abort(&self, id: TxnId, asked: &[u32]) -> Result<()> {
+        let Some(record) = self.coordinated(id)? else { return Ok(()) };
+        let locks = self.effect_locks(id, &record.effects);
+        self.locked(
+            || locks.clone(),
+            || {
+                let Some(mut record) = self.coordinated(id)? else { return Ok(()) };
+                match record.state {
+                    TXN_ABORTED => return Ok(()),
+                    TXN_COMMITTED => {
+                        return Err(CairnError::invalid(format!(
+                            "transaction {id} is committed: it cannot abort"
+                        )))
+                    }
+                    _ => {}
+                }
+                let mut tx = self.tx();
+                self.settle_effects(id, &record.effects, false, &mut tx)?;
+                record.state = TXN_ABORTED;
+                record.written_sec = cairn_common::time::now().sec;
+                record.groups = asked.to_vec();
+                Self::put_record(&mut tx.batch, id, &record);
+                once::scope(None, || tx.commit())
+            },
+        )
+    }
+
+    // ------------------------------------------------------------ the participant's side
+
+    /// Step 2 of a change: prepare this group's `effects` in one durable entry with its
+    /// `pending` record, answering them as prepared; a prepare sent again answers the same.
+    pub fn txn_prepare_change(&self, id: TxnId, mut effects: Vec<TxnEffect>) -> Result<Vec<TxnEffect>> {
+        if id.group == self.group {
+            return Err(CairnError::invalid(format!("transaction {id} is this group's own")));
+        }
+        self.check_effects(&effects)?;
+        let locks = self.effect_locks(id, &effects);
+        self.locked(
+            || locks.clone(),
+            || {
+                if let Some(record) = self.txn_record(id)? {
+                    return match (record.role, record.state, record.op) {
+                        (TXN_PARTICIPANT, TXN_PENDING, TXN_CHANGE) => Ok(record.effects),
+                        _ => Err(CairnError::invalid(format!(
+                            "transaction {id} is already recorded here in another state"
+                        ))),
+                    };
+                }
+                let mut tx = self.tx();
+                self.prepare_effects(id, &mut effects, &mut tx)?;
+                let record = TxnRecord {
+                    role: TXN_PARTICIPANT,
+                    state: TXN_PENDING,
+                    peer_group: id.group,
+                    written_sec: cairn_common::time::now().sec,
+                    op: TXN_CHANGE,
+                    effects: effects.clone(),
+                    ..Default::default()
+                };
+                Self::put_record(&mut tx.batch, id, &record);
+                tx.batch.set_durable();
+                once::scope(None, || tx.commit())?;
+                Ok(effects.clone())
+            },
+        )
+    }
+
+    /// Step 4 of a change, on a participant holding `record`: apply or undo its effects and
+    /// forget the record, in one entry.
+    pub(super) fn decide_change(&self, id: TxnId, record: &TxnRecord, commit: bool) -> Result<()> {
+        let mut tx = self.tx();
+        self.settle_effects(id, &record.effects, commit, &mut tx)?;
+        tx.batch.delete(Cf::Txns, id.key());
+        once::scope(None, || tx.commit())
+    }
+
+    /// The locks a decision on `id` takes (its record's effects), read before locking.
+    pub(super) fn decide_locks(&self, id: TxnId) -> Vec<u64> {
+        match self.txn_record(id) {
+            Ok(Some(record)) if record.op == TXN_CHANGE => self.effect_locks(id, &record.effects),
+            _ => Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! Unlink, link and rename of files across metadata groups as the service runs them
+//! (`namespace/txn/change.rs` holds the effects, `exchange.rs` the steps): which requests
+//! need another group, the effects each group takes, the permission checks the coordinator
+//! makes itself and those it sends, and the answers.
+
+use cairn_common::{CairnError, ErrorKind};
+use cairn_proto::{AttrReply, LinkRequest, RemoveReply, RemoveRequest, RenameReply, RenameRequest};
+use tonic::{Request, Status};
+
+use super::{attr_reply, check_ino, dir_after, looked_reply, once_of, MetaService};
+use crate::namespace::txn::{self, Changed};
+use crate::namespace::{once, Looked, RENAME_EXCHANGE, RENAME_NOREPLACE};
+use crate::permissions::Who;
+use crate::schema::{TxnEffect, S_IFDIR};
+
+/// The sticky bit of a directory's mode.
+const S_ISVTX: u32 = 0o1000;
+
+impl MetaService {
+    /// Whether `ino`, an inode a request names besides the one it is routed by (a link's
+    /// inode, a rename's destination directory), is another group's: then the change runs
+    /// across groups. A client limited to a subtree is refused that (`CrossDevice`): where the
+    /// other inode lies is checked from the root, which only group 0 holds.
+    pub(super) fn across<T>(&self, req: &Request<T>, ino: u64) -> Result<bool, Status> {
+        let serving = self.serving()?;
+        let (group, _) = serving.cluster.groups().owner_of(ino);
+        if group == serving.ns.group() {
+            return Ok(false);
+        }
+        if self.rule(req).and_then(|r| r.subtree).is_some_and(|p| p != "/") {
+            return Err(CairnError::new(
+                ErrorKind::CrossDevice,
+                format!(
+                    "inode {ino} is metadata group {group}'s: a change across metadata groups is not \
+                     served to a client limited to a subtree"
+                ),
+            )
+            .into());
+        }
+        Ok(true)
+    }
+
+    /// The uid that must own a file removed from or replaced in directory `dir` by `who`
+    /// (`None`: nobody is checked, or the directory is not sticky, or `who` owns it): the
+    /// sticky rule, checked by the group holding the file.
+    fn sticky_owner(&self, who: Option<&Who>, dir: u64) -> Result<Option<u32>, Status> {
+        let Some(who) = who else { return Ok(None) };
+        let dir = self.read(|ns| ns.getattr(dir))?;
+        Ok((dir.mode & S_ISVTX != 0 && !who.owns(&dir)).then_some(who.uid))
+    }
+
+    /// Run the change of `effects` across groups for `once`: `None` when an earlier try of
+    /// it was done (the caller answers from what it left).
+    async fn change_across(
+        &self,
+        once: Option<(u64, u64)>,
+        effects: Vec<(u32, TxnEffect)>,
+    ) -> Result<Option<Changed>, Status> {
+        if self.done_before(once)? {
+            return Ok(None);
+        }
+        let peers = self.peers()?;
+        let changed = self.run(move |ns| once::scope(once, || txn::change_across(ns, &peers, effects))).await;
+        match changed {
+            Ok(changed) => Ok(Some(changed)),
+            Err(_) if once.is_some() && self.done_before(once)? => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// unlink of `r` when its entry names a file another group holds (`None`: it does not;
+    /// the caller removes it here): the entry goes here, the link there.
+    pub(super) async fn unlink_elsewhere(
+        &self,
+        r: &RemoveRequest,
+        who: Option<&Who>,
+    ) -> Result<Option<RemoveReply>, Status> {
+        let parent = check_ino(r.parent)?;
+        let Ok(Looked::Elsewhere { ino, kind }) = self.read(|ns| ns.lookup_entry(parent, &r.name)) else {
+            return Ok(None);
+        };
+        if kind == S_IFDIR {
+            return Err(CairnError::new(ErrorKind::IsDir, "unlink of a directory").into());
+        }
+        let owner = self.sticky_owner(who, parent)?;
+        let effects = vec![
+            (self.ns()?.group(), txn::unname(parent, &r.name, ino)),
+            (self.group_of(ino)?, txn::relink(ino, -1, (parent, 0), owner)),
+        ];
+        self.change_across(once_of(&r.once), effects).await?;
+        Ok(Some(RemoveReply { parent: self.read(|ns| Ok(dir_after(ns, parent)))? }))
+    }
+
+    /// link of `r`, whose inode another group holds (`r` checked): the name is made here, the
+    /// link counted there. Answers the file as its group left it.
+    pub(super) async fn link_elsewhere(&self, r: LinkRequest) -> Result<AttrReply, Status> {
+        let (ino, parent) = (check_ino(r.ino)?, check_ino(r.new_parent)?);
+        let effects = vec![
+            (self.ns()?.group(), txn::name(parent, &r.new_name, ino, 0, false, None)),
+            (self.group_of(ino)?, txn::relink(ino, 1, (0, parent), None)),
+        ];
+        let after = || self.read(|ns| Ok(dir_after(ns, parent)));
+        match self.change_across(once_of(&r.once), effects).await? {
+            Some(Changed::Done { relinked, .. }) => {
+                let inode = relinked.into_iter().find(|i| i.ino == ino).ok_or_else(|| {
+                    CairnError::internal(format!("the link of inode {ino} came back without it"))
+                })?;
+                Ok(AttrReply { parent: after()?, ..attr_reply(inode) })
+            }
+            // Done by an earlier try: the entry names the file, which its group describes.
+            _ => {
+                let looked = self.read(|ns| ns.lookup_entry(parent, &r.new_name))?;
+                Ok(AttrReply { parent: after()?, ..looked_reply(looked) })
+            }
+        }
+    }
+
+    /// rename of `r` when it needs another group (`None`: it does not; the caller renames
+    /// here): its destination directory is another group's (`dst_across`), or the file it
+    /// moves or replaces is. Directories and exchanges are refused across groups
+    /// (`CrossDevice`: `mv` copies).
+    pub(super) async fn rename_across(
+        &self,
+        r: &RenameRequest,
+        who: Option<&Who>,
+        dst_across: bool,
+    ) -> Result<Option<RenameReply>, Status> {
+        let (parent, new_parent) = (check_ino(r.parent)?, check_ino(r.new_parent)?);
+        let looked = match self.read(|ns| ns.lookup_entry(parent, &r.name)) {
+            Ok(looked) => looked,
+            Err(e) if dst_across => return Err(e),
+            // The local rename answers it.
+            Err(_) => return Ok(None),
+        };
+        let (ino, kind, here) = match looked {
+            Looked::Here(inode) => (inode.ino, inode.kind(), true),
+            Looked::Elsewhere { ino, kind } => (ino, kind, false),
+        };
+        let replaces_elsewhere = !dst_across
+            && matches!(
+                self.read(|ns| ns.lookup_entry(new_parent, &r.new_name)),
+                Ok(Looked::Elsewhere { .. })
+            );
+        if !dst_across && here && !replaces_elsewhere {
+            return Ok(None);
+        }
+        let reply = || {
+            let own_dst = !dst_across;
+            self.read(|ns| {
+                Ok(RenameReply {
+                    parent: dir_after(ns, parent),
+                    new_parent: own_dst.then(|| dir_after(ns, new_parent)).flatten(),
+                })
+            })
+        };
+        if parent == new_parent && r.name == r.new_name {
+            return Ok(Some(reply()?));
+        }
+        if r.flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
+            || r.flags == RENAME_NOREPLACE | RENAME_EXCHANGE
+        {
+            return Err(CairnError::invalid(format!("rename: invalid flags {:#x}", r.flags)).into());
+        }
+        if kind == S_IFDIR || r.flags & RENAME_EXCHANGE != 0 {
+            return Err(CairnError::new(
+                ErrorKind::CrossDevice,
+                format!(
+                    "rename of {} across metadata groups is not built yet (docs/ARCHITECTURE.md, \"Unlink, \
+                     link and rename of files across groups\")",
+                    if kind == S_IFDIR { "a directory" } else { "an exchange" }
+                ),
+            )
+            .into());
+        }
+        if let Some(who) = who {
+            // The source directory is this group's: checked here (the sticky rule too, for a
+            // file of this group); the destination's group checks its own.
+            self.check_remove(who, parent, &r.name, "rename")?;
+        }
+        let owner = if here { None } else { self.sticky_owner(who, parent)? };
+        let effects = vec![
+            (self.ns()?.group(), txn::unname(parent, &r.name, ino)),
+            (
+                self.group_of(new_parent)?,
+                txn::name(new_parent, &r.new_name, ino, kind, r.flags & RENAME_NOREPLACE == 0, who),
+            ),
+            (self.group_of(ino)?, txn::relink(ino, 0, (parent, new_parent), owner)),
+        ];
+        self.change_across(once_of(&r.once), effects).await?;
+        Ok(Some(reply()?))
+    }
+}
