@@ -12,7 +12,7 @@ use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::{eventually, kill9, restart_server, Cluster, KillOnDrop, Mount};
+use support::{cli_on, eventually, fsck_clean, kill9, restart_server, Cluster, KillOnDrop, Mount};
 
 /// `cairn meta status --json` (whatever its exit code).
 fn meta_status(cluster: &Cluster) -> serde_json::Value {
@@ -49,20 +49,6 @@ fn wait_for_leader(cluster: &Cluster) -> u64 {
         found.is_some()
     });
     found.unwrap()
-}
-
-/// Every chunkserver heartbeats to the current leader (a new one hears from them within a
-/// heartbeat or two; until then it counts them down).
-fn healthy(cluster: &Cluster) {
-    eventually(30, "cairn status says HEALTH_OK", || cluster.cli(&["status"]).status.code() == Some(0));
-}
-
-fn fsck_clean(cluster: &Cluster) {
-    healthy(cluster);
-    let out = cluster.cli(&["fsck", "--json"]);
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    assert_eq!(out.status.code(), Some(0), "cairn fsck: {report}");
-    assert_eq!(report["namespace"]["problems"].as_array().map(Vec::len), Some(0), "{report}");
 }
 
 /// SIGSTOP, SIGCONT when dropped (a failing test leaves no stopped process behind).
@@ -295,15 +281,6 @@ fn with_a_majority_of_metaservers_gone_changes_fail_and_resume_when_it_returns()
     assert_eq!(fs::read_to_string(cluster.mnt.join("kept")).unwrap(), "kept");
     assert!(!Path::new(&cluster.mnt.join("no-majority")).exists());
     fsck_clean(&cluster);
-}
-
-/// `cairn <args>` with `--meta` set to `meta`: exit code and output.
-fn cli_on(cluster: &Cluster, meta: &str, args: &[&str]) -> (i32, String) {
-    let mut all = args.to_vec();
-    all.extend(["--meta", meta]);
-    let out = cluster.cli(&all);
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.code().unwrap_or(-1), text)
 }
 
 #[test]

@@ -560,3 +560,27 @@ pub fn free_addr() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().to_string()
 }
+
+/// Every chunkserver heartbeats to the current leader (a new one hears from them within a
+/// heartbeat or two; until then it counts them down).
+pub fn healthy(cluster: &Cluster) {
+    eventually(30, "cairn status says HEALTH_OK", || cluster.cli(&["status"]).status.code() == Some(0));
+}
+
+/// `cairn fsck` finds nothing wrong (once the cluster is healthy).
+pub fn fsck_clean(cluster: &Cluster) {
+    healthy(cluster);
+    let out = cluster.cli(&["fsck", "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert_eq!(out.status.code(), Some(0), "cairn fsck: {report}");
+    assert_eq!(report["namespace"]["problems"].as_array().map(Vec::len), Some(0), "{report}");
+}
+
+/// `cairn <args>` with `--meta` set to `meta`: exit code and output.
+pub fn cli_on(cluster: &Cluster, meta: &str, args: &[&str]) -> (i32, String) {
+    let mut all = args.to_vec();
+    all.extend(["--meta", meta]);
+    let out = cluster.cli(&all);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), text)
+}

@@ -156,6 +156,9 @@ pub struct CheckReport {
     /// Names of files here in directories another metadata group holds, as each file lists
     /// them: (inode, directory), once per name.
     pub away_names: Vec<(u64, u64)>,
+    /// Files a change across groups not finished here is changing (names, link counts): not
+    /// matched across groups until every side has decided.
+    pub changing: Vec<u64>,
 }
 
 impl Namespace {
@@ -214,13 +217,13 @@ impl Namespace {
         for (_, value) in view.scan(Cf::Txns, &[], &[], usize::MAX)? {
             let record: crate::schema::TxnRecord = schema::decode("transaction", &value)?;
             for e in &record.effects {
-                deciding.insert((e.parent, e.name.clone()));
-                changing.extend([e.ino, e.replaced]);
+                changing.extend([e.ino, e.replaced].into_iter().filter(|i| *i != 0));
             }
             if record.role == crate::schema::TXN_COORDINATOR && record.state == crate::schema::TXN_COMMITTED {
                 deciding.insert((record.parent, record.name));
             }
         }
+        report.changing = changing.into_iter().collect();
 
         // Entries: who names whom.
         let mut refs: HashMap<u64, u32> = HashMap::new();
@@ -247,8 +250,11 @@ impl Namespace {
                 if dentry.kind == crate::schema::S_IFDIR {
                     *subdirs.entry(parent).or_default() += 1;
                 }
-                // One being removed, or just made and its decision on its way, is not matched.
-                if !dentry.is_removing() && !deciding.contains(&(parent, name.clone())) {
+                // A directory being removed, or just made and its decision on its way, is not
+                // matched; a file's entry always is (fsck across groups leaves out the files a
+                // change is changing in any group: `changing`).
+                let dir = dentry.kind == crate::schema::S_IFDIR;
+                if !dir || (!dentry.is_removing() && !deciding.contains(&(parent, name.clone()))) {
                     report.remote_entries.push((parent, name, dentry.ino, dentry.kind));
                 }
                 continue;
@@ -302,14 +308,13 @@ impl Namespace {
             }
             // Names in directories other groups hold, as the file lists them: counted in its
             // links, matched with those groups' entries by fsck across groups.
-            let away: Vec<u64> = if inode.names_known() {
+            // (An unlinked file, nlink 0, keeps its last name's directory only as a hint.)
+            let away: Vec<u64> = if inode.names_known() && inode.nlink > 0 {
                 inode.name_dirs().filter(|d| *d != 0 && !self.holds_ino(*d)).collect()
             } else {
                 Vec::new()
             };
-            if !changing.contains(&ino) {
-                report.away_names.extend(away.iter().map(|d| (ino, *d)));
-            }
+            report.away_names.extend(away.iter().map(|d| (ino, *d)));
             let named_anywhere = named + away.len() as u32;
             if named_anywhere == 0 && orphans.contains(&ino) {
                 continue;
@@ -411,7 +416,14 @@ impl Namespace {
                 || {
                     let mut tx = self.tx();
                     let inode = tx.get(*ino)?;
-                    if let Some((first, rest)) = want.split_first() {
+                    // Names in other groups' directories are not this group's to judge: kept.
+                    let away: Vec<u64> = if inode.names_known() {
+                        inode.name_dirs().filter(|d| *d != 0 && !self.holds_ino(*d)).collect()
+                    } else {
+                        Vec::new()
+                    };
+                    let all: Vec<u64> = want.iter().copied().chain(away).collect();
+                    if let Some((first, rest)) = all.split_first() {
                         (inode.parent, inode.links) = (*first, rest.to_vec());
                     }
                     tx.commit()

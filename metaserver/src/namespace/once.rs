@@ -34,17 +34,18 @@ thread_local! {
 }
 
 /// Run `f` with `(client, seq)` to be recorded by the one commit it makes (none: nothing).
-/// The mark is cleared when `f` returns or unwinds, so it never reaches the commit of another
-/// operation on this thread.
+/// When `f` returns or unwinds the mark is put back as it was before — cleared at the top, so
+/// it never reaches the commit of another operation on this thread; an enclosing change's
+/// (a step inside a change across groups that must not record it yet) kept for its commit.
 pub fn scope<T>(once: Option<(u64, u64)>, f: impl FnOnce() -> T) -> T {
-    struct Clear;
-    impl Drop for Clear {
+    struct Restore(Option<(u64, u64)>);
+    impl Drop for Restore {
         fn drop(&mut self) {
-            PENDING.with(|p| p.set(None));
+            PENDING.with(|p| p.set(self.0));
         }
     }
-    PENDING.with(|p| p.set(once.filter(|(client, _)| *client != 0)));
-    let _clear = Clear;
+    let before = PENDING.with(|p| p.replace(once.filter(|(client, _)| *client != 0)));
+    let _restore = Restore(before);
     f()
 }
 

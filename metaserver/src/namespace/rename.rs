@@ -105,15 +105,19 @@ impl Namespace {
             ));
         }
         let dst = self.dentry(new_parent, new_name)?;
+        if parent == new_parent && name == new_name {
+            return Ok(());
+        }
+        if dst.as_ref().is_some_and(|d| d.ino == src.ino) && flags & RENAME_NOREPLACE == 0 {
+            // Two names of one file (or itself): nothing to do, whatever holds them.
+            return Ok(());
+        }
         self.refuse_held(&src, name)?;
         if let Some(dst) = &dst {
             self.refuse_held(dst, new_name)?;
         }
         for entry in [Some(&src), dst.as_ref()].into_iter().flatten() {
             self.refuse_elsewhere(entry.ino, "renaming")?;
-        }
-        if parent == new_parent && name == new_name {
-            return Ok(());
         }
         if flags & RENAME_NOREPLACE != 0 && dst.is_some() {
             return Err(CairnError::new(ErrorKind::Exists, "rename: the target exists"));

@@ -186,15 +186,22 @@ fn a_change_holds_its_names_until_decided() {
     let plan = rename_plan(&pair, (ROOT_INO, "f"), f.ino, (d, "g"));
     let own: Vec<TxnEffect> = plan.iter().filter(|(g, _)| *g == 0).map(|(_, e)| e.clone()).collect();
     let theirs: Vec<TxnEffect> = plan.iter().filter(|(g, _)| *g == GROUP).map(|(_, e)| e.clone()).collect();
-    let (id, _) = once::scope(Some((9, 1)), || pair.g0.change_begin(own.clone())).unwrap();
+    let (id, _) = once::scope(Some((9, 1)), || pair.g0.change_begin(own.clone(), &[GROUP])).unwrap();
     pair.g3.txn_prepare_change(id, theirs.clone()).unwrap();
     assert!(matches!(pair.g0.lookup_entry(ROOT_INO, b"f").unwrap(), Looked::Here(_)));
     assert_eq!(kind(pair.g0.unlink(ROOT_INO, b"f")), ErrorKind::Unavailable);
     assert_eq!(kind(pair.g0.rename(ROOT_INO, b"f", ROOT_INO, b"f2", 0)), ErrorKind::Unavailable);
-    let again = once::scope(Some((9, 1)), || pair.g0.change_begin(own.clone()));
+    let again = once::scope(Some((9, 1)), || pair.g0.change_begin(own.clone(), &[GROUP]));
     assert_eq!(kind(again), ErrorKind::Unavailable);
     assert_eq!(kind(pair.g3.lookup_entry(d, b"g")), ErrorKind::NotFound);
     assert_eq!(kind(pair.g3.create(&new(d, "g", S_IFREG | 0o644), 0, true)), ErrorKind::Exists);
+    // Another change naming it meanwhile is told to try again (the name is free if this one
+    // aborts).
+    let (other, _) = pair.g0.change_begin(vec![txn::unname(ROOT_INO, b"d", d)], &[GROUP]).unwrap();
+    let taken = pair.g3.txn_prepare_change(other, vec![txn::name(d, b"g", d, S_IFREG, true, None)]);
+    assert_eq!(kind(taken), ErrorKind::Unavailable);
+    pair.g0.change_abort(other, &[]).unwrap();
+    pair.g0.txn_forget(other).unwrap();
     // A prepare sent again answers the same.
     assert_eq!(pair.g3.txn_prepare_change(id, theirs).unwrap()[0].replaced, 0);
 
@@ -217,7 +224,7 @@ fn a_change_recovers_from_a_crash_after_any_step() {
         let own: Vec<TxnEffect> = plan.iter().filter(|(g, _)| *g == 0).map(|(_, e)| e.clone()).collect();
         let theirs: Vec<TxnEffect> =
             plan.iter().filter(|(g, _)| *g == GROUP).map(|(_, e)| e.clone()).collect();
-        let (id, _) = pair.g0.change_begin(own).unwrap();
+        let (id, _) = pair.g0.change_begin(own, &[GROUP]).unwrap();
         if step >= 2 {
             pair.g3.txn_prepare_change(id, theirs).unwrap();
         }
@@ -265,4 +272,24 @@ fn a_lost_prepare_of_a_link_gives_the_count_back() {
     no_txns(&pair);
     assert_eq!(pair.g0.getattr(f.ino).unwrap().nlink, 1);
     assert!(pair.g0.check(false).unwrap().problems.is_empty());
+}
+
+/// The client's once-record goes with the coordinator's commit (so a try sent again after it
+/// is answered from it), not with the begin nor with a change that aborted.
+#[test]
+fn a_change_records_its_client_try_with_its_commit() {
+    let pair = Pair::new();
+    let (d, f) = setup(&pair);
+    let plan = rename_plan(&pair, (ROOT_INO, "f"), f.ino, (d, "g"));
+    let own: Vec<TxnEffect> = plan.iter().filter(|(g, _)| *g == 0).map(|(_, e)| e.clone()).collect();
+    let (id, _) = once::scope(Some((5, 1)), || pair.g0.change_begin(own, &[GROUP])).unwrap();
+    assert!(!pair.g0.once_done(5, 1).unwrap(), "begun, not done");
+    pair.g0.change_abort(id, &[]).unwrap();
+    pair.g0.txn_forget(id).unwrap();
+    let refused = once::scope(Some((5, 2)), || rename(&pair, (ROOT_INO, "nothing"), f.ino, (d, "g")));
+    assert_eq!(kind(refused), ErrorKind::NotFound);
+    assert!(!pair.g0.once_done(5, 2).unwrap());
+    once::scope(Some((5, 3)), || rename(&pair, (ROOT_INO, "f"), f.ino, (d, "g"))).unwrap();
+    assert!(pair.g0.once_done(5, 3).unwrap(), "recorded with the commit");
+    assert!(!pair.g3.once_done(5, 3).unwrap(), "a participant records none");
 }

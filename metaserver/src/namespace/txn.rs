@@ -376,7 +376,7 @@ impl Namespace {
     pub fn txn_abort(&self, id: TxnId) -> Result<()> {
         let Some(record) = self.coordinated(id)? else { return Ok(()) };
         if record.op == TXN_CHANGE {
-            // The groups it asked are not known here: they ask how it ended (`TxnOutcome`).
+            // Those it planned to ask are told; one it learned of later asks how it ended.
             return self.change_abort(id, &record.groups);
         }
         self.locked(

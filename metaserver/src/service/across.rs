@@ -126,6 +126,19 @@ impl MetaService {
         dst_across: bool,
     ) -> Result<Option<RenameReply>, Status> {
         let (parent, new_parent) = (check_ino(r.parent)?, check_ino(r.new_parent)?);
+        let reply = || {
+            let own_dst = !dst_across;
+            self.read(|ns| {
+                Ok(RenameReply {
+                    parent: dir_after(ns, parent),
+                    new_parent: own_dst.then(|| dir_after(ns, new_parent)).flatten(),
+                })
+            })
+        };
+        // A try sent again after its first was done (the source is gone by now).
+        if self.done_before(once_of(&r.once))? {
+            return Ok(Some(reply()?));
+        }
         let looked = match self.read(|ns| ns.lookup_entry(parent, &r.name)) {
             Ok(looked) => looked,
             Err(e) if dst_across => return Err(e),
@@ -136,23 +149,24 @@ impl MetaService {
             Looked::Here(inode) => (inode.ino, inode.kind(), true),
             Looked::Elsewhere { ino, kind } => (ino, kind, false),
         };
-        let replaces_elsewhere = !dst_across
-            && matches!(
-                self.read(|ns| ns.lookup_entry(new_parent, &r.new_name)),
-                Ok(Looked::Elsewhere { .. })
-            );
+        let replaced =
+            if dst_across { None } else { self.read(|ns| ns.lookup_entry(new_parent, &r.new_name)).ok() };
+        let replaces_elsewhere = match replaced {
+            Some(Looked::Elsewhere { kind: there, .. }) => {
+                if kind == S_IFDIR && there != S_IFDIR && r.flags & RENAME_EXCHANGE == 0 {
+                    return Err(CairnError::new(
+                        ErrorKind::NotDir,
+                        "rename: a directory over a non-directory",
+                    )
+                    .into());
+                }
+                true
+            }
+            _ => false,
+        };
         if !dst_across && here && !replaces_elsewhere {
             return Ok(None);
         }
-        let reply = || {
-            let own_dst = !dst_across;
-            self.read(|ns| {
-                Ok(RenameReply {
-                    parent: dir_after(ns, parent),
-                    new_parent: own_dst.then(|| dir_after(ns, new_parent)).flatten(),
-                })
-            })
-        };
         if parent == new_parent && r.name == r.new_name {
             return Ok(Some(reply()?));
         }

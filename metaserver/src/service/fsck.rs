@@ -31,6 +31,7 @@ fn reply_of(report: crate::namespace::CheckReport, more: Vec<String>) -> CheckNa
             .collect(),
         away_dirs: report.away_dirs.into_iter().map(|(ino, parent)| AwayDir { ino, parent }).collect(),
         away_names: report.away_names.into_iter().map(|(ino, dir)| AwayName { ino, dir }).collect(),
+        changing: report.changing,
     }
 }
 
@@ -49,16 +50,20 @@ pub(crate) fn unmatched(
     }
     // Each file's names in other groups' directories, as the file lists them: (inode,
     // directory) → how many.
+    // Files a change not finished in some group is changing are not judged.
+    let changing: std::collections::BTreeSet<u64> =
+        checked.values().flat_map(|r| r.changing.iter().copied()).collect();
     let mut owed: BTreeMap<(u64, u64), (u32, usize)> = BTreeMap::new();
     for (group, reply) in checked {
-        for name in &reply.away_names {
+        for name in reply.away_names.iter().filter(|n| !changing.contains(&n.ino)) {
             owed.entry((name.ino, name.dir)).or_insert((*group, 0)).1 += 1;
         }
     }
     let mut named: BTreeMap<u64, u64> = BTreeMap::new();
     let mut problems = Vec::new();
     for (group, reply) in checked {
-        for entry in reply.remote_entries.iter().filter(|e| e.kind != 0 && e.kind != S_IFDIR) {
+        let files = reply.remote_entries.iter().filter(|e| e.kind != 0 && e.kind != S_IFDIR);
+        for entry in files.filter(|e| !changing.contains(&e.ino)) {
             let there = owner(entry.ino);
             match owed.get_mut(&(entry.ino, entry.parent)) {
                 Some((_, n)) if *n > 0 => *n -= 1,
@@ -150,6 +155,7 @@ impl MetaService {
             total.remote_entries.clear();
             total.away_dirs.clear();
             total.away_names.clear();
+            total.changing.clear();
             return Ok(total);
         }
         let mut checked = BTreeMap::new();
@@ -170,6 +176,7 @@ impl MetaService {
             remote_entries: std::mem::take(&mut total.remote_entries),
             away_dirs: std::mem::take(&mut total.away_dirs),
             away_names: std::mem::take(&mut total.away_names),
+            changing: std::mem::take(&mut total.changing),
             ..Default::default()
         };
         checked.insert(0, own);
@@ -272,7 +279,11 @@ mod tests {
         assert_eq!(problems.len(), 2, "{problems:#?}");
         assert!(problems[0].contains("\"lost\"") && problems[0].contains("names file 23"), "{problems:#?}");
         assert!(problems[1].starts_with(&format!("file {h} ")), "{problems:#?}");
+        // A change not finished in group 1 is changing file 23 and h: neither is judged.
+        checked.get_mut(&1).unwrap().changing = vec![23, h];
+        assert!(unmatched(&checked, owner).is_empty());
         // Group 0 did not answer: its files' entries are not blamed.
+        checked.get_mut(&1).unwrap().changing.clear();
         checked.remove(&0);
         assert!(unmatched(&checked, owner).is_empty());
     }

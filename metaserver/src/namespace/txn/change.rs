@@ -155,6 +155,17 @@ impl Namespace {
                             ),
                         ));
                     }
+                    if e.delta >= 0 && !inode.names_known() {
+                        // Its names' directories are not listed (a file from before they were), so
+                        // a name in another group could not be counted where fsck finds it.
+                        return Err(CairnError::new(
+                            ErrorKind::CrossDevice,
+                            format!(
+                                "inode {} does not list the directories of its names: it is not named                                  across metadata groups",
+                                inode.ino
+                            ),
+                        ));
+                    }
                     if e.delta > 0 {
                         if inode.nlink == u32::MAX {
                             return Err(CairnError::new(ErrorKind::TooBig, "too many links"));
@@ -187,7 +198,13 @@ impl Namespace {
                 tx.batch.put(Cf::Dentries, key, schema::encode(&placeholder));
             }
             Some(there) if there.is_pending() => {
-                self.check_free(e.parent, &e.name)?;
+                // Another change's new name, not decided: free again if it aborts.
+                self.check_free(e.parent, &e.name).map_err(|_| {
+                    CairnError::unavailable(format!(
+                        "{} is being made by another change across metadata groups: try again",
+                        quoted(&e.name)
+                    ))
+                })?;
             }
             Some(there) => {
                 self.refuse_held(&there, &e.name)?;
@@ -305,9 +322,14 @@ impl Namespace {
     // ------------------------------------------------------------ the coordinator's side
 
     /// Step 1 of a change across groups: prepare this group's `effects` and write the
-    /// `pending` record, in one durable entry. Answers the transaction and the effects as
-    /// prepared (what a name here replaces).
-    pub fn change_begin(&self, mut effects: Vec<TxnEffect>) -> Result<(TxnId, Vec<TxnEffect>)> {
+    /// `pending` record, naming the `planned` participants (told at once should the change be
+    /// aborted, even by a later leader), in one durable entry. Answers the transaction and the
+    /// effects as prepared (what a name here replaces).
+    pub fn change_begin(
+        &self,
+        mut effects: Vec<TxnEffect>,
+        planned: &[u32],
+    ) -> Result<(TxnId, Vec<TxnEffect>)> {
         self.check_effects(&effects)?;
         let id = TxnId { group: self.group, seq: self.txn_seqs.next(&self.store)? };
         let (client, seq) = once::current().unwrap_or((0, 0));
@@ -325,6 +347,7 @@ impl Namespace {
                     effects: effects.clone(),
                     client,
                     seq,
+                    groups: planned.to_vec(),
                     ..Default::default()
                 };
                 Self::put_record(&mut tx.batch, id, &record);
@@ -389,8 +412,8 @@ impl Namespace {
     }
 
     /// Step 3, no, for a change: this group's effects are undone and the record says `aborted`,
-    /// listing the groups `asked` to prepare (told until they acknowledge). Refused for a
-    /// committed transaction; nothing to do for one not here.
+    /// listing the groups planned and `asked` to prepare (told until they acknowledge). Refused
+    /// for a committed transaction; nothing to do for one not here.
     pub fn change_abort(&self, id: TxnId, asked: &[u32]) -> Result<()> {
         let Some(record) = self.coordinated(id)? else { return Ok(()) };
         let locks = self.effect_locks(id, &record.effects);
@@ -411,7 +434,11 @@ impl Namespace {
                 self.settle_effects(id, &record.effects, false, &mut tx)?;
                 record.state = TXN_ABORTED;
                 record.written_sec = cairn_common::time::now().sec;
-                record.groups = asked.to_vec();
+                for group in asked {
+                    if !record.groups.contains(group) {
+                        record.groups.push(*group);
+                    }
+                }
                 Self::put_record(&mut tx.batch, id, &record);
                 once::scope(None, || tx.commit())
             },
@@ -453,6 +480,7 @@ impl Namespace {
                 Self::put_record(&mut tx.batch, id, &record);
                 tx.batch.set_durable();
                 once::scope(None, || tx.commit())?;
+                super::exchange::crash_point("change-participant-prepared");
                 Ok(effects.clone())
             },
         )
@@ -464,7 +492,9 @@ impl Namespace {
         let mut tx = self.tx();
         self.settle_effects(id, &record.effects, commit, &mut tx)?;
         tx.batch.delete(Cf::Txns, id.key());
-        once::scope(None, || tx.commit())
+        once::scope(None, || tx.commit())?;
+        super::exchange::crash_point("change-participant-decided");
+        Ok(())
     }
 
     /// The locks a decision on `id` takes (its record's effects), read before locking.

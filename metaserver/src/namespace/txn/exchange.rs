@@ -54,7 +54,8 @@ pub fn change_across(ns: &Namespace, peers: &dyn Peers, effects: Vec<(u32, TxnEf
     }
     // The group making a name goes first.
     others.sort_by_key(|(_, effects)| !effects.iter().any(|e| e.kind == EFFECT_NAME));
-    let (id, own) = ns.change_begin(own)?;
+    let planned: Vec<u32> = others.iter().map(|(g, _)| *g).collect();
+    let (id, own) = ns.change_begin(own, &planned)?;
     let mut more = Vec::new();
     if let Some(named) = own.iter().find(|e| e.kind == EFFECT_NAME) {
         if named.replaced == named.ino {
@@ -62,7 +63,7 @@ pub fn change_across(ns: &Namespace, peers: &dyn Peers, effects: Vec<(u32, TxnEf
         }
         replaced_elsewhere(ns, peers, named, &mut others, &mut more);
     }
-    crash_point("txn-begun");
+    crash_point("change-begun");
     let mut asked = Vec::new();
     let mut relinked = Vec::new();
     let mut named_kind = 0;
@@ -73,7 +74,7 @@ pub fn change_across(ns: &Namespace, peers: &dyn Peers, effects: Vec<(u32, TxnEf
         asked.push(group);
         let prepared = match peers.prepare_change(group, id, &effects) {
             Ok(prepared) => prepared,
-            Err(e) => return Err(abort_change(ns, peers, id, &asked, e)),
+            Err(e) => return Err(abort_change(ns, peers, id, &asked, answer_of(e))),
         };
         for e in &prepared {
             if e.kind == EFFECT_NAME {
@@ -90,11 +91,22 @@ pub fn change_across(ns: &Namespace, peers: &dyn Peers, effects: Vec<(u32, TxnEf
             }
         }
     }
-    crash_point("txn-prepared");
+    crash_point("change-prepared");
     if let Err(e) = ns.change_commit(id, named_kind, more, asked.clone()) {
-        return Err(abort_change(ns, peers, id, &asked, e));
+        // Its entry landed though its answer did not: the change happened.
+        let committed = matches!(ns.txn_record(id), Ok(Some(TxnRecord { state: TXN_COMMITTED, .. })));
+        if !committed {
+            // Aborted (and maybe forgotten) under it by recovery: the client may try again.
+            let e = match e.kind() {
+                ErrorKind::NotFound | ErrorKind::Interrupted => CairnError::unavailable(format!(
+                    "transaction {id} was given up while it was being committed: try again ({e})"
+                )),
+                _ => e,
+            };
+            return Err(abort_change(ns, peers, id, &asked, e));
+        }
     }
-    crash_point("txn-committed");
+    crash_point("change-committed");
     let acknowledged = (0..3).any(|attempt| {
         if attempt > 0 {
             std::thread::sleep(std::time::Duration::from_millis(200));
@@ -153,6 +165,18 @@ fn abort_change(
     error
 }
 
+/// What a participant's failed prepare answers the client: the namespace's refusal as it is
+/// (the name exists, the caller may not, ...); anything else — no leader, a lost connection, a
+/// leader that died while answering — `Unavailable`, which the mount tries again.
+fn answer_of(e: CairnError) -> CairnError {
+    use ErrorKind::*;
+    match e.kind() {
+        NotFound | Exists | NotDir | IsDir | NotEmpty | InvalidArgument | NameTooLong | NoSpace
+        | PermissionDenied | NotPermitted | TooBig | CrossDevice | ReadOnly | Unavailable => e,
+        _ => CairnError::unavailable(format!("another metadata group did not prepare its part: {e}")),
+    }
+}
+
 /// The change turned out to do nothing: undone everywhere it was prepared.
 fn nothing(ns: &Namespace, peers: &dyn Peers, id: TxnId, asked: &[u32]) -> Result<Changed> {
     ns.change_abort(id, asked)?;
@@ -160,14 +184,24 @@ fn nothing(ns: &Namespace, peers: &dyn Peers, id: TxnId, asked: &[u32]) -> Resul
     Ok(Changed::Nothing)
 }
 
-/// Send the decision of `id` to each of `groups`; forget the record once all acknowledged.
-fn tell_all(ns: &Namespace, peers: &dyn Peers, id: TxnId, groups: &[u32], commit: bool) -> bool {
-    let told = groups.iter().filter(|&&group| {
-        peers.decide(group, id, commit).map_err(|e| {
+/// Send the decision of `id` to each of `groups`: those that did not take it.
+fn tell_groups(peers: &dyn Peers, id: TxnId, groups: &[u32], commit: bool) -> Vec<u32> {
+    let failed = |group: &&u32| {
+        peers.decide(**group, id, commit).map_err(|e| {
             tracing::info!("transaction {id}: metadata group {group} has not taken the decision yet ({e}); recovery sends it again");
         }).is_err()
-    }).count() == 0;
-    match told.then(|| ns.txn_forget(id)) {
+    };
+    groups.iter().filter(failed).copied().collect()
+}
+
+/// Send the decision of `id` to each of `groups`; forget the record once all acknowledged.
+fn tell_all(ns: &Namespace, peers: &dyn Peers, id: TxnId, groups: &[u32], commit: bool) -> bool {
+    forget_if(ns, id, tell_groups(peers, id, groups, commit).is_empty())
+}
+
+/// Forget the coordinator's record of `id` when every participant `acknowledged`.
+fn forget_if(ns: &Namespace, id: TxnId, acknowledged: bool) -> bool {
+    match acknowledged.then(|| ns.txn_forget(id)) {
         Some(Ok(())) => true,
         Some(Err(e)) => {
             tracing::info!("transaction {id}: its record stays ({e})");
@@ -246,11 +280,14 @@ fn run(ns: &Namespace, peers: &dyn Peers, prepare: &Prepare, group: u32) -> Resu
     Ok(Made { acknowledged, inode })
 }
 
-/// Kill this process at `step` of a transaction it coordinates, once, when the crash tests ask
-/// for it: `CAIRN_CRASH_AT` names the step (`txn-begun`, `txn-prepared`, `txn-committed`) and
+/// Kill this process at `step` of a transaction, once, when the crash tests ask for it:
+/// `CAIRN_CRASH_AT` names the step — of a mkdir or rmdir's coordinator `txn-begun`,
+/// `txn-prepared`, `txn-committed`; of a change's `change-begun`, `change-prepared`,
+/// `change-committed`, and of its participant `change-participant-prepared` (its record
+/// written, not answered) and `change-participant-decided` (applied, not answered) — and
 /// `CAIRN_CRASH_ONCE` a file that must not exist yet (made here, so only one process of a
 /// cluster started with both dies, and only once).
-fn crash_point(step: &str) {
+pub(super) fn crash_point(step: &str) {
     if std::env::var("CAIRN_CRASH_AT").ok().as_deref() != Some(step) {
         return;
     }
@@ -285,14 +322,20 @@ pub fn recover(ns: &Namespace, peers: &dyn Peers, stale_secs: i64) -> Result<usi
     let mut silent = std::collections::BTreeSet::new();
     for (id, record) in ns.txns()? {
         let stale = now.saturating_sub(record.written_sec) >= stale_secs;
-        let peer = match (record.role, record.op) {
-            (TXN_PARTICIPANT, _) => id.group,
-            // A change's coordinator tells several groups: none is skipped for it.
-            (_, TXN_CHANGE) => u32::MAX,
-            _ => record.peer_group,
-        };
+        let peer = if record.role == TXN_PARTICIPANT { id.group } else { record.peer_group };
         // A coordinator's pending transaction of an earlier leadership: nobody waits on it.
         let earlier = record.role == TXN_COORDINATOR && id.seq < ns.txn_first_seq;
+        if record.role == TXN_COORDINATOR && record.op == TXN_CHANGE {
+            match recover_change(ns, peers, id, &record, stale || earlier, &mut silent) {
+                Ok(true) => {}
+                Ok(false) => left += 1,
+                Err(e) => {
+                    left += 1;
+                    tracing::warn!("transaction {id} across metadata groups: {e}");
+                }
+            }
+            continue;
+        }
         let done = if silent.contains(&peer) {
             // Aborting needs no answer: the name is given back now, the telling waits.
             if record.role == TXN_COORDINATOR && record.state == TXN_PENDING && (stale || earlier) {
@@ -317,6 +360,37 @@ pub fn recover(ns: &Namespace, peers: &dyn Peers, stale_secs: i64) -> Result<usi
         }
     }
     Ok(left)
+}
+
+/// Recovery of a change this group coordinates (see [`recover`]): aborted when `abandoned`
+/// and still pending, its decision sent to each participant not in `silent` (those that do not
+/// answer join it). Answers whether it is finished.
+fn recover_change(
+    ns: &Namespace,
+    peers: &dyn Peers,
+    id: TxnId,
+    record: &TxnRecord,
+    abandoned: bool,
+    silent: &mut std::collections::BTreeSet<u32>,
+) -> Result<bool> {
+    if record.state == TXN_PENDING {
+        if !abandoned {
+            return Ok(false);
+        }
+        // Aborting needs no answer: the names are given back now. An error is fine where the
+        // change committed meanwhile (its coordinator was still running): that is delivered.
+        if let Err(e) = ns.txn_abort(id) {
+            if !matches!(ns.txn_record(id)?, Some(TxnRecord { state: TXN_COMMITTED, .. })) {
+                return Err(e);
+            }
+        }
+    }
+    let Some(record) = ns.txn_record(id)? else { return Ok(true) };
+    let (reachable, skipped): (Vec<u32>, Vec<u32>) = record.groups.iter().partition(|g| !silent.contains(*g));
+    let failed = tell_groups(peers, id, &reachable, record.state == TXN_COMMITTED);
+    let acknowledged = failed.is_empty() && skipped.is_empty();
+    silent.extend(failed);
+    Ok(forget_if(ns, id, acknowledged))
 }
 
 /// How one transaction's recovery went.
@@ -351,25 +425,15 @@ fn finish_one(
             if let Err(e) = ns.txn_abort(id) {
                 // Committed meanwhile (its mkdir was still running): deliver that instead.
                 return match ns.txn_record(id)? {
-                    Some(r @ TxnRecord { state: TXN_COMMITTED, .. }) if r.op == TXN_CHANGE => {
-                        Ok(told(tell_all(ns, peers, id, &r.groups, true)))
-                    }
                     Some(TxnRecord { state: TXN_COMMITTED, .. }) => {
                         Ok(told(tell(ns, peers, id, group, true)))
                     }
                     _ => Err(e),
                 };
             }
-            if record.op == TXN_CHANGE {
-                // The groups it asked ask how it ended once their records are old.
-                return Ok(told(tell_all(ns, peers, id, &[], false)));
-            }
             Ok(told(tell(ns, peers, id, group, false)))
         }
         (TXN_COORDINATOR, TXN_PENDING) => Ok(Finished::Waiting),
-        (TXN_COORDINATOR, state) if record.op == TXN_CHANGE => {
-            Ok(told(tell_all(ns, peers, id, &record.groups, state == TXN_COMMITTED)))
-        }
         (TXN_COORDINATOR, state) => Ok(told(tell(ns, peers, id, group, state == TXN_COMMITTED))),
         (TXN_PARTICIPANT, _) if !abandoned => Ok(Finished::Waiting),
         (TXN_PARTICIPANT, _) => {

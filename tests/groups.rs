@@ -1,0 +1,145 @@
+//! Changes across metadata groups under `kill -9` (`cairn up --meta-groups 2`, directories
+//! spread over both groups): a rename and a link whose names and files are in different
+//! groups, with the leader of the coordinating group, then of the participating one, killed
+//! at each step of the two-phase commit (`CAIRN_CRASH_AT`). Afterwards the change happened
+//! entirely or not at all, the mount still serves every file, and fsck across groups is
+//! clean. The steps' effects without processes are `metaserver/src/namespace/tests_change.rs`.
+
+mod support;
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use support::{cli_on, eventually, fsck_clean, restart_server, Cluster, KillOnDrop};
+
+/// A cluster of two groups, half the slots group 1's and directories spread, whose
+/// metaservers kill themselves at `step` (once, the first to reach it); with a directory of
+/// group 0 and one of group 1 under the root.
+struct Split {
+    cluster: Cluster,
+    crashed: PathBuf,
+    _crash: tempfile::TempDir,
+    zero: PathBuf,
+    one: PathBuf,
+}
+
+impl Split {
+    fn start(step: &str) -> Split {
+        let crash = tempfile::tempdir().unwrap();
+        let crashed = crash.path().join("crashed");
+        let env = [("CAIRN_CRASH_AT", step), ("CAIRN_CRASH_ONCE", crashed.to_str().unwrap())];
+        let cluster = Cluster::start_env(6, "4+2", 64, &["--meta-replicas", "3", "--meta-groups", "2"], &env);
+        for args in [&["meta", "groups", "move", "1-2047", "1"][..], &["meta", "groups", "spread", "on"]] {
+            let (code, out) = cli_on(&cluster, &cluster.meta_addr, args);
+            assert_eq!(code, 0, "{out}");
+        }
+        eventually(20, "group 1's leader holds the map that spreads directories", || {
+            let (_, map) = support::cli_json(&cluster, &["meta", "groups"]);
+            map["groups"].as_array().is_some_and(|g| g.iter().all(|g| g["map_version"] == map["version"]))
+        });
+        let (mut zero, mut one) = (None, None);
+        for i in 0..64 {
+            let dir = cluster.mnt.join(format!("d{i}"));
+            fs::create_dir(&dir).unwrap();
+            let slot = fs::metadata(&dir).unwrap().ino() >> 52;
+            if slot == 0 {
+                zero.get_or_insert(dir);
+            } else {
+                one.get_or_insert(dir);
+            }
+            if zero.is_some() && one.is_some() {
+                break;
+            }
+        }
+        let (zero, one) = (zero.expect("a directory of group 0"), one.expect("a directory of group 1"));
+        Split { cluster, crashed, _crash: crash, zero, one }
+    }
+
+    /// The metaserver that killed itself, started again as an operator would.
+    fn restart_crashed(&self) -> KillOnDrop {
+        eventually(30, "a metaserver reached the crash point", || self.crashed.exists());
+        let alive = |pid: u32| {
+            fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| !s.contains("State:\tZ"))
+        };
+        let mut dead: Vec<String> = Vec::new();
+        eventually(10, "the metaserver that crashed is gone", || {
+            dead = self
+                .cluster
+                .nodes
+                .iter()
+                .filter(|n| n.role == "meta" && !alive(n.pid))
+                .map(|n| n.id.clone())
+                .collect();
+            dead.len() == 1
+        });
+        KillOnDrop(Some(restart_server(&self.cluster, "meta", &format!("meta-{}", dead[0]))))
+    }
+}
+
+fn exists(p: &Path) -> bool {
+    fs::symlink_metadata(p).is_ok()
+}
+
+/// A rename out of a group 1 directory into a group 0 one, with group 1's leader (the
+/// coordinator) killed after each of its steps: the mount's retry succeeds (answered from the
+/// first try where that committed), and exactly one of the two names holds the file, with its
+/// bytes and number.
+#[test]
+fn a_rename_across_groups_survives_its_coordinators_crash_at_each_step() {
+    for step in ["change-begun", "change-prepared", "change-committed"] {
+        let split = Split::start(step);
+        let (from, to) = (split.one.join("f"), split.zero.join("f"));
+        fs::write(&from, step).unwrap();
+        let ino = fs::metadata(&from).unwrap().ino();
+        let renamed = fs::rename(&from, &to);
+        let _back = split.restart_crashed();
+        eventually(60, "the rename is decided on both sides", || {
+            let cluster = &split.cluster;
+            exists(&from) != exists(&to) && cluster.cli(&["fsck"]).status.code() == Some(0)
+        });
+        let now = if exists(&to) { &to } else { &from };
+        assert_eq!(
+            (fs::read_to_string(now).unwrap(), fs::metadata(now).unwrap().ino()),
+            (step.to_string(), ino)
+        );
+        // The mount rides through the coordinator's failover: no error reaches the caller.
+        assert!(renamed.is_ok(), "{step}: {renamed:?}");
+        assert!(exists(&to), "{step}: the rename answered success, so it happened");
+        println!("{step}: rename {renamed:?}, the file is at {now:?}");
+        fsck_clean(&split.cluster);
+    }
+}
+
+/// A link of a group 0 file into a group 1 directory, with group 0's leader (the participant,
+/// which counts the link) killed after its prepare and after its decision: afterwards the new
+/// name is there with a link count of 2 (the mount's retry finds the link done, or makes it).
+#[test]
+fn a_link_across_groups_survives_its_participants_crash_at_each_step() {
+    for step in ["change-participant-prepared", "change-participant-decided"] {
+        let split = Split::start(step);
+        let (file, link) = (split.zero.join("g"), split.one.join("g"));
+        fs::write(&file, step).unwrap();
+        let linked = fs::hard_link(&file, &link);
+        let _back = split.restart_crashed();
+        eventually(60, "the link is decided on both sides", || {
+            let nlink = fs::metadata(&file).map(|m| m.nlink()).unwrap_or(0);
+            nlink == if exists(&link) { 2 } else { 1 }
+                && split.cluster.cli(&["fsck"]).status.code() == Some(0)
+        });
+        if exists(&link) {
+            assert_eq!(fs::read_to_string(&link).unwrap(), step);
+            assert_eq!(fs::metadata(&link).unwrap().ino(), fs::metadata(&file).unwrap().ino());
+        }
+        // The mount rides through the participant's failover: no error reaches the caller.
+        assert!(linked.is_ok(), "{step}: {linked:?}");
+        assert!(exists(&link), "{step}: the link answered success, so it happened");
+        println!("{step}: link {linked:?}, the name is {}", if exists(&link) { "there" } else { "absent" });
+        // The file goes with its last name, wherever it is.
+        fs::remove_file(&file).unwrap();
+        if exists(&link) {
+            fs::remove_file(&link).unwrap();
+        }
+        fsck_clean(&split.cluster);
+    }
+}
