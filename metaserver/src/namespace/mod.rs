@@ -108,6 +108,9 @@ pub struct Namespace {
     txn_seqs: Arc<inos::Inos>,
     /// The first of them this opening hands out (`txn::recover`).
     txn_first_seq: u64,
+    /// When this opening began (seconds since 1970): a participant's record written before
+    /// was prepared under an earlier leader, whose decision may be waiting (`txn::recover`).
+    opened_sec: i64,
 }
 
 /// How long a client that stopped heartbeating keeps its open files and locks.
@@ -287,6 +290,7 @@ impl Namespace {
             group: 0,
             txn_seqs,
             txn_first_seq,
+            opened_sec: cairn_common::time::now().sec,
         })
     }
 
@@ -344,6 +348,7 @@ impl Namespace {
             group,
             txn_seqs,
             txn_first_seq,
+            opened_sec: cairn_common::time::now().sec,
         })
     }
 

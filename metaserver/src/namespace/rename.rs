@@ -105,6 +105,9 @@ impl Namespace {
             ));
         }
         let dst = self.dentry(new_parent, new_name)?;
+        if flags & RENAME_NOREPLACE != 0 && dst.is_some() {
+            return Err(CairnError::new(ErrorKind::Exists, "rename: the target exists"));
+        }
         if parent == new_parent && name == new_name {
             return Ok(());
         }

@@ -191,6 +191,9 @@ fn a_change_holds_its_names_until_decided() {
     assert!(matches!(pair.g0.lookup_entry(ROOT_INO, b"f").unwrap(), Looked::Here(_)));
     assert_eq!(kind(pair.g0.unlink(ROOT_INO, b"f")), ErrorKind::Unavailable);
     assert_eq!(kind(pair.g0.rename(ROOT_INO, b"f", ROOT_INO, b"f2", 0)), ErrorKind::Unavailable);
+    // Onto itself: nothing to do, held or not; with RENAME_NOREPLACE the name exists.
+    pair.g0.rename(ROOT_INO, b"f", ROOT_INO, b"f", 0).unwrap();
+    assert_eq!(kind(pair.g0.rename(ROOT_INO, b"f", ROOT_INO, b"f", RENAME_NOREPLACE)), ErrorKind::Exists);
     let again = once::scope(Some((9, 1)), || pair.g0.change_begin(own.clone(), &[GROUP]));
     assert_eq!(kind(again), ErrorKind::Unavailable);
     assert_eq!(kind(pair.g3.lookup_entry(d, b"g")), ErrorKind::NotFound);

@@ -551,16 +551,18 @@ impl Namespace {
     pub fn txn_decide(&self, id: TxnId, commit: bool) -> Result<()> {
         // The directory's lock too, read again under the locks (a prepare may land meanwhile).
         let ino = || self.txn_record(id).ok().flatten().and_then(|r| r.inode).map_or(0, |i| i.ino);
-        // A change's: each entry's directory and inode its effects touch.
-        self.locked(
+        // A change's: each entry's directory and inode its effects touch. Answers whether it
+        // decided a change (the crash tests' point after it is taken).
+        let decided = self.locked(
             || [id.lock(), ino()].into_iter().chain(self.decide_locks(id)).collect(),
             || {
-                let Some(record) = self.txn_record(id)? else { return Ok(()) };
+                let Some(record) = self.txn_record(id)? else { return Ok(false) };
                 if record.role != TXN_PARTICIPANT {
                     return Err(CairnError::invalid(format!("this group leads transaction {id}")));
                 }
                 if record.op == TXN_CHANGE {
-                    return self.decide_change(id, &record, commit);
+                    self.decide_change(id, &record, commit)?;
+                    return Ok(true);
                 }
                 let inode = record.inode.ok_or_else(|| {
                     CairnError::corrupt(format!("prepared transaction {id} holds no directory"))
@@ -585,9 +587,13 @@ impl Namespace {
                     }
                 }
                 tx.batch.delete(Cf::Txns, id.key());
-                tx.commit()
+                tx.commit().map(|()| false)
             },
-        )
+        )?;
+        if decided {
+            exchange::crash_point("change-participant-decided");
+        }
+        Ok(())
     }
 
     /// Whether inode `ino` would be this group's: group 0 numbers only in slot 0 (and only

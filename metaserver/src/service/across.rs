@@ -141,6 +141,8 @@ impl MetaService {
         }
         let looked = match self.read(|ns| ns.lookup_entry(parent, &r.name)) {
             Ok(looked) => looked,
+            // Its first try, still running, may have just taken the source away.
+            Err(_) if self.done_before(once_of(&r.once))? => return Ok(Some(reply()?)),
             Err(e) if dst_across => return Err(e),
             // The local rename answers it.
             Err(_) => return Ok(None),
@@ -168,6 +170,9 @@ impl MetaService {
             return Ok(None);
         }
         if parent == new_parent && r.name == r.new_name {
+            if r.flags & RENAME_NOREPLACE != 0 {
+                return Err(CairnError::new(ErrorKind::Exists, "rename: the target exists").into());
+            }
             return Ok(Some(reply()?));
         }
         if r.flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0

@@ -161,7 +161,8 @@ impl Namespace {
                         return Err(CairnError::new(
                             ErrorKind::CrossDevice,
                             format!(
-                                "inode {} does not list the directories of its names: it is not named                                  across metadata groups",
+                                "inode {} does not list the directories of its names: it is not named across metadata \
+                                 groups",
                                 inode.ino
                             ),
                         ));
@@ -421,17 +422,18 @@ impl Namespace {
             || locks.clone(),
             || {
                 let Some(mut record) = self.coordinated(id)? else { return Ok(()) };
+                let mut tx = self.tx();
                 match record.state {
-                    TXN_ABORTED => return Ok(()),
+                    // Aborted by recovery meanwhile: the groups asked since are told too.
+                    TXN_ABORTED if asked.iter().all(|g| record.groups.contains(g)) => return Ok(()),
+                    TXN_ABORTED => {}
                     TXN_COMMITTED => {
                         return Err(CairnError::invalid(format!(
                             "transaction {id} is committed: it cannot abort"
                         )))
                     }
-                    _ => {}
+                    _ => self.settle_effects(id, &record.effects, false, &mut tx)?,
                 }
-                let mut tx = self.tx();
-                self.settle_effects(id, &record.effects, false, &mut tx)?;
                 record.state = TXN_ABORTED;
                 record.written_sec = cairn_common::time::now().sec;
                 for group in asked {
@@ -480,10 +482,10 @@ impl Namespace {
                 Self::put_record(&mut tx.batch, id, &record);
                 tx.batch.set_durable();
                 once::scope(None, || tx.commit())?;
-                super::exchange::crash_point("change-participant-prepared");
                 Ok(effects.clone())
             },
         )
+        .inspect(|_| super::exchange::crash_point("change-participant-prepared"))
     }
 
     /// Step 4 of a change, on a participant holding `record`: apply or undo its effects and
@@ -492,9 +494,7 @@ impl Namespace {
         let mut tx = self.tx();
         self.settle_effects(id, &record.effects, commit, &mut tx)?;
         tx.batch.delete(Cf::Txns, id.key());
-        once::scope(None, || tx.commit())?;
-        super::exchange::crash_point("change-participant-decided");
-        Ok(())
+        once::scope(None, || tx.commit())
     }
 
     /// The locks a decision on `id` takes (its record's effects), read before locking.

@@ -171,9 +171,10 @@ fn abort_change(
 fn answer_of(e: CairnError) -> CairnError {
     use ErrorKind::*;
     match e.kind() {
-        NotFound | Exists | NotDir | IsDir | NotEmpty | InvalidArgument | NameTooLong | NoSpace
-        | PermissionDenied | NotPermitted | TooBig | CrossDevice | ReadOnly | Unavailable => e,
-        _ => CairnError::unavailable(format!("another metadata group did not prepare its part: {e}")),
+        NotLeader | Interrupted | Io | Internal | TooFewNodes | WrongGroup => {
+            CairnError::unavailable(format!("another metadata group did not prepare its part: {e}"))
+        }
+        _ => e,
     }
 }
 
@@ -323,8 +324,13 @@ pub fn recover(ns: &Namespace, peers: &dyn Peers, stale_secs: i64) -> Result<usi
     for (id, record) in ns.txns()? {
         let stale = now.saturating_sub(record.written_sec) >= stale_secs;
         let peer = if record.role == TXN_PARTICIPANT { id.group } else { record.peer_group };
-        // A coordinator's pending transaction of an earlier leadership: nobody waits on it.
-        let earlier = record.role == TXN_COORDINATOR && id.seq < ns.txn_first_seq;
+        // A coordinator's pending transaction of an earlier leadership: nobody waits on it; a
+        // participant's prepared under an earlier leader: its decision may be waiting (asked at
+        // once, not only once it is old).
+        let earlier = match record.role {
+            TXN_COORDINATOR => id.seq < ns.txn_first_seq,
+            _ => record.written_sec <= ns.opened_sec,
+        };
         if record.role == TXN_COORDINATOR && record.op == TXN_CHANGE {
             match recover_change(ns, peers, id, &record, stale || earlier, &mut silent) {
                 Ok(true) => {}
