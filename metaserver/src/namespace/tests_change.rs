@@ -36,6 +36,21 @@ fn rename_plan(
     ]
 }
 
+/// A change across groups as the service runs it: the coordinator's record forgotten after the
+/// answer once every participant took the decision.
+fn across(ns: &Namespace, peers: &dyn Peers, plan: Vec<(u32, TxnEffect)>) -> Result<Changed> {
+    let changed = change_across(ns, peers, plan)?;
+    if let Changed::Done { acknowledged: true, id, .. } = &changed {
+        ns.txn_forget(*id)?;
+    }
+    Ok(changed)
+}
+
+/// The effects of `plan` that `group` takes.
+fn of(plan: &[(u32, TxnEffect)], group: u32) -> Vec<TxnEffect> {
+    plan.iter().filter(|(g, _)| *g == group).map(|(_, e)| e.clone()).collect()
+}
+
 fn side(pair: &Pair, group: u32) -> &Namespace {
     if group == 0 {
         &pair.g0
@@ -46,7 +61,7 @@ fn side(pair: &Pair, group: u32) -> &Namespace {
 
 fn rename(pair: &Pair, from: (u64, &str), ino: u64, to: (u64, &str)) -> Result<Changed> {
     let coordinator = side(pair, owner(pair, from.0));
-    change_across(coordinator, &pair.peers(), rename_plan(pair, from, ino, to))
+    across(coordinator, &pair.peers(), rename_plan(pair, from, ino, to))
 }
 
 fn no_txns(pair: &Pair) {
@@ -91,7 +106,7 @@ fn links_across_groups_count_where_the_file_is() {
     let before = pair.g0.stats();
     let link =
         vec![(GROUP, txn::name(d, b"l", f.ino, 0, false, None)), (0, txn::relink(f.ino, 1, (0, d), None))];
-    match change_across(&pair.g3, &pair.peers(), link).unwrap() {
+    match across(&pair.g3, &pair.peers(), link).unwrap() {
         Changed::Done { relinked, .. } => assert_eq!(relinked[0].nlink, 2),
         other => panic!("{other:?}"),
     }
@@ -104,14 +119,14 @@ fn links_across_groups_count_where_the_file_is() {
     // A link onto a name that exists: refused, nothing changed anywhere.
     let taken =
         vec![(GROUP, txn::name(d, b"l", f.ino, 0, false, None)), (0, txn::relink(f.ino, 1, (0, d), None))];
-    assert_eq!(kind(change_across(&pair.g3, &pair.peers(), taken)), ErrorKind::Exists);
+    assert_eq!(kind(across(&pair.g3, &pair.peers(), taken)), ErrorKind::Exists);
     no_txns(&pair);
     assert_eq!(pair.g0.getattr(f.ino).unwrap().nlink, 2);
 
     pair.g0.unlink(ROOT_INO, b"f").unwrap();
     assert_eq!(pair.g0.getattr(f.ino).unwrap().nlink, 1, "its name in group 3 keeps it");
     let unlink = vec![(GROUP, txn::unname(d, b"l", f.ino)), (0, txn::relink(f.ino, -1, (d, 0), None))];
-    change_across(&pair.g3, &pair.peers(), unlink).unwrap();
+    across(&pair.g3, &pair.peers(), unlink).unwrap();
     no_txns(&pair);
     assert!(names(&pair.g3, d).is_empty());
     assert_eq!(kind(pair.g0.getattr(f.ino)), ErrorKind::NotFound, "its last name went");
@@ -138,7 +153,7 @@ fn a_rename_across_groups_replaces_files_wherever_they_are() {
     let y = file(&pair.g0, ROOT_INO, "y");
     let link =
         vec![(GROUP, txn::name(d, b"y", y.ino, 0, false, None)), (0, txn::relink(y.ino, 1, (0, d), None))];
-    change_across(&pair.g3, &pair.peers(), link).unwrap();
+    across(&pair.g3, &pair.peers(), link).unwrap();
     let z = file(&pair.g0, ROOT_INO, "z");
     rename(&pair, (ROOT_INO, "z"), z.ino, (d, "y")).unwrap();
     no_txns(&pair);
@@ -151,12 +166,12 @@ fn a_rename_across_groups_replaces_files_wherever_they_are() {
     let w = file(&pair.g0, ROOT_INO, "w");
     let mut plan = rename_plan(&pair, (ROOT_INO, "w"), w.ino, (d, "y"));
     plan[1].1.replace = false;
-    assert_eq!(kind(change_across(&pair.g0, &pair.peers(), plan)), ErrorKind::Exists);
+    assert_eq!(kind(across(&pair.g0, &pair.peers(), plan)), ErrorKind::Exists);
     dir(&pair.g3, d, "sub");
     assert_eq!(kind(rename(&pair, (ROOT_INO, "w"), w.ino, (d, "sub"))), ErrorKind::IsDir);
     let mut plan = rename_plan(&pair, (d, "y"), z.ino, (ROOT_INO, "v"));
     plan[2].1 = txn::relink(z.ino, 0, (d, ROOT_INO), Some(4242));
-    assert_eq!(kind(change_across(&pair.g3, &pair.peers(), plan)), ErrorKind::NotPermitted);
+    assert_eq!(kind(across(&pair.g3, &pair.peers(), plan)), ErrorKind::NotPermitted);
     no_txns(&pair);
     assert!(matches!(pair.g0.lookup_entry(ROOT_INO, b"w").unwrap(), Looked::Here(_)));
     assert!(matches!(pair.g3.lookup_entry(d, b"y").unwrap(), Looked::Elsewhere { ino, .. } if ino == z.ino));
@@ -166,7 +181,7 @@ fn a_rename_across_groups_replaces_files_wherever_they_are() {
     // file's other name does nothing.
     let link =
         vec![(GROUP, txn::name(d, b"w2", w.ino, 0, false, None)), (0, txn::relink(w.ino, 1, (0, d), None))];
-    change_across(&pair.g3, &pair.peers(), link).unwrap();
+    across(&pair.g3, &pair.peers(), link).unwrap();
     let same = rename(&pair, (ROOT_INO, "w"), w.ino, (d, "w2")).unwrap();
     assert!(matches!(same, Changed::Nothing), "{same:?}");
     no_txns(&pair);
@@ -184,8 +199,7 @@ fn a_change_holds_its_names_until_decided() {
     let pair = Pair::new();
     let (d, f) = setup(&pair);
     let plan = rename_plan(&pair, (ROOT_INO, "f"), f.ino, (d, "g"));
-    let own: Vec<TxnEffect> = plan.iter().filter(|(g, _)| *g == 0).map(|(_, e)| e.clone()).collect();
-    let theirs: Vec<TxnEffect> = plan.iter().filter(|(g, _)| *g == GROUP).map(|(_, e)| e.clone()).collect();
+    let (own, theirs) = (of(&plan, 0), of(&plan, GROUP));
     let (id, _) = once::scope(Some((9, 1)), || pair.g0.change_begin(own.clone(), &[GROUP])).unwrap();
     pair.g3.txn_prepare_change(id, theirs.clone()).unwrap();
     assert!(matches!(pair.g0.lookup_entry(ROOT_INO, b"f").unwrap(), Looked::Here(_)));
@@ -224,9 +238,7 @@ fn a_change_recovers_from_a_crash_after_any_step() {
         let mut pair = Pair::new();
         let (d, f) = setup(&pair);
         let plan = rename_plan(&pair, (ROOT_INO, "f"), f.ino, (d, "g"));
-        let own: Vec<TxnEffect> = plan.iter().filter(|(g, _)| *g == 0).map(|(_, e)| e.clone()).collect();
-        let theirs: Vec<TxnEffect> =
-            plan.iter().filter(|(g, _)| *g == GROUP).map(|(_, e)| e.clone()).collect();
+        let (own, theirs) = (of(&plan, 0), of(&plan, GROUP));
         let (id, _) = pair.g0.change_begin(own, &[GROUP]).unwrap();
         if step >= 2 {
             pair.g3.txn_prepare_change(id, theirs).unwrap();
@@ -264,7 +276,7 @@ fn a_lost_prepare_of_a_link_gives_the_count_back() {
     peers.lose_prepare.set(true);
     let link =
         vec![(GROUP, txn::name(d, b"l", f.ino, 0, false, None)), (0, txn::relink(f.ino, 1, (0, d), None))];
-    assert_eq!(kind(change_across(&pair.g3, &peers, link)), ErrorKind::Unavailable);
+    assert_eq!(kind(across(&pair.g3, &peers, link)), ErrorKind::Unavailable);
     assert_eq!(pair.g0.getattr(f.ino).unwrap().nlink, 2, "raised at prepare, not decided");
     assert_eq!(kind(pair.g3.lookup_entry(d, b"l")), ErrorKind::NotFound);
     let peers = pair.peers();
@@ -284,7 +296,7 @@ fn a_change_records_its_client_try_with_its_commit() {
     let pair = Pair::new();
     let (d, f) = setup(&pair);
     let plan = rename_plan(&pair, (ROOT_INO, "f"), f.ino, (d, "g"));
-    let own: Vec<TxnEffect> = plan.iter().filter(|(g, _)| *g == 0).map(|(_, e)| e.clone()).collect();
+    let own = of(&plan, 0);
     let (id, _) = once::scope(Some((5, 1)), || pair.g0.change_begin(own, &[GROUP])).unwrap();
     assert!(!pair.g0.once_done(5, 1).unwrap(), "begun, not done");
     pair.g0.change_abort(id, &[]).unwrap();

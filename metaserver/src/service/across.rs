@@ -62,7 +62,18 @@ impl MetaService {
         let peers = self.peers()?;
         let changed = self.run(move |ns| once::scope(once, || txn::change_across(ns, &peers, effects))).await;
         match changed {
-            Ok(changed) => Ok(Some(changed)),
+            Ok(changed) => {
+                if let Changed::Done { acknowledged: true, id, .. } = &changed {
+                    // Every participant took it: the record goes after the answer.
+                    let (ns, id) = (self.ns()?, *id);
+                    tokio::task::spawn_blocking(move || {
+                        if let Err(e) = ns.txn_forget(id) {
+                            tracing::info!("transaction {id}: its record stays for recovery ({e})");
+                        }
+                    });
+                }
+                Ok(Some(changed))
+            }
             Err(_) if once.is_some() && self.done_before(once)? => Ok(None),
             Err(e) => Err(e),
         }

@@ -31,8 +31,10 @@ pub trait Peers {
 #[derive(Debug)]
 pub enum Changed {
     /// It happened; the inodes whose link counts it changed, as their groups answered, and
-    /// whether every participant took the commit before the answer.
-    Done { relinked: Vec<Inode>, acknowledged: bool },
+    /// whether every participant took the commit before the answer. Once they did, the
+    /// coordinator's record is left for the caller to forget after answering
+    /// ([`Namespace::txn_forget`] of `id`; recovery forgets it otherwise).
+    Done { relinked: Vec<Inode>, acknowledged: bool, id: TxnId },
     /// Nothing to do: a rename onto another name of the same file.
     Nothing,
 }
@@ -107,13 +109,15 @@ pub fn change_across(ns: &Namespace, peers: &dyn Peers, effects: Vec<(u32, TxnEf
         }
     }
     crash_point("change-committed");
+    // The answer waits for every participant to take the decision (the caller's next request
+    // there finds the change), not for the record's deletion: one write less on its path.
     let acknowledged = (0..3).any(|attempt| {
         if attempt > 0 {
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
-        tell_all(ns, peers, id, &asked, true)
+        tell_groups(peers, id, &asked, true).is_empty()
     });
-    Ok(Changed::Done { relinked, acknowledged })
+    Ok(Changed::Done { relinked, acknowledged, id })
 }
 
 fn add_to(others: &mut Vec<(u32, Vec<TxnEffect>)>, group: u32, effect: TxnEffect) {
