@@ -57,7 +57,11 @@ pub fn change_across(ns: &Namespace, peers: &dyn Peers, effects: Vec<(u32, TxnEf
     // The group making a name goes first.
     others.sort_by_key(|(_, effects)| !effects.iter().any(|e| e.kind == EFFECT_NAME));
     let planned: Vec<u32> = others.iter().map(|(g, _)| *g).collect();
-    let (id, own) = ns.change_begin(own, &planned)?;
+    let (id, own) = ns.change_begin(own, &planned).map_err(|e| match e.kind() {
+        // An entry replaced since the request looked it up: the client tries again.
+        ErrorKind::Interrupted => CairnError::unavailable(e.message().to_string()),
+        _ => e,
+    })?;
     let mut more = Vec::new();
     if let Some(named) = own.iter().find(|e| e.kind == EFFECT_NAME) {
         if named.replaced == named.ino {
