@@ -127,8 +127,15 @@ impl Who {
         )))
     }
 
-    pub fn owns(&self, inode: &Inode) -> bool {
+    fn owns(&self, inode: &Inode) -> bool {
         self.is_root() || self.uid == inode.uid
+    }
+
+    /// The uid that must own an entry this caller removes or replaces in `dir` (`None`: any
+    /// may, the directory is not sticky or is this caller's): the sticky rule, for a victim
+    /// whose owner is checked elsewhere (another metadata group holds it).
+    pub fn sticky_owner(&self, dir: &Inode) -> Option<u32> {
+        (dir.mode & S_ISVTX != 0 && !self.owns(dir)).then_some(self.uid)
     }
 
     /// Removing or replacing the entry of `victim` in `dir`: in a sticky directory only the

@@ -46,6 +46,15 @@ fn across(ns: &Namespace, peers: &dyn Peers, plan: Vec<(u32, TxnEffect)>) -> Res
     Ok(changed)
 }
 
+/// link of `ino` (a file of group 0) as `(dir, name)` in a directory of group 3, as the
+/// service plans it: coordinated by the directory's group.
+fn link_plan(ino: u64, (dir, name): (u64, &str)) -> Vec<(u32, TxnEffect)> {
+    vec![
+        (GROUP, txn::name(dir, name.as_bytes(), ino, 0, false, None)),
+        (0, txn::relink(ino, 1, (0, dir), None)),
+    ]
+}
+
 /// The effects of `plan` that `group` takes.
 fn of(plan: &[(u32, TxnEffect)], group: u32) -> Vec<TxnEffect> {
     plan.iter().filter(|(g, _)| *g == group).map(|(_, e)| e.clone()).collect()
@@ -104,8 +113,7 @@ fn links_across_groups_count_where_the_file_is() {
     let pair = Pair::new();
     let (d, f) = setup(&pair);
     let before = pair.g0.stats();
-    let link =
-        vec![(GROUP, txn::name(d, b"l", f.ino, 0, false, None)), (0, txn::relink(f.ino, 1, (0, d), None))];
+    let link = link_plan(f.ino, (d, "l"));
     match across(&pair.g3, &pair.peers(), link).unwrap() {
         Changed::Done { relinked, .. } => assert_eq!(relinked[0].nlink, 2),
         other => panic!("{other:?}"),
@@ -117,8 +125,7 @@ fn links_across_groups_count_where_the_file_is() {
     assert_eq!(pair.g0.getattr(f.ino).unwrap().nlink, 2);
 
     // A link onto a name that exists: refused, nothing changed anywhere.
-    let taken =
-        vec![(GROUP, txn::name(d, b"l", f.ino, 0, false, None)), (0, txn::relink(f.ino, 1, (0, d), None))];
+    let taken = link_plan(f.ino, (d, "l"));
     assert_eq!(kind(across(&pair.g3, &pair.peers(), taken)), ErrorKind::Exists);
     no_txns(&pair);
     assert_eq!(pair.g0.getattr(f.ino).unwrap().nlink, 2);
@@ -151,8 +158,7 @@ fn a_rename_across_groups_replaces_files_wherever_they_are() {
 
     // A file of group 0 named in d, replaced by another: it loses that link in group 0.
     let y = file(&pair.g0, ROOT_INO, "y");
-    let link =
-        vec![(GROUP, txn::name(d, b"y", y.ino, 0, false, None)), (0, txn::relink(y.ino, 1, (0, d), None))];
+    let link = link_plan(y.ino, (d, "y"));
     across(&pair.g3, &pair.peers(), link).unwrap();
     let z = file(&pair.g0, ROOT_INO, "z");
     rename(&pair, (ROOT_INO, "z"), z.ino, (d, "y")).unwrap();
@@ -179,8 +185,7 @@ fn a_rename_across_groups_replaces_files_wherever_they_are() {
 
     // y's other name is in the root: a rename of it onto d/y... names z, not y; onto the same
     // file's other name does nothing.
-    let link =
-        vec![(GROUP, txn::name(d, b"w2", w.ino, 0, false, None)), (0, txn::relink(w.ino, 1, (0, d), None))];
+    let link = link_plan(w.ino, (d, "w2"));
     across(&pair.g3, &pair.peers(), link).unwrap();
     let same = rename(&pair, (ROOT_INO, "w"), w.ino, (d, "w2")).unwrap();
     assert!(matches!(same, Changed::Nothing), "{same:?}");
@@ -274,8 +279,7 @@ fn a_lost_prepare_of_a_link_gives_the_count_back() {
     let (d, f) = setup(&pair);
     let peers = pair.peers();
     peers.lose_prepare.set(true);
-    let link =
-        vec![(GROUP, txn::name(d, b"l", f.ino, 0, false, None)), (0, txn::relink(f.ino, 1, (0, d), None))];
+    let link = link_plan(f.ino, (d, "l"));
     assert_eq!(kind(across(&pair.g3, &peers, link)), ErrorKind::Unavailable);
     assert_eq!(pair.g0.getattr(f.ino).unwrap().nlink, 2, "raised at prepare, not decided");
     assert_eq!(kind(pair.g3.lookup_entry(d, b"l")), ErrorKind::NotFound);

@@ -13,9 +13,6 @@ use crate::namespace::{once, Looked, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use crate::permissions::Who;
 use crate::schema::{TxnEffect, S_IFDIR};
 
-/// The sticky bit of a directory's mode.
-const S_ISVTX: u32 = 0o1000;
-
 impl MetaService {
     /// Whether `ino`, an inode a request names besides the one it is routed by (a link's
     /// inode, a rename's destination directory), is another group's: then the change runs
@@ -45,8 +42,7 @@ impl MetaService {
     /// sticky rule, checked by the group holding the file.
     fn sticky_owner(&self, who: Option<&Who>, dir: u64) -> Result<Option<u32>, Status> {
         let Some(who) = who else { return Ok(None) };
-        let dir = self.read(|ns| ns.getattr(dir))?;
-        Ok((dir.mode & S_ISVTX != 0 && !who.owns(&dir)).then_some(who.uid))
+        Ok(who.sticky_owner(&self.read(|ns| ns.getattr(dir))?))
     }
 
     /// Run the change of `effects` across groups for `once`: `None` when an earlier try of
@@ -146,8 +142,9 @@ impl MetaService {
                 })
             })
         };
-        // A try sent again after its first was done (the source is gone by now).
-        if self.done_before(once_of(&r.once))? {
+        // A try sent again after its first was done (the source is gone by now); a rename
+        // within this group is answered so by the local path.
+        if dst_across && self.done_before(once_of(&r.once))? {
             return Ok(Some(reply()?));
         }
         let looked = match self.read(|ns| ns.lookup_entry(parent, &r.name)) {

@@ -16,9 +16,6 @@ use crate::schema::{
 };
 use crate::store::Cf;
 
-/// The sticky bit of a directory's mode.
-const S_ISVTX: u32 = 0o1000;
-
 /// Take the entry `name` of `parent`, which names `ino`, away.
 pub fn unname(parent: u64, name: &[u8], ino: u64) -> TxnEffect {
     TxnEffect { kind: EFFECT_UNNAME, parent, name: name.to_vec(), ino, ..Default::default() }
@@ -224,13 +221,13 @@ impl Namespace {
                     ));
                 }
                 e.replaced = there.ino;
-                if let Some(who) = who.filter(|w| dir.mode & S_ISVTX != 0 && !w.owns(&dir)) {
+                if let Some((who, owner)) = who.as_ref().and_then(|w| Some((w, w.sticky_owner(&dir)?))) {
                     if self.holds_ino(there.ino) {
                         who.check_sticky(&dir, &self.inode(there.ino)?)?;
                     } else {
                         // Its owner is known where it is: asked there.
                         e.replaced_owner_checked = true;
-                        e.replaced_owner = who.uid;
+                        e.replaced_owner = owner;
                     }
                 }
                 let marked = Dentry { ino: there.ino, kind: there.kind, txn: id.key() };
