@@ -111,6 +111,9 @@ pub struct Namespace {
     /// When this opening began (seconds since 1970): a participant's record written before
     /// was prepared under an earlier leader, whose decision may be waiting (`txn::recover`).
     opened_sec: i64,
+    /// Coordinator records proposed and not yet known committed, whose participants may
+    /// already be asked (`txn::Unsettled`): `TxnOutcome` answers them pending, not aborted.
+    unsettled: Mutex<Vec<txn::TxnId>>,
 }
 
 /// How long a client that stopped heartbeating keeps its open files and locks.
@@ -291,6 +294,7 @@ impl Namespace {
             txn_seqs,
             txn_first_seq,
             opened_sec: cairn_common::time::now().sec,
+            unsettled: Mutex::new(Vec::new()),
         })
     }
 
@@ -349,6 +353,7 @@ impl Namespace {
             txn_seqs,
             txn_first_seq,
             opened_sec: cairn_common::time::now().sec,
+            unsettled: Mutex::new(Vec::new()),
         })
     }
 

@@ -312,3 +312,19 @@ fn a_change_records_its_client_try_with_its_commit() {
     assert!(pair.g0.once_done(5, 3).unwrap(), "recorded with the commit");
     assert!(!pair.g3.once_done(5, 3).unwrap(), "a participant records none");
 }
+
+/// A participant asked before the coordinator's record reached the log (the first prepare
+/// overlaps that commit) that asks how the change ended meanwhile hears "pending", not the
+/// "aborted" an unknown id answers; once the record settles, the record answers.
+#[test]
+fn a_record_on_its_way_to_the_log_is_pending() {
+    let pair = Pair::new();
+    let id = txn::TxnId { group: 0, seq: 1 << 40 };
+    assert_eq!(pair.g0.txn_outcome(id).unwrap(), txn::Outcome::Aborted, "no record");
+    let on_its_way = pair.g0.unsettled(id);
+    let other = pair.g0.unsettled(txn::TxnId { group: 0, seq: 7 });
+    assert_eq!(pair.g0.txn_outcome(id).unwrap(), txn::Outcome::Pending);
+    drop(on_its_way);
+    assert_eq!(pair.g0.txn_outcome(id).unwrap(), txn::Outcome::Aborted, "never written");
+    drop(other);
+}

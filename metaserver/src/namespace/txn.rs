@@ -31,6 +31,18 @@ pub use exchange::{change_across, mkdir_across, recover, rmdir_across, Changed, 
 /// Where a group keeps the end of the transaction sequences it reserved.
 const TXN_RESERVED: &[u8] = b"txn_reserved";
 
+/// A coordinator record not yet known committed ([`Namespace::unsettled`]).
+pub(crate) struct Unsettled<'a> {
+    ns: &'a Namespace,
+    id: TxnId,
+}
+
+impl Drop for Unsettled<'_> {
+    fn drop(&mut self) {
+        self.ns.unsettled.lock().retain(|id| *id != self.id);
+    }
+}
+
 /// A transaction: the coordinator's group and a sequence it never hands out twice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct TxnId {
@@ -438,11 +450,24 @@ impl Namespace {
                 id.group, self.group
             )));
         }
+        if self.unsettled.lock().contains(&id) {
+            // Its record is on its way to the log: no outcome yet.
+            return Ok(Outcome::Pending);
+        }
         Ok(match self.coordinated(id)?.map(|r| r.state) {
             Some(TXN_PENDING) => Outcome::Pending,
             Some(TXN_COMMITTED) => Outcome::Committed,
             _ => Outcome::Aborted,
         })
+    }
+
+    /// Mark coordinator record `id` as proposed and not yet known committed until the guard
+    /// is dropped: its participants may be asked before its commit ([`exchange`]), and one
+    /// that asks how it ended meanwhile must hear `Pending` — "no record" would read as an
+    /// abort the coordinator has not decided.
+    pub(crate) fn unsettled(&self, id: TxnId) -> Unsettled<'_> {
+        self.unsettled.lock().push(id);
+        Unsettled { ns: self, id }
     }
 
     // ------------------------------------------------------------ the participant's side

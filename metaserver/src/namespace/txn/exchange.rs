@@ -10,6 +10,7 @@ use crate::schema::{
     Inode, TxnEffect, TxnRecord, EFFECT_NAME, TXN_CHANGE, TXN_COMMITTED, TXN_COORDINATOR, TXN_PARTICIPANT,
     TXN_PENDING,
 };
+use crate::store::Change;
 
 /// The other groups' leaders, as one side of a transaction reaches them (the service's over
 /// gRPC, `service/txn.rs`; tests' in process). Each call may fail or time out: the caller
@@ -57,11 +58,31 @@ pub fn change_across(ns: &Namespace, peers: &dyn Peers, effects: Vec<(u32, TxnEf
     // The group making a name goes first.
     others.sort_by_key(|(_, effects)| !effects.iter().any(|e| e.kind == EFFECT_NAME));
     let planned: Vec<u32> = others.iter().map(|(g, _)| *g).collect();
+    // The first participant is asked while this group's record is on its way to the log, one
+    // commit's wait less, unless this group makes the name: then what it replaces decides what
+    // the others are asked, and the record comes first. A participant that asks how it ended
+    // meanwhile hears "pending" (`unsettled`); a record that never reaches the log can never
+    // be committed, so the participant is told to abort.
+    let overlap = !others.is_empty() && !own.iter().any(|e| e.kind == EFFECT_NAME);
+    let change = Change::open(&**ns.store());
     let (id, own) = ns.change_begin(own, &planned).map_err(|e| match e.kind() {
         // An entry replaced since the request looked it up: the client tries again.
         ErrorKind::Interrupted => CairnError::unavailable(e.message().to_string()),
         _ => e,
     })?;
+    let unsettled = ns.unsettled(id);
+    let first = overlap.then(|| {
+        crash_point("change-begun");
+        peers.prepare_change(others[0].0, id, &others[0].1)
+    });
+    let settled = change.close();
+    drop(unsettled);
+    if let Err(e) = settled {
+        if overlap {
+            tell_groups(peers, id, &planned[..1], false);
+        }
+        return Err(CairnError::unavailable(format!("transaction {id} could not be begun: try again ({e})")));
+    }
     let mut more = Vec::new();
     if let Some(named) = own.iter().find(|e| e.kind == EFFECT_NAME) {
         if named.replaced == named.ino {
@@ -69,16 +90,23 @@ pub fn change_across(ns: &Namespace, peers: &dyn Peers, effects: Vec<(u32, TxnEf
         }
         replaced_elsewhere(ns, peers, named, &mut others, &mut more);
     }
-    crash_point("change-begun");
+    if !overlap {
+        crash_point("change-begun");
+    }
     let mut asked = Vec::new();
     let mut relinked = Vec::new();
     let mut named_kind = 0;
     let mut next = 0;
+    let mut first = first;
     while next < others.len() {
         let (group, effects) = others[next].clone();
         next += 1;
         asked.push(group);
-        let prepared = match peers.prepare_change(group, id, &effects) {
+        let answer = match first.take() {
+            Some(answer) => answer,
+            None => peers.prepare_change(group, id, &effects),
+        };
+        let prepared = match answer {
             Ok(prepared) => prepared,
             Err(e) => return Err(abort_change(ns, peers, id, &asked, answer_of(e))),
         };
@@ -231,8 +259,7 @@ pub struct Made {
 
 /// mkdir of `new` with the directory in metadata group `group` (`ns` holds the parent).
 pub fn mkdir_across(ns: &Namespace, peers: &dyn Peers, new: &NewEntry<'_>, group: u32) -> Result<Made> {
-    let prepare = ns.mkdir_begin(new, group)?;
-    run(ns, peers, &prepare, group)
+    run(ns, peers, group, || ns.mkdir_begin(new, group))
 }
 
 /// rmdir of `name` in `parent` (`ns`'s), naming directory `ino`, which metadata group `group`
@@ -244,17 +271,37 @@ pub fn rmdir_across(
     ino: u64,
     group: u32,
 ) -> Result<Made> {
-    let prepare = ns.rmdir_begin(parent, name, ino, group)?;
-    run(ns, peers, &prepare, group)
+    run(ns, peers, group, || ns.rmdir_begin(parent, name, ino, group))
 }
 
-/// The steps after the first: prepare, decide, tell, forget. A participant that refuses or does
-/// not answer aborts it (its error is the answer; `Unavailable` when it did not answer); once
-/// committed, the change has happened whatever the later steps meet.
-fn run(ns: &Namespace, peers: &dyn Peers, prepare: &Prepare, group: u32) -> Result<Made> {
+/// The steps: `begin`, and the prepare sent while the record it proposed is on its way to the
+/// log (as a change's first prepare, [`change_across`]), then decide, tell, forget. A record
+/// that never reached the log tells the participant to abort; a participant that refuses or
+/// does not answer aborts it (its error is the answer; `Unavailable` when it did not answer);
+/// once committed, the change has happened whatever the later steps meet.
+fn run(
+    ns: &Namespace,
+    peers: &dyn Peers,
+    group: u32,
+    begin: impl FnOnce() -> Result<Prepare>,
+) -> Result<Made> {
+    let change = Change::open(&**ns.store());
+    let prepare = begin()?;
     let id = prepare.id;
+    let unsettled = ns.unsettled(id);
     crash_point("txn-begun");
-    let committed = peers.prepare(group, prepare).and_then(|inode| {
+    let prepared = peers.prepare(group, &prepare);
+    let settled = change.close();
+    drop(unsettled);
+    if let Err(e) = settled {
+        if let Err(e) = peers.decide(group, id, false) {
+            tracing::info!(
+                "transaction {id}: metadata group {group} has not taken the abort yet ({e}); it asks later"
+            );
+        }
+        return Err(CairnError::unavailable(format!("transaction {id} could not be begun: try again ({e})")));
+    }
+    let committed = prepared.and_then(|inode| {
         crash_point("txn-prepared");
         ns.txn_commit(id, &inode)
     });
