@@ -87,7 +87,7 @@ fn exists(p: &Path) -> bool {
 /// bytes and number.
 #[test]
 fn a_rename_across_groups_survives_its_coordinators_crash_at_each_step() {
-    for step in ["change-begun", "change-prepared", "change-committed"] {
+    for step in ["change-begun", "change-asked", "change-prepared", "change-committed"] {
         let split = Split::start(step);
         let (from, to) = (split.one.join("f"), split.zero.join("f"));
         fs::write(&from, step).unwrap();

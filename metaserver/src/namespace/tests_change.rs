@@ -328,3 +328,67 @@ fn a_record_on_its_way_to_the_log_is_pending() {
     assert_eq!(pair.g0.txn_outcome(id).unwrap(), txn::Outcome::Aborted, "never written");
     drop(other);
 }
+
+/// A store whose outermost change, once armed, fails to close (what it wrote stays), as a
+/// replicated store's does when its leader is lost with the change's proposal in flight.
+#[derive(Default)]
+struct LosesLeader {
+    inner: MemoryStore,
+    depth: AtomicUsize,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl MetaStore for LosesLeader {
+    fn with_view(&self, f: &mut dyn FnMut(&dyn crate::store::StoreView) -> Result<()>) -> Result<()> {
+        self.inner.with_view(f)
+    }
+
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.inner.get(cf, key)
+    }
+
+    fn scan(&self, cf: Cf, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.inner.scan(cf, start, end, limit)
+    }
+
+    fn write(&self, batch: Batch) -> Result<()> {
+        self.inner.write(batch)
+    }
+
+    fn begin_change(&self) {
+        self.depth.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn end_change(&self) -> Result<()> {
+        if self.depth.fetch_sub(1, Ordering::SeqCst) == 1 && self.armed.swap(false, Ordering::SeqCst) {
+            return Err(CairnError::new(ErrorKind::NotLeader, "the leader was lost"));
+        }
+        Ok(())
+    }
+
+    fn abandon_change(&self) {
+        self.depth.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The coordinator's record not known committed when the first participant answered (its
+/// leader lost meanwhile): the participant is told to abort at once, the client hears
+/// `Unavailable`, and the next leader aborts the record; then the rename goes through.
+#[test]
+fn a_record_not_known_committed_aborts_the_first_participant() {
+    let store0 = Arc::new(LosesLeader::default());
+    let mut pair = Pair::over(store0.clone());
+    let (d, f) = setup(&pair);
+    store0.armed.store(true, Ordering::SeqCst);
+    let lost = rename(&pair, (ROOT_INO, "f"), f.ino, (d, "g"));
+    assert_eq!(kind(lost), ErrorKind::Unavailable);
+    assert!(pair.g3.txns().unwrap().is_empty(), "the participant was told to abort");
+    assert!(names(&pair.g3, d).is_empty(), "no placeholder left");
+    pair.crash();
+    let peers = pair.peers();
+    recover(&pair.g0, &peers, 0).unwrap();
+    no_txns(&pair);
+    rename(&pair, (ROOT_INO, "f"), f.ino, (d, "g")).unwrap();
+    assert_eq!(names(&pair.g3, d), vec![("g".to_string(), f.ino)]);
+    assert!(pair.g0.check(false).unwrap().problems.is_empty());
+}

@@ -31,7 +31,11 @@ pub(super) struct Pair {
 
 impl Pair {
     pub(super) fn new() -> Pair {
-        let store0: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());
+        Pair::over(Arc::new(MemoryStore::new()))
+    }
+
+    /// A pair whose group 0 keeps its records in `store0`.
+    pub(super) fn over(store0: Arc<dyn MetaStore>) -> Pair {
         let g0 = Fixture::open(store0.clone(), layout());
         super::tests::add_nodes(&g0, 3);
         let store3: Arc<dyn MetaStore> = Arc::new(MemoryStore::new());

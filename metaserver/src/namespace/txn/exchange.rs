@@ -65,15 +65,24 @@ pub fn change_across(ns: &Namespace, peers: &dyn Peers, effects: Vec<(u32, TxnEf
     // be committed, so the participant is told to abort.
     let overlap = !others.is_empty() && !own.iter().any(|e| e.kind == EFFECT_NAME);
     let change = Change::open(&**ns.store());
-    let (id, own) = ns.change_begin(own, &planned).map_err(|e| match e.kind() {
-        // An entry replaced since the request looked it up: the client tries again.
-        ErrorKind::Interrupted => CairnError::unavailable(e.message().to_string()),
-        _ => e,
-    })?;
+    let (id, own) = match ns.change_begin(own, &planned) {
+        Ok(begun) => begun,
+        // A refusal read from another change's proposed state holds only once that commits.
+        Err(e) => {
+            change.close()?;
+            return Err(match e.kind() {
+                // An entry replaced since the request looked it up: the client tries again.
+                ErrorKind::Interrupted => CairnError::unavailable(e.message().to_string()),
+                _ => e,
+            });
+        }
+    };
     let unsettled = ns.unsettled(id);
     let first = overlap.then(|| {
         crash_point("change-begun");
-        peers.prepare_change(others[0].0, id, &others[0].1)
+        let answer = peers.prepare_change(others[0].0, id, &others[0].1);
+        crash_point("change-asked");
+        answer
     });
     let settled = change.close();
     drop(unsettled);
@@ -286,7 +295,14 @@ fn run(
     begin: impl FnOnce() -> Result<Prepare>,
 ) -> Result<Made> {
     let change = Change::open(&**ns.store());
-    let prepare = begin()?;
+    let prepare = match begin() {
+        Ok(prepare) => prepare,
+        // A refusal read from another change's proposed state holds only once that commits.
+        Err(e) => {
+            change.close()?;
+            return Err(e);
+        }
+    };
     let id = prepare.id;
     let unsettled = ns.unsettled(id);
     crash_point("txn-begun");
@@ -338,7 +354,8 @@ fn run(
 
 /// Kill this process at `step` of a transaction, once, when the crash tests ask for it:
 /// `CAIRN_CRASH_AT` names the step — of a mkdir or rmdir's coordinator `txn-begun`,
-/// `txn-prepared`, `txn-committed`; of a change's `change-begun`, `change-prepared`,
+/// `txn-prepared`, `txn-committed`; of a change's `change-begun`, `change-asked` (the first
+/// participant prepared, the coordinator's record maybe not yet committed), `change-prepared`,
 /// `change-committed`, and of its participant `change-participant-prepared` (its record
 /// written, not answered) and `change-participant-decided` (applied, not answered) — and
 /// `CAIRN_CRASH_ONCE` a file that must not exist yet (made here, so only one process of a
@@ -365,11 +382,18 @@ fn tell(ns: &Namespace, peers: &dyn Peers, id: TxnId, group: u32, commit: bool) 
     }
 }
 
+/// A participant's record this old asks its coordinator how it ended, whatever `stale_secs`
+/// says (a coordinator still at it answers "pending", and nothing changes): so what was
+/// prepared for a coordinator whose record never reached its log — lost with its leader, the
+/// first prepare having overlapped that record's commit — is given back within a pass or two,
+/// while the mount still retries, not only once `stale_secs` old.
+const ASK_AFTER_SECS: i64 = 2;
+
 /// One pass of recovery over the transactions this side has not finished (run by every
 /// leadership at its start and every few seconds): as coordinator, abort what is still
 /// pending when an earlier leadership began it (nobody waits on it any more) or it is older
 /// than `stale_secs`, and send every decision not acknowledged; as participant, ask the
-/// coordinator about pending records older than `stale_secs` and apply what it says. A group
+/// coordinator about pending records older than `ASK_AFTER_SECS` and apply what it says. A group
 /// that did not answer is not asked again in the same pass; a record that fails is logged and
 /// left for the next. Answers how many transactions remain.
 pub fn recover(ns: &Namespace, peers: &dyn Peers, stale_secs: i64) -> Result<usize> {
@@ -377,7 +401,11 @@ pub fn recover(ns: &Namespace, peers: &dyn Peers, stale_secs: i64) -> Result<usi
     let mut left = 0;
     let mut silent = std::collections::BTreeSet::new();
     for (id, record) in ns.txns()? {
-        let stale = now.saturating_sub(record.written_sec) >= stale_secs;
+        let stale = now.saturating_sub(record.written_sec)
+            >= match record.role {
+                TXN_PARTICIPANT => stale_secs.min(ASK_AFTER_SECS),
+                _ => stale_secs,
+            };
         let peer = if record.role == TXN_PARTICIPANT { id.group } else { record.peer_group };
         // A coordinator's pending transaction of an earlier leadership: nobody waits on it; a
         // participant's prepared under an earlier leader: its decision may be waiting (asked at
