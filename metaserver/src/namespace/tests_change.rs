@@ -371,17 +371,54 @@ impl MetaStore for LosesLeader {
     }
 }
 
+/// Direct peers that count the prepares of changes sent.
+struct Counted<'a> {
+    inner: super::tests_txn::Direct<'a>,
+    prepares: std::cell::Cell<u32>,
+}
+
+impl Peers for Counted<'_> {
+    fn prepare(&self, group: u32, prepare: &txn::Prepare) -> Result<Inode> {
+        self.inner.prepare(group, prepare)
+    }
+
+    fn decide(&self, group: u32, id: txn::TxnId, commit: bool) -> Result<()> {
+        self.inner.decide(group, id, commit)
+    }
+
+    fn outcome(&self, id: txn::TxnId) -> Result<txn::Outcome> {
+        self.inner.outcome(id)
+    }
+
+    fn prepare_change(&self, group: u32, id: txn::TxnId, effects: &[TxnEffect]) -> Result<Vec<TxnEffect>> {
+        self.prepares.set(self.prepares.get() + 1);
+        self.inner.prepare_change(group, id, effects)
+    }
+
+    fn owner(&self, ino: u64) -> u32 {
+        self.inner.owner(ino)
+    }
+}
+
 /// The coordinator's record not known committed when the first participant answered (its
-/// leader lost meanwhile): the participant is told to abort at once, the client hears
-/// `Unavailable`, and the next leader aborts the record; then the rename goes through.
+/// leader lost meanwhile): the participant, asked before the wait, is told to abort at once,
+/// the client hears `Unavailable`, and the next leader aborts the record; then the rename goes
+/// through. A begin refused while the leader is lost answers the loss, not the refusal read
+/// from what may not have committed.
 #[test]
 fn a_record_not_known_committed_aborts_the_first_participant() {
     let store0 = Arc::new(LosesLeader::default());
     let mut pair = Pair::over(store0.clone());
     let (d, f) = setup(&pair);
+    let peers = Counted { inner: pair.peers(), prepares: std::cell::Cell::new(0) };
     store0.armed.store(true, Ordering::SeqCst);
-    let lost = rename(&pair, (ROOT_INO, "f"), f.ino, (d, "g"));
+    let refused = across(&pair.g0, &peers, rename_plan(&pair, (ROOT_INO, "nothing"), f.ino, (d, "g")));
+    assert_eq!(kind(refused), ErrorKind::NotLeader);
+    assert_eq!(peers.prepares.get(), 0, "nobody asked");
+    store0.armed.store(true, Ordering::SeqCst);
+    let lost = across(&pair.g0, &peers, rename_plan(&pair, (ROOT_INO, "f"), f.ino, (d, "g")));
     assert_eq!(kind(lost), ErrorKind::Unavailable);
+    assert_eq!(peers.prepares.get(), 1, "the first participant was asked before the wait");
     assert!(pair.g3.txns().unwrap().is_empty(), "the participant was told to abort");
     assert!(names(&pair.g3, d).is_empty(), "no placeholder left");
     pair.crash();

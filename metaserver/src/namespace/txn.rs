@@ -442,7 +442,9 @@ impl Namespace {
 
     /// Where transaction `id`, which this group leads, stands (`TxnOutcome`). No record: it was
     /// aborted — a committed one is forgotten only after its participant acknowledged, so a
-    /// participant still asking cannot be one whose transaction committed.
+    /// participant still asking cannot be one whose transaction committed. Read outside any
+    /// change, from applied state only: inside one it could answer "committed" from a proposed
+    /// commit that then fails (and the next leader aborts).
     pub fn txn_outcome(&self, id: TxnId) -> Result<Outcome> {
         if id.group != self.group {
             return Err(CairnError::invalid(format!(

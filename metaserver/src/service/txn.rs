@@ -29,9 +29,10 @@ use crate::schema::{
 const STEP_TIMEOUT: Duration = Duration::from_secs(3);
 /// How often a leadership looks for transactions left unfinished.
 const FINISH_EVERY: Duration = Duration::from_secs(5);
-/// A record this much older than its last write is one nobody is working on any more: a
-/// coordinator's pending one is aborted (its mkdir gave up long before), a participant's asks
-/// its coordinator. Well above a whole exchange with every step at its timeout.
+/// A coordinator's record this much older than its last write is one nobody is working on any
+/// more: a pending one is aborted (its mkdir gave up long before). Well above a whole exchange
+/// with every step at its timeout. (A participant's asks its coordinator sooner:
+/// `txn::exchange`'s `ASK_AFTER_SECS`.)
 const STALE_SECS: i64 = 30;
 
 fn id_of(id: TxnId) -> cairn_proto::TxnId {
