@@ -20,13 +20,7 @@ cairn_start "$work/mnt" --meta-groups 2
 meta=$(sed -n 's/^ready: .* from metaserver \([^ ]*\).*/\1/p' "$work/up.log")
 "$cairn" meta groups move 1-2047 1 --meta "$meta"
 "$cairn" meta groups spread on --meta "$meta"
-for _ in $(seq 100); do
-  "$cairn" meta groups --json --meta "$meta" | python3 -c '
-import json, sys
-m = json.load(sys.stdin)
-sys.exit(0 if all(g["map_version"] == m["version"] for g in m["groups"]) else 1)' && break
-  sleep 0.2
-done
+groups_wait_map "$cairn" "$meta"
 zero=() one=()
 for i in $(seq 64); do
   d=$work/mnt/d$i

@@ -92,13 +92,7 @@ for g in "${counts[@]}"; do
       "$cairn" meta groups move "$((k * 4096 / g))-$(((k + 1) * 4096 / g - 1))" "$k" --meta "$meta" > /dev/null
     done
     "$cairn" meta groups spread on --meta "$meta" > /dev/null
-    for _ in $(seq 100); do
-      "$cairn" meta groups --json --meta "$meta" | python3 -c '
-import json, sys
-m = json.load(sys.stdin)
-sys.exit(0 if all(g["map_version"] == m["version"] for g in m["groups"]) else 1)' && break
-      sleep 0.2
-    done
+    groups_wait_map "$cairn" "$meta"
   fi
   # most / G directories in each group: dirs_K lists group K's.
   for ((k = 0; k < g; k++)); do declare -a "dirs_$k=()"; done

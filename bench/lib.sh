@@ -130,6 +130,18 @@ cpu_cage_free() {
   done
 }
 
+# groups_wait_map CAIRN META: waits (up to 20 s) until every metadata group's leader holds group
+# 0's latest map (slots moved, spreading turned on).
+groups_wait_map() {
+  for _ in $(seq 100); do
+    "$1" meta groups --json --meta "$2" | python3 -c '
+import json, sys
+m = json.load(sys.stdin)
+sys.exit(0 if all(g["map_version"] == m["version"] for g in m["groups"]) else 1)' && return 0
+    sleep 0.2
+  done
+}
+
 # cpu_seconds PID...: the CPU time (user + system) the processes used so far, in seconds.
 cpu_seconds() {
   local pid total=0 ticks
