@@ -61,8 +61,8 @@ pub fn change_across(ns: &Namespace, peers: &dyn Peers, effects: Vec<(u32, TxnEf
     // The first participant is asked while this group's record is on its way to the log, one
     // commit's wait less, unless this group makes the name: then what it replaces decides what
     // the others are asked, and the record comes first. A participant that asks how it ended
-    // meanwhile hears "pending" (`unsettled`); a record that never reaches the log can never
-    // be committed, so the participant is told to abort.
+    // meanwhile hears "pending" (`unsettled`); a record not known committed when the wait ends
+    // is never committed by this leadership, so the participant is told to abort.
     let overlap = !others.is_empty() && !own.iter().any(|e| e.kind == EFFECT_NAME);
     let change = Change::open(&**ns.store());
     let (id, own) = match ns.change_begin(own, &planned) {
@@ -285,9 +285,9 @@ pub fn rmdir_across(
 
 /// The steps: `begin`, and the prepare sent while the record it proposed is on its way to the
 /// log (as a change's first prepare, [`change_across`]), then decide, tell, forget. A record
-/// that never reached the log tells the participant to abort; a participant that refuses or
-/// does not answer aborts it (its error is the answer; `Unavailable` when it did not answer);
-/// once committed, the change has happened whatever the later steps meet.
+/// not known committed when the wait ends tells the participant to abort; a participant that
+/// refuses or does not answer aborts it (its error is the answer; `Unavailable` when it did
+/// not answer); once committed, the change has happened whatever the later steps meet.
 fn run(
     ns: &Namespace,
     peers: &dyn Peers,
