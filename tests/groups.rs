@@ -143,3 +143,54 @@ fn a_link_across_groups_survives_its_participants_crash_at_each_step() {
         fsck_clean(&split.cluster);
     }
 }
+
+/// Directories renamed across groups on the mount: a tree moved between directories of the
+/// two groups keeps every file, a move into its own subtree is refused (`EINVAL`) wherever
+/// the walk goes, a directory replaces an empty one; then a move with the coordinator's leader
+/// killed once every group prepared, and once it committed: the mount's retry finishes it,
+/// and fsck across groups is clean throughout.
+#[test]
+fn directories_move_across_groups() {
+    for step in ["change-prepared", "change-committed"] {
+        let split = Split::start(step);
+        // A tree of a few levels, its directories spread over both groups.
+        let top = split.zero.join("top");
+        let mut leaf = top.clone();
+        for level in 0..4 {
+            leaf = leaf.join(format!("l{level}"));
+        }
+        fs::create_dir_all(&leaf).unwrap();
+        fs::write(leaf.join("f"), step).unwrap();
+        // The first move meets the crash: the mount's retries carry it through.
+        let moved = split.one.join("top");
+        let renamed = fs::rename(&top, &moved);
+        let _back = split.restart_crashed();
+        assert!(renamed.is_ok(), "{step}: {renamed:?}");
+        let leaf = moved.join("l0/l1/l2/l3");
+        eventually(60, "the move is decided on both sides", || {
+            split.cluster.cli(&["fsck"]).status.code() == Some(0)
+        });
+        assert_eq!(fs::read_to_string(leaf.join("f")).unwrap(), step);
+        assert!(!exists(&top));
+        // Into its own subtree: refused, nothing moved.
+        let looped = fs::rename(&moved, leaf.join("top"));
+        assert_eq!(looped.as_ref().map_err(|e| e.raw_os_error()), Err(Some(libc::EINVAL)), "{step}");
+        let looped = fs::rename(moved.join("l0"), leaf.join("l0"));
+        assert_eq!(looped.as_ref().map_err(|e| e.raw_os_error()), Err(Some(libc::EINVAL)), "{step}");
+        // Over an empty directory (one its parent's group holds: one of a third group is not
+        // built), and back out to the root.
+        let empty = (0..64)
+            .map(|i| split.zero.join(format!("e{i}")))
+            .find(|e| {
+                fs::create_dir(e).unwrap();
+                fs::metadata(e).unwrap().ino() >> 52 == 0
+            })
+            .expect("an empty directory of group 0");
+        fs::rename(moved.join("l0/l1"), &empty).unwrap();
+        assert_eq!(fs::read_to_string(empty.join("l2/l3/f")).unwrap(), step);
+        fs::rename(&empty, split.cluster.mnt.join("back")).unwrap();
+        assert_eq!(fs::read_to_string(split.cluster.mnt.join("back/l2/l3/f")).unwrap(), step);
+        assert_eq!(fs::metadata(split.cluster.mnt.join("back")).unwrap().nlink(), 3);
+        fsck_clean(&split.cluster);
+    }
+}

@@ -133,6 +133,7 @@ fake_meta! {
     txn_prepare(cairn_proto::TxnPrepareRequest) -> cairn_proto::TxnPrepareReply;
     txn_decide(cairn_proto::TxnDecideRequest) -> cairn_proto::Empty;
     txn_outcome(cairn_proto::TxnId) -> cairn_proto::TxnOutcomeReply;
+    txn_ancestry(cairn_proto::TxnAncestryRequest) -> cairn_proto::TxnAncestryReply;
     spread_dirs(cairn_proto::SpreadDirsRequest) -> cairn_proto::GroupMap;
 }
 

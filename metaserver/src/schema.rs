@@ -163,6 +163,11 @@ pub struct Inode {
     /// decided; nothing new goes into it meanwhile (`namespace/txn.rs`).
     #[prost(bytes = "vec", tag = "22")]
     pub removing: Vec<u8>,
+    /// A directory a rename across metadata groups is moving to another parent: its
+    /// transaction id, until decided; `parent` is in flux meanwhile, so a loop check that meets
+    /// it is refused (`namespace/txn/change.rs`).
+    #[prost(bytes = "vec", tag = "23")]
+    pub moving: Vec<u8>,
 }
 
 pub const S_IFMT: u32 = libc_consts::S_IFMT;
@@ -398,7 +403,7 @@ pub struct TxnRecord {
 /// One group's part of a [`TXN_CHANGE`] transaction (`namespace/txn/change.rs`).
 #[derive(Clone, PartialEq, Message)]
 pub struct TxnEffect {
-    /// [`EFFECT_UNNAME`], [`EFFECT_NAME`] or [`EFFECT_RELINK`].
+    /// [`EFFECT_UNNAME`], [`EFFECT_NAME`], [`EFFECT_RELINK`] or [`EFFECT_REPARENT`].
     #[prost(uint32, tag = "1")]
     pub kind: u32,
     /// unname, name: the entry's directory and name.
@@ -419,7 +424,7 @@ pub struct TxnEffect {
     #[prost(int32, tag = "7")]
     pub delta: i32,
     /// relink: the directory a name leaves (unlink, rename) and the one it goes to (link,
-    /// rename); 0 where none.
+    /// rename); 0 where none. reparent: the directory's parent before and after.
     #[prost(uint64, tag = "8")]
     pub from: u64,
     #[prost(uint64, tag = "9")]
@@ -430,7 +435,8 @@ pub struct TxnEffect {
     #[prost(uint32, tag = "11")]
     pub owner: u32,
     /// name: the caller whose write and search on the directory are checked, where
-    /// `caller_checked` (its uid, then its groups, sorted).
+    /// `caller_checked` (its uid, then its groups, sorted); reparent: whose write on the moved
+    /// directory is checked.
     #[prost(bool, tag = "12")]
     pub caller_checked: bool,
     #[prost(uint32, tag = "13")]
@@ -460,6 +466,8 @@ pub struct TxnEffects {
 pub const EFFECT_UNNAME: u32 = 1;
 pub const EFFECT_NAME: u32 = 2;
 pub const EFFECT_RELINK: u32 = 3;
+/// A directory's parent changes (a rename of a directory to another parent, in its group).
+pub const EFFECT_REPARENT: u32 = 4;
 
 pub const TXN_COORDINATOR: u32 = 1;
 pub const TXN_PARTICIPANT: u32 = 2;

@@ -23,7 +23,7 @@ pub fn required(service: &str, method: &str) -> Roles {
         // Group 0's leader checking every group's namespace for `cairn fsck`.
         ("meta", "CheckNamespace") => &[Meta, Admin],
         // Changes across metadata groups, between their leaders.
-        ("meta", "TxnPrepare" | "TxnDecide" | "TxnOutcome") => &[Meta],
+        ("meta", "TxnPrepare" | "TxnDecide" | "TxnOutcome" | "TxnAncestry") => &[Meta],
         // Finding the leader: anyone of the cluster.
         ("meta", "RaftStatus") => &[Meta, Chunk, Client, Admin],
         // Which metadata group owns which part of the namespace: anyone of the cluster.
@@ -86,6 +86,7 @@ fn known(service: &str, method: &str) -> bool {
                 "TxnPrepare",
                 "TxnDecide",
                 "TxnOutcome",
+                "TxnAncestry",
             ]
             .contains(&method)
                 || ids.filter_map(crate::wire::meta::method_name).any(|m| m == method)
@@ -226,7 +227,7 @@ mod tests {
         for role in [&client, &chunk, &admin] {
             assert!(!allowed("meta", "ShareGroupMap", role), "only metaservers hand the map on");
             assert!(!allowed("meta", "ReleaseSlots", role), "only group 0's leader asks for slots");
-            for m in ["TxnPrepare", "TxnDecide", "TxnOutcome"] {
+            for m in ["TxnPrepare", "TxnDecide", "TxnOutcome", "TxnAncestry"] {
                 assert!(!allowed("meta", m, role), "only metadata groups' leaders take part: {m}");
                 assert!(allowed("meta", m, &meta), "{m}");
             }

@@ -287,11 +287,13 @@ impl Namespace {
                 }
                 // A directory whose parent is another group's is named there (a mkdir across
                 // groups): fsck across groups checks that entry.
-                // Not one an rmdir across groups is removing (its entry may be gone already).
-                if ino != ROOT_INO && !self.holds_ino(inode.parent) && inode.removing.is_empty() {
+                // Not one an rmdir across groups is removing (its entry may be gone already),
+                // nor one a rename across groups is moving (its parent is in flux).
+                let settled = inode.removing.is_empty() && inode.moving.is_empty();
+                if ino != ROOT_INO && !self.holds_ino(inode.parent) && settled {
                     report.away_dirs.push((ino, inode.parent));
                 }
-                if ino != ROOT_INO && self.holds_ino(inode.parent) {
+                if ino != ROOT_INO && self.holds_ino(inode.parent) && inode.moving.is_empty() {
                     match dir_entry_parent.get(&ino) {
                         None => problems.push(Problem::Unreachable { ino }),
                         Some(&want) if inode.parent != want => {

@@ -29,6 +29,8 @@ mod tests_change;
 #[cfg(test)]
 mod tests_files;
 #[cfg(test)]
+mod tests_moves;
+#[cfg(test)]
 mod tests_names;
 #[cfg(test)]
 mod tests_txn;
@@ -54,7 +56,8 @@ pub use attrs::{XATTR_CREATE, XATTR_REPLACE};
 pub use check::{CheckReport, Problem, LOST_FOUND};
 pub use entries::{Looked, NewEntry};
 pub use files::{file_info, MAX_FILE_SIZE};
-pub use rename::{RENAME_EXCHANGE, RENAME_NOREPLACE};
+pub(crate) use rename::MAX_DEPTH;
+pub use rename::{Climb, Renamed, RENAME_EXCHANGE, RENAME_NOREPLACE};
 
 /// Stripes of the per-inode lock table.
 const LOCK_STRIPES: usize = 1024;

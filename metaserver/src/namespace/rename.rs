@@ -4,13 +4,44 @@
 
 use cairn_common::{CairnError, ErrorKind, Result, ROOT_INO};
 
+use super::txn::TxnId;
 use super::{check_name, Namespace};
 
 pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;
 
 /// Longest ancestry walked by the cycle check before the tree is declared corrupt.
-const MAX_DEPTH: usize = 1 << 16;
+pub(crate) const MAX_DEPTH: usize = 1 << 16;
+
+/// What renaming did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Renamed {
+    Done,
+    /// Nothing: a directory moves to a parent whose ancestry continues in another metadata
+    /// group, so the loop check walks across groups — a change across groups does it
+    /// (`docs/ARCHITECTURE.md`, "Directory renames across groups").
+    AcrossGroups,
+}
+
+/// What a walk up an ancestry makes of directories marked as moving across groups.
+#[derive(Clone, Copy)]
+enum Marks {
+    /// Read as they are (the parent before the move).
+    Ignored,
+    /// Refused (`Unavailable`), but those of this transaction's.
+    Refused(Option<TxnId>),
+}
+
+/// Where a walk up a directory's ancestry ended in one group ([`Namespace::climb`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Climb {
+    /// At the directory looked for: the move would make a loop.
+    Found,
+    /// At the root.
+    Root,
+    /// At this inode, another group's: the walk goes on there.
+    Leaves(u64),
+}
 
 impl Namespace {
     pub fn rename(
@@ -20,7 +51,7 @@ impl Namespace {
         new_parent: u64,
         new_name: &[u8],
         flags: u32,
-    ) -> Result<()> {
+    ) -> Result<Renamed> {
         check_name(name)?;
         check_name(new_name)?;
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
@@ -46,42 +77,86 @@ impl Namespace {
                 },
                 || {
                     if !global && moves_dir(self) {
-                        return Ok(false);
+                        return Ok(None);
                     }
-                    self.rename_locked(parent, name, new_parent, new_name, flags)?;
-                    Ok(true)
+                    self.rename_locked(parent, name, new_parent, new_name, flags).map(Some)
                 },
             );
             drop(guard);
             match result {
-                Ok(true) => return Ok(()),
-                Ok(false) => continue,
+                Ok(Some(renamed)) => return Ok(renamed),
+                Ok(None) => continue,
                 Err(e) => return Err(e),
             }
         }
     }
 
-    /// Is `ino` equal to `dir` or one of its ancestors?
-    pub(super) fn is_ancestor(&self, ino: u64, dir: u64) -> Result<bool> {
+    /// Walk up from directory `dir`, as far as this group holds its ancestry, looking for
+    /// `moved` (a directory moving to a new parent under `dir`, which must not be it or one of
+    /// its ancestors), under this group's rename lock: marks of moves across groups are written
+    /// under it. `id`: the move asking, whose own mark does not stop it; a directory another
+    /// move is moving answers `Unavailable` (its parent is in flux).
+    pub fn climb(&self, id: Option<TxnId>, dir: u64, moved: u64) -> Result<Climb> {
+        if !self.holds_ino(dir) {
+            return Err(CairnError::new(
+                ErrorKind::WrongGroup,
+                format!("directory {dir} is not metadata group {}'s", self.group),
+            ));
+        }
+        let _serial = self.rename_lock.lock();
+        self.climb_locked(Marks::Refused(id), dir, moved)
+    }
+
+    /// [`Namespace::climb`], its rename lock held by the caller where `marks` are refused.
+    fn climb_locked(&self, marks: Marks, dir: u64, moved: u64) -> Result<Climb> {
         let mut cur = dir;
         for _ in 0..MAX_DEPTH {
-            if cur == ino {
-                return Ok(true);
-            }
-            if cur == ROOT_INO {
-                return Ok(false);
+            if cur == moved {
+                return Ok(Climb::Found);
             }
             if !self.holds_ino(cur) {
-                // Above here another group holds the ancestry (a mkdir across groups): walking it
-                // across groups is not built, and stopping would miss a loop through there.
-                return Err(CairnError::new(
-                    ErrorKind::CrossDevice,
-                    format!("directory {dir}'s ancestry continues in another metadata group (inode {cur})"),
-                ));
+                return Ok(Climb::Leaves(cur));
             }
-            cur = self.inode(cur)?.parent;
+            let inode = self.inode(cur)?;
+            let refused = match marks {
+                Marks::Ignored => false,
+                Marks::Refused(id) => id.is_none_or(|id| inode.moving != id.key()),
+            };
+            if !inode.moving.is_empty() && refused {
+                return Err(CairnError::unavailable(format!(
+                    "directory {cur} is being moved by a rename across metadata groups: try again"
+                )));
+            }
+            if cur == ROOT_INO {
+                return Ok(Climb::Root);
+            }
+            cur = inode.parent;
         }
         Err(CairnError::corrupt(format!("directory {dir} is more than {MAX_DEPTH} levels deep")))
+    }
+
+    /// Is `ino` equal to `dir` or one of its ancestors, for a move here (its rename lock held)?
+    /// `None`: the ancestry continues in another group (the move runs across groups).
+    fn is_ancestor(&self, ino: u64, dir: u64) -> Result<Option<bool>> {
+        Ok(match self.climb_locked(Marks::Refused(None), dir, ino)? {
+            Climb::Found => Some(true),
+            Climb::Root => Some(false),
+            Climb::Leaves(_) => None,
+        })
+    }
+
+    /// Is `ino` equal to `dir` or one of its ancestors, as this group's records say now (a
+    /// subtree check: moves in flux are not waited for)? `CrossDevice` where the ancestry
+    /// continues in another group.
+    pub(super) fn is_ancestor_here(&self, ino: u64, dir: u64) -> Result<bool> {
+        match self.climb_locked(Marks::Ignored, dir, ino)? {
+            Climb::Found => Ok(true),
+            Climb::Root => Ok(false),
+            Climb::Leaves(cur) => Err(CairnError::new(
+                ErrorKind::CrossDevice,
+                format!("directory {dir}'s ancestry continues in another metadata group (inode {cur})"),
+            )),
+        }
     }
 
     fn rename_locked(
@@ -91,7 +166,7 @@ impl Namespace {
         new_parent: u64,
         new_name: &[u8],
         flags: u32,
-    ) -> Result<()> {
+    ) -> Result<Renamed> {
         let now = cairn_common::time::now();
         self.dir(parent)?;
         super::txn::refuse_removing(&self.dir(new_parent)?)?;
@@ -109,11 +184,11 @@ impl Namespace {
             return Err(CairnError::new(ErrorKind::Exists, "rename: the target exists"));
         }
         if parent == new_parent && name == new_name {
-            return Ok(());
+            return Ok(Renamed::Done);
         }
         if dst.as_ref().is_some_and(|d| d.ino == src.ino) && flags & RENAME_NOREPLACE == 0 {
             // Two names of one file (or itself): nothing to do, whatever holds them.
-            return Ok(());
+            return Ok(Renamed::Done);
         }
         self.refuse_held(&src, name)?;
         if let Some(dst) = &dst {
@@ -129,7 +204,7 @@ impl Namespace {
             return Err(CairnError::not_found("rename exchange: the target does not exist"));
         }
         if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
-            return Ok(());
+            return Ok(Renamed::Done);
         }
         let mut tx = self.tx();
         let src_dir = tx.get(src.ino)?.is_dir();
@@ -137,14 +212,27 @@ impl Namespace {
             Some(d) => tx.get(d.ino)?.is_dir(),
             None => false,
         };
-        if src_dir && parent != new_parent && self.is_ancestor(src.ino, new_parent)? {
-            return Err(CairnError::invalid("rename: cannot move a directory into itself"));
+        if src_dir && parent != new_parent {
+            match self.is_ancestor(src.ino, new_parent)? {
+                Some(true) => return Err(CairnError::invalid("rename: cannot move a directory into itself")),
+                Some(false) => {}
+                None if flags & RENAME_EXCHANGE != 0 => return Err(exchange_across()),
+                None => return Ok(Renamed::AcrossGroups),
+            }
         }
 
         if flags & RENAME_EXCHANGE != 0 {
             let dst = dst.expect("checked above");
-            if dst_dir && parent != new_parent && self.is_ancestor(dst.ino, parent)? {
-                return Err(CairnError::invalid("rename exchange: cannot move a directory into itself"));
+            if dst_dir && parent != new_parent {
+                match self.is_ancestor(dst.ino, parent)? {
+                    Some(true) => {
+                        return Err(CairnError::invalid(
+                            "rename exchange: cannot move a directory into itself",
+                        ))
+                    }
+                    Some(false) => {}
+                    None => return Err(exchange_across()),
+                }
             }
             tx.put_dentry(parent, name, dst.ino, dst.kind);
             tx.put_dentry(new_parent, new_name, src.ino, src.kind);
@@ -213,6 +301,14 @@ impl Namespace {
             d.set_mtime(&now);
             d.set_ctime(&now);
         }
-        tx.commit()
+        tx.commit().map(|()| Renamed::Done)
     }
+}
+
+/// An exchange of directories whose ancestry continues in another group: not built.
+fn exchange_across() -> CairnError {
+    CairnError::new(
+        ErrorKind::CrossDevice,
+        "rename exchange of directories whose ancestry continues in another metadata group is not built",
+    )
 }

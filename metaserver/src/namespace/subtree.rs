@@ -26,7 +26,7 @@ impl Namespace {
         }
         let inode = self.inode(ino)?;
         if inode.is_dir() {
-            return self.is_ancestor(top, ino);
+            return self.is_ancestor_here(top, ino);
         }
         if !inode.names_known() {
             return Err(CairnError::new(
@@ -44,7 +44,7 @@ impl Namespace {
         // One name inside is enough; a name whose ancestry leaves this group cannot be placed.
         let mut unplaced = None;
         for dir in dirs {
-            match self.is_ancestor(top, dir) {
+            match self.is_ancestor_here(top, dir) {
                 Ok(true) => return Ok(true),
                 Ok(false) => {}
                 Err(e) if e.kind() == ErrorKind::CrossDevice => unplaced = Some(e),

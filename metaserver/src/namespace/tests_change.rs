@@ -398,6 +398,10 @@ impl Peers for Counted<'_> {
     fn owner(&self, ino: u64) -> u32 {
         self.inner.owner(ino)
     }
+
+    fn ancestry(&self, group: u32, id: txn::TxnId, ino: u64, moved: u64) -> Result<Climb> {
+        self.inner.ancestry(group, id, ino, moved)
+    }
 }
 
 /// The coordinator's record not known committed when the first participant answered (its

@@ -128,6 +128,10 @@ impl Peers for Direct<'_> {
     fn owner(&self, ino: u64) -> u32 {
         self.pair.map.owner_of(ino).0
     }
+
+    fn ancestry(&self, group: u32, id: TxnId, ino: u64, moved: u64) -> Result<super::Climb> {
+        self.group(group)?.climb(Some(id), ino, moved)
+    }
 }
 
 pub(super) fn names(ns: &Namespace, ino: u64) -> Vec<(String, u64)> {

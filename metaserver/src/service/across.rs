@@ -1,4 +1,4 @@
-//! Unlink, link and rename of files across metadata groups as the service runs them
+//! Unlink, link and rename across metadata groups as the service runs them
 //! (`namespace/txn/change.rs` holds the effects, `exchange.rs` the steps): which requests
 //! need another group, the effects each group takes, the permission checks the coordinator
 //! makes itself and those it sends, and the answers.
@@ -123,14 +123,15 @@ impl MetaService {
     }
 
     /// rename of `r` when it needs another group (`None`: it does not; the caller renames
-    /// here): its destination directory is another group's (`dst_across`), or the file it
-    /// moves or replaces is. Directories and exchanges are refused across groups
-    /// (`CrossDevice`: `mv` copies).
+    /// here): its destination directory is another group's (`dst_across`), or the file or
+    /// directory it moves or replaces is, or (`walk_across`: the rename here said so) the
+    /// directory it moves goes under a parent whose ancestry continues in another group.
+    /// Exchanges are refused across groups (`CrossDevice`: `mv` copies).
     pub(super) async fn rename_across(
         &self,
         r: &RenameRequest,
         who: Option<&Who>,
-        dst_across: bool,
+        (dst_across, walk_across): (bool, bool),
     ) -> Result<Option<RenameReply>, Status> {
         let (parent, new_parent) = (check_ino(r.parent)?, check_ino(r.new_parent)?);
         let reply = || {
@@ -174,7 +175,7 @@ impl MetaService {
             }
             _ => false,
         };
-        if !dst_across && here && !replaces_elsewhere {
+        if !dst_across && here && !replaces_elsewhere && !walk_across {
             return Ok(None);
         }
         if parent == new_parent && r.name == r.new_name {
@@ -188,14 +189,11 @@ impl MetaService {
         {
             return Err(CairnError::invalid(format!("rename: invalid flags {:#x}", r.flags)).into());
         }
-        if kind == S_IFDIR || r.flags & RENAME_EXCHANGE != 0 {
+        if r.flags & RENAME_EXCHANGE != 0 {
             return Err(CairnError::new(
                 ErrorKind::CrossDevice,
-                format!(
-                    "rename of {} across metadata groups is not built yet (docs/ARCHITECTURE.md, \"Unlink, \
-                     link and rename of files across groups\")",
-                    if kind == S_IFDIR { "a directory" } else { "an exchange" }
-                ),
+                "rename exchange across metadata groups is not built yet (docs/ARCHITECTURE.md, \"Directory \
+                 renames across groups\")",
             )
             .into());
         }
@@ -204,14 +202,25 @@ impl MetaService {
             // file of this group); the destination's group checks its own.
             self.check_remove(who, parent, &r.name, "rename")?;
         }
-        let owner = if here { None } else { self.sticky_owner(who, parent)? };
+        // A directory's own group changes its parent (and checks the caller may, and the loop
+        // check walks); a file's counts the name's move.
+        let moved = if kind == S_IFDIR {
+            txn::reparent(ino, (parent, new_parent), who)
+        } else {
+            txn::relink(
+                ino,
+                0,
+                (parent, new_parent),
+                if here { None } else { self.sticky_owner(who, parent)? },
+            )
+        };
         let effects = vec![
             (self.ns()?.group(), txn::unname(parent, &r.name, ino)),
             (
                 self.group_of(new_parent)?,
                 txn::name(new_parent, &r.new_name, ino, kind, r.flags & RENAME_NOREPLACE == 0, who),
             ),
-            (self.group_of(ino)?, txn::relink(ino, 0, (parent, new_parent), owner)),
+            (self.group_of(ino)?, moved),
         ];
         self.change_across(once_of(&r.once), effects).await?;
         Ok(Some(reply()?))

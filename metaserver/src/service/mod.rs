@@ -18,7 +18,7 @@ use tonic::{Request, Response, Status};
 
 use crate::access::{Access, Rule, Squash};
 use crate::cluster::Cluster;
-use crate::namespace::{file_info, Namespace, NewEntry};
+use crate::namespace::{file_info, Namespace, NewEntry, Renamed};
 use crate::permissions::{open_want, MAY_EXEC, MAY_READ};
 use crate::raft::node::RaftNode;
 use crate::repair::Repair;
@@ -270,25 +270,36 @@ impl Meta for MetaService {
         self.may_change(&req, "rename")?;
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
         let r = req.into_inner();
-        if let Some(reply) = self.rename_across(&r, who.as_ref(), dst_across).await? {
+        if let Some(reply) = self.rename_across(&r, who.as_ref(), (dst_across, false)).await? {
             return Ok(Response::new(reply));
         }
         let (parent, new_parent) = (check_ino(r.parent)?, check_ino(r.new_parent)?);
-        if let Some(who) = who {
-            self.check_rename(&who, &r)?;
+        if let Some(who) = &who {
+            self.check_rename(who, &r)?;
         }
         let once = once_of(&r.once);
-        let (parent, new_parent) = self
+        let local = r.clone();
+        let renamed = self
             .once_change(
                 once,
                 move |ns| {
-                    ns.rename(parent, &r.name, new_parent, &r.new_name, r.flags)?;
-                    Ok((dir_after(ns, parent), dir_after(ns, new_parent)))
+                    Ok(match ns.rename(parent, &local.name, new_parent, &local.new_name, local.flags)? {
+                        Renamed::Done => Some((dir_after(ns, parent), dir_after(ns, new_parent))),
+                        Renamed::AcrossGroups => None,
+                    })
                 },
-                |ns| Ok((dir_after(ns, parent), dir_after(ns, new_parent))),
+                |ns| Ok(Some((dir_after(ns, parent), dir_after(ns, new_parent)))),
             )
             .await?;
-        Ok(Response::new(RenameReply { parent, new_parent }))
+        if let Some((parent, new_parent)) = renamed {
+            return Ok(Response::new(RenameReply { parent, new_parent }));
+        }
+        // A directory moving under a parent whose ancestry leaves this group: the loop check
+        // walks across groups, in a change of this group's.
+        match self.rename_across(&r, who.as_ref(), (false, true)).await? {
+            Some(reply) => Ok(Response::new(reply)),
+            None => Err(CairnError::internal("a rename across groups answered that it was not one").into()),
+        }
     }
 
     async fn link(&self, req: Request<LinkRequest>) -> Result<Response<AttrReply>, Status> {
@@ -803,6 +814,13 @@ impl Meta for MetaService {
 
     async fn txn_outcome(&self, req: Request<TxnId>) -> Result<Response<TxnOutcomeReply>, Status> {
         Ok(Response::new(self.txn_outcome(req.into_inner())?))
+    }
+
+    async fn txn_ancestry(
+        &self,
+        req: Request<cairn_proto::TxnAncestryRequest>,
+    ) -> Result<Response<cairn_proto::TxnAncestryReply>, Status> {
+        Ok(Response::new(self.txn_ancestry(req.into_inner()).await?))
     }
 
     async fn spread_dirs(&self, req: Request<SpreadDirsRequest>) -> Result<Response<GroupMap>, Status> {

@@ -11,8 +11,8 @@ use std::time::Duration;
 use cairn_common::{CairnError, Result};
 use cairn_proto::meta_client::MetaClient;
 use cairn_proto::{
-    AttrReply, GroupMap, MkdirRequest, RemoveReply, RemoveRequest, TxnDecideRequest, TxnOutcomeReply,
-    TxnPrepareReply, TxnPrepareRequest,
+    AttrReply, GroupMap, MkdirRequest, RemoveReply, RemoveRequest, TxnAncestryReply, TxnAncestryRequest,
+    TxnDecideRequest, TxnOutcomeReply, TxnPrepareReply, TxnPrepareRequest,
 };
 use tonic::transport::Channel;
 use tonic::Status;
@@ -20,7 +20,7 @@ use tonic::Status;
 use super::{attr_reply, check_ino, dir_after, looked_reply, once_of, MetaService};
 use crate::groups;
 use crate::namespace::txn::{self, Outcome, Peers, Prepare, TxnId};
-use crate::namespace::{once, Looked, Namespace, NewEntry};
+use crate::namespace::{once, Climb, Looked, Namespace, NewEntry};
 use crate::schema::{
     self, Inode, TxnEffect, TxnEffects, TXN_ABORTED, TXN_CHANGE, TXN_COMMITTED, TXN_PENDING,
 };
@@ -108,6 +108,21 @@ impl Peers for GroupPeers {
     fn owner(&self, ino: u64) -> u32 {
         let slot = cairn_common::ids::slot_of(ino) as usize;
         self.map.slots.get(slot).copied().unwrap_or(0)
+    }
+
+    fn ancestry(&self, group: u32, id: TxnId, ino: u64, moved: u64) -> Result<Climb> {
+        let req = TxnAncestryRequest { id: Some(id_of(id)), ino, moved };
+        let reply = self.ask(group, |mut c| async move { c.txn_ancestry(req).await })?;
+        Ok(match reply {
+            TxnAncestryReply { found: true, .. } => Climb::Found,
+            TxnAncestryReply { root: true, .. } => Climb::Root,
+            TxnAncestryReply { next, .. } if next != 0 => Climb::Leaves(next),
+            _ => {
+                return Err(CairnError::invalid(format!(
+                    "transaction {id}: an empty answer to its loop check"
+                )))
+            }
+        })
     }
 
     fn outcome(&self, id: TxnId) -> Result<Outcome> {
@@ -268,6 +283,16 @@ impl MetaService {
     pub(super) async fn txn_decide(&self, req: TxnDecideRequest) -> Result<(), Status> {
         let id = id_from(req.id)?;
         self.run(move |ns| ns.txn_decide(id, req.commit)).await
+    }
+
+    pub(super) async fn txn_ancestry(&self, req: TxnAncestryRequest) -> Result<TxnAncestryReply, Status> {
+        let id = id_from(req.id)?;
+        let (ino, moved) = (check_ino(req.ino)?, check_ino(req.moved)?);
+        Ok(match self.run(move |ns| ns.climb(Some(id), ino, moved)).await? {
+            Climb::Found => TxnAncestryReply { found: true, ..Default::default() },
+            Climb::Root => TxnAncestryReply { root: true, ..Default::default() },
+            Climb::Leaves(next) => TxnAncestryReply { next, ..Default::default() },
+        })
     }
 
     pub(super) fn txn_outcome(&self, id: cairn_proto::TxnId) -> Result<TxnOutcomeReply, Status> {

@@ -11,8 +11,8 @@ use super::TxnId;
 use crate::namespace::{check_name, once, Namespace, Tx};
 use crate::permissions::{Who, MAY_EXEC, MAY_WRITE};
 use crate::schema::{
-    self, Dentry, TxnEffect, TxnRecord, EFFECT_NAME, EFFECT_RELINK, EFFECT_UNNAME, S_IFDIR, TXN_ABORTED,
-    TXN_CHANGE, TXN_COMMITTED, TXN_COORDINATOR, TXN_PARTICIPANT, TXN_PENDING,
+    self, Dentry, TxnEffect, TxnRecord, EFFECT_NAME, EFFECT_RELINK, EFFECT_REPARENT, EFFECT_UNNAME, S_IFDIR,
+    TXN_ABORTED, TXN_CHANGE, TXN_COMMITTED, TXN_COORDINATOR, TXN_PARTICIPANT, TXN_PENDING,
 };
 use crate::store::Cf;
 
@@ -54,6 +54,27 @@ pub fn relink(ino: u64, delta: i32, (from, to): (u64, u64), owner: Option<u32>) 
     }
 }
 
+/// Move directory `ino` from parent `from` to `to` (the same: a rename within its directory,
+/// its ctime only); `caller`, where checked, must have write on it when its parent changes.
+pub fn reparent(ino: u64, (from, to): (u64, u64), caller: Option<&Who>) -> TxnEffect {
+    TxnEffect {
+        kind: EFFECT_REPARENT,
+        ino,
+        from,
+        to,
+        entry_kind: S_IFDIR,
+        caller_checked: caller.is_some(),
+        caller_uid: caller.map_or(0, |w| w.uid),
+        caller_groups: caller.map_or(Vec::new(), |w| w.groups().to_vec()),
+        ..Default::default()
+    }
+}
+
+/// Whether `effects` move a directory (its group's rename lock is taken to mark it).
+fn moves_dir(effects: &[TxnEffect]) -> bool {
+    effects.iter().any(|e| e.kind == EFFECT_REPARENT)
+}
+
 fn quoted(name: &[u8]) -> String {
     format!("{:?}", String::from_utf8_lossy(name))
 }
@@ -65,7 +86,7 @@ impl Namespace {
         let mut locks = vec![id.lock()];
         for e in effects {
             match e.kind {
-                EFFECT_RELINK => locks.push(e.ino),
+                EFFECT_RELINK | EFFECT_REPARENT => locks.push(e.ino),
                 _ => {
                     locks.push(e.parent);
                     locks.extend(self.peek(e.parent, &e.name));
@@ -87,6 +108,7 @@ impl Namespace {
                     self.holds_ino(e.parent) && e.ino != 0
                 }
                 EFFECT_RELINK => self.holds_ino(e.ino) && (-1..=1).contains(&e.delta),
+                EFFECT_REPARENT => self.holds_ino(e.ino) && e.from != 0 && e.to != 0,
                 _ => false,
             };
             if !ok {
@@ -130,6 +152,7 @@ impl Namespace {
                     );
                 }
                 EFFECT_NAME => self.prepare_name(id, e, tx)?,
+                EFFECT_REPARENT => self.prepare_reparent(id, e, tx)?,
                 _ => {
                     let inode = tx.get(e.ino)?;
                     if inode.is_dir() {
@@ -180,6 +203,37 @@ impl Namespace {
         Ok(())
     }
 
+    /// Prepare a directory's move: it is a directory under `from`, neither removed nor moved by
+    /// another change, the caller may change its `..`; marked (`Inode.moving`) until decided.
+    fn prepare_reparent(&self, id: TxnId, e: &mut TxnEffect, tx: &mut Tx<'_>) -> Result<()> {
+        let dir = tx.get(e.ino)?;
+        if !dir.is_dir() {
+            return Err(CairnError::new(ErrorKind::NotDir, format!("inode {} is not a directory", e.ino)));
+        }
+        if !dir.removing.is_empty() {
+            return Err(CairnError::not_found(format!("directory {} is being removed", e.ino)));
+        }
+        if !dir.moving.is_empty() && dir.moving != id.key() {
+            return Err(CairnError::unavailable(format!(
+                "directory {} is being moved by another change across metadata groups: try again",
+                e.ino
+            )));
+        }
+        if dir.parent != e.from {
+            return Err(CairnError::new(
+                ErrorKind::Interrupted,
+                format!("directory {} has moved meanwhile: try again", e.ino),
+            ));
+        }
+        if e.caller_checked && e.from != e.to {
+            let who = Who::resolved(e.caller_uid, e.caller_groups.clone());
+            who.check(dir, MAY_WRITE, "rename of a directory to another parent")?;
+        }
+        dir.moving = id.key();
+        e.inode = Some(dir.clone());
+        Ok(())
+    }
+
     /// Prepare a new name: a placeholder where it is free, a mark on the file it replaces.
     fn prepare_name(&self, id: TxnId, e: &mut TxnEffect, tx: &mut Tx<'_>) -> Result<()> {
         let dir = self.dir(e.parent)?;
@@ -214,11 +268,21 @@ impl Namespace {
                     e.replaced = there.ino;
                     return Ok(());
                 }
-                if there.kind == S_IFDIR {
-                    return Err(CairnError::new(
-                        ErrorKind::IsDir,
-                        "rename: a non-directory over a directory",
-                    ));
+                match (e.entry_kind == S_IFDIR, there.kind == S_IFDIR) {
+                    (false, true) => {
+                        return Err(CairnError::new(
+                            ErrorKind::IsDir,
+                            "rename: a non-directory over a directory",
+                        ))
+                    }
+                    (true, false) => {
+                        return Err(CairnError::new(
+                            ErrorKind::NotDir,
+                            "rename: a directory over a non-directory",
+                        ))
+                    }
+                    (true, true) => self.prepare_replaced_dir(id, there.ino, tx)?,
+                    (false, false) => {}
                 }
                 e.replaced = there.ino;
                 if let Some((who, owner)) = who.as_ref().and_then(|w| Some((w, w.sticky_owner(&dir)?))) {
@@ -234,6 +298,31 @@ impl Namespace {
                 tx.batch.put(Cf::Dentries, key, schema::encode(&marked));
             }
         }
+        Ok(())
+    }
+
+    /// Prepare the removal of directory `ino`, which a directory renamed over it replaces: it
+    /// must be this group's and empty; marked `removing` so nothing goes into it until decided.
+    fn prepare_replaced_dir(&self, id: TxnId, ino: u64, tx: &mut Tx<'_>) -> Result<()> {
+        if !self.holds_ino(ino) {
+            return Err(CairnError::new(
+                ErrorKind::CrossDevice,
+                format!(
+                    "rename over directory {ino}, which another metadata group holds, is not built \
+                     (docs/ARCHITECTURE.md, \"Directory renames across groups\")"
+                ),
+            ));
+        }
+        if !self.dir_is_empty(ino)? {
+            return Err(CairnError::new(ErrorKind::NotEmpty, "rename: the target directory is not empty"));
+        }
+        let dir = tx.get(ino)?;
+        if !dir.removing.is_empty() || !dir.moving.is_empty() {
+            return Err(CairnError::unavailable(format!(
+                "directory {ino} is being changed across metadata groups: try again"
+            )));
+        }
+        dir.removing = id.key();
         Ok(())
     }
 
@@ -273,10 +362,28 @@ impl Namespace {
                         } else {
                             tx.put_dentry(e.parent, &e.name, held.ino, held.kind);
                         }
+                        if e.kind == EFFECT_NAME && e.replaced != 0 && e.replaced != e.ino {
+                            self.unmark_replaced_dir(id, e.replaced, tx)?;
+                        }
                         continue;
                     }
                     if e.kind == EFFECT_UNNAME {
                         tx.delete_dentry(e.parent, &e.name);
+                        if held.kind == S_IFDIR {
+                            let dir = tx.get(e.parent)?;
+                            dir.nlink = dir.nlink.saturating_sub(1).max(2);
+                        }
+                    } else if e.entry_kind == S_IFDIR {
+                        tx.put_dentry(e.parent, &e.name, e.ino, e.entry_kind);
+                        let replaced_dir = e.replaced != 0
+                            && self.try_inode(e.replaced)?.is_some_and(|d| d.removing == id.key());
+                        if replaced_dir {
+                            // One subdirectory for another: the count stays.
+                            tx.destroy(e.replaced)?;
+                        } else {
+                            let dir = tx.get(e.parent)?;
+                            dir.nlink = dir.nlink.saturating_add(1);
+                        }
                     } else {
                         if e.entry_kind == 0 {
                             return Err(CairnError::invalid(format!(
@@ -295,6 +402,17 @@ impl Namespace {
                     let dir = tx.get(e.parent)?;
                     dir.set_mtime(&now);
                     dir.set_ctime(&now);
+                }
+                (EFFECT_REPARENT, _) => {
+                    if self.try_inode(e.ino)?.is_none_or(|d| d.moving != id.key()) {
+                        continue;
+                    }
+                    let dir = tx.get(e.ino)?;
+                    dir.moving.clear();
+                    if commit {
+                        dir.parent = e.to;
+                        dir.set_ctime(&now);
+                    }
                 }
                 (_, _) => {
                     if self.try_inode(e.ino)?.is_none() {
@@ -317,6 +435,14 @@ impl Namespace {
         Ok(())
     }
 
+    /// An aborted rename over directory `ino` leaves it as it was: its `removing` mark cleared.
+    fn unmark_replaced_dir(&self, id: TxnId, ino: u64, tx: &mut Tx<'_>) -> Result<()> {
+        if self.holds_ino(ino) && self.try_inode(ino)?.is_some_and(|d| d.removing == id.key()) {
+            tx.get(ino)?.removing.clear();
+        }
+        Ok(())
+    }
+
     // ------------------------------------------------------------ the coordinator's side
 
     /// Step 1 of a change across groups: prepare this group's `effects` and write the
@@ -332,6 +458,8 @@ impl Namespace {
         let id = TxnId { group: self.group, seq: self.txn_seqs.next(&self.store)? };
         let (client, seq) = once::current().unwrap_or((0, 0));
         let locks = self.effect_locks(id, &effects);
+        // A directory's move is marked under the rename lock (a walk up its ancestry takes it).
+        let _serial = moves_dir(&effects).then(|| self.rename_lock.lock());
         self.locked(
             || locks.clone(),
             || {
@@ -454,6 +582,7 @@ impl Namespace {
         }
         self.check_effects(&effects)?;
         let locks = self.effect_locks(id, &effects);
+        let _serial = moves_dir(&effects).then(|| self.rename_lock.lock());
         self.locked(
             || locks.clone(),
             || {

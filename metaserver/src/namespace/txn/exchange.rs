@@ -5,10 +5,10 @@
 use cairn_common::{CairnError, ErrorKind, Result};
 
 use super::{Outcome, Prepare, TxnId};
-use crate::namespace::{Namespace, NewEntry};
+use crate::namespace::{Climb, Namespace, NewEntry};
 use crate::schema::{
-    Inode, TxnEffect, TxnRecord, EFFECT_NAME, TXN_CHANGE, TXN_COMMITTED, TXN_COORDINATOR, TXN_PARTICIPANT,
-    TXN_PENDING,
+    Inode, TxnEffect, TxnRecord, EFFECT_NAME, EFFECT_REPARENT, TXN_CHANGE, TXN_COMMITTED, TXN_COORDINATOR,
+    TXN_PARTICIPANT, TXN_PENDING,
 };
 use crate::store::Change;
 
@@ -26,6 +26,9 @@ pub trait Peers {
     fn prepare_change(&self, group: u32, id: TxnId, effects: &[TxnEffect]) -> Result<Vec<TxnEffect>>;
     /// The group holding inode `ino`, as the map says.
     fn owner(&self, ino: u64) -> u32;
+    /// `TxnAncestry` to `group`'s leader: its part of the walk up from directory `ino` looking
+    /// for `moved` ([`Namespace::climb`]).
+    fn ancestry(&self, group: u32, id: TxnId, ino: u64, moved: u64) -> Result<Climb>;
 }
 
 /// What a change across groups did.
@@ -46,6 +49,9 @@ pub enum Changed {
 /// then every other group, then the commit and the decisions.
 pub fn change_across(ns: &Namespace, peers: &dyn Peers, effects: Vec<(u32, TxnEffect)>) -> Result<Changed> {
     let own_group = ns.group();
+    // A directory moving to another parent: the loop check, once every group prepared.
+    let walk =
+        effects.iter().find(|(_, e)| e.kind == EFFECT_REPARENT && e.from != e.to).map(|(_, e)| (e.ino, e.to));
     let mut own = Vec::new();
     let mut others: Vec<(u32, Vec<TxnEffect>)> = Vec::new();
     for (group, effect) in effects {
@@ -134,6 +140,11 @@ pub fn change_across(ns: &Namespace, peers: &dyn Peers, effects: Vec<(u32, TxnEf
             }
         }
     }
+    if let Some((moved, to)) = walk {
+        if let Err(e) = climb_across(ns, peers, id, to, moved) {
+            return Err(abort_change(ns, peers, id, &asked, e));
+        }
+    }
     crash_point("change-prepared");
     if let Err(e) = ns.change_commit(id, named_kind, more, asked.clone()) {
         // Its entry landed though its answer did not: the change happened.
@@ -159,6 +170,35 @@ pub fn change_across(ns: &Namespace, peers: &dyn Peers, effects: Vec<(u32, TxnEf
         tell_groups(peers, id, &asked, true).is_empty()
     });
     Ok(Changed::Done { relinked, acknowledged, id })
+}
+
+/// The loop check of change `id`, moving directory `moved` under `to`: the walk up from `to`,
+/// each group walking the part of the ancestry it holds, must reach the root without meeting
+/// `moved` (`InvalidArgument` where it does). Run once every mark is in place.
+fn climb_across(ns: &Namespace, peers: &dyn Peers, id: TxnId, to: u64, moved: u64) -> Result<()> {
+    let mut cur = to;
+    for _ in 0..crate::namespace::MAX_DEPTH {
+        let group = peers.owner(cur);
+        let climbed = if group == ns.group() {
+            ns.climb(Some(id), cur, moved)
+        } else {
+            peers.ancestry(group, id, cur, moved).map_err(answer_of)
+        };
+        match climbed? {
+            Climb::Found => return Err(CairnError::invalid("rename: cannot move a directory into itself")),
+            Climb::Root => return Ok(()),
+            Climb::Leaves(next) if next != cur => cur = next,
+            Climb::Leaves(_) => {
+                return Err(CairnError::unavailable(format!(
+                    "metadata group {group} does not hold directory {cur}, which the map gives it: try again"
+                )))
+            }
+        }
+    }
+    Err(CairnError::corrupt(format!(
+        "directory {to} is more than {} levels deep",
+        crate::namespace::MAX_DEPTH
+    )))
 }
 
 fn add_to(others: &mut Vec<(u32, Vec<TxnEffect>)>, group: u32, effect: TxnEffect) {
