@@ -26,10 +26,16 @@ struct Split {
 
 impl Split {
     fn start(step: &str) -> Split {
+        Split::start_with(step, 6, &[])
+    }
+
+    /// [`Split::start`] with `chunkservers` and `extra` arguments to `cairn up`.
+    fn start_with(step: &str, chunkservers: u32, extra: &[&str]) -> Split {
         let crash = tempfile::tempdir().unwrap();
         let crashed = crash.path().join("crashed");
         let env = [("CAIRN_CRASH_AT", step), ("CAIRN_CRASH_ONCE", crashed.to_str().unwrap())];
-        let cluster = Cluster::start_env(6, "4+2", 64, &["--meta-replicas", "3", "--meta-groups", "2"], &env);
+        let args = [&["--meta-replicas", "3", "--meta-groups", "2"][..], extra].concat();
+        let cluster = Cluster::start_env(chunkservers, "4+2", 64, &args, &env);
         for args in [&["meta", "groups", "move", "1-2047", "1"][..], &["meta", "groups", "spread", "on"]] {
             let (code, out) = cli_on(&cluster, &cluster.meta_addr, args);
             assert_eq!(code, 0, "{out}");
@@ -192,5 +198,65 @@ fn directories_move_across_groups() {
         assert_eq!(fs::read_to_string(split.cluster.mnt.join("back/l2/l3/f")).unwrap(), step);
         assert_eq!(fs::metadata(split.cluster.mnt.join("back")).unwrap().nlink(), 3);
         fsck_clean(&split.cluster);
+    }
+}
+
+/// Files in a directory of group 1: a shard a client finds damaged is rewritten (the report
+/// handed from group 0 to group 1), and after two chunkservers die group 1's repair rebuilds
+/// their shards on the survivors (their placement moves off the dead nodes), so two more can
+/// die and every byte still reads.
+#[test]
+fn a_groups_files_are_rebuilt_by_its_own_repair() {
+    let split = Split::start_with("none", 8, &["--rebuild-after-ms", "2000"]);
+    let mut files = Vec::new();
+    for i in 0..6usize {
+        let data: Vec<u8> = (0..200_000 + i * 77_777).map(|b| (b * 31 + i) as u8).collect();
+        let path = split.one.join(format!("f{i}"));
+        fs::write(&path, &data).unwrap();
+        files.push((path, data));
+    }
+    let info = |path: &Path| support::cli_json(&split.cluster, &["info", path.to_str().unwrap()]).1;
+    let slot = |p: &Path| fs::metadata(p).unwrap().ino() >> 52;
+    assert!(files.iter().all(|(path, _)| slot(path) != 0), "the files are group 1's (slots 1-2047)");
+
+    // A damaged shard, found by a client's read: the report goes to group 0, which hands it to
+    // group 1; group 1 confirms it with the chunkserver and its repair rewrites the shard.
+    let prefix = format!("{:016x}-{:012x}-{:02x}-", fs::metadata(&files[0].0).unwrap().ino(), 0, 1);
+    let shard = split
+        .cluster
+        .shard_files()
+        .into_iter()
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(&prefix));
+    let shard = shard.expect("the shard file");
+    let pristine = fs::read(&shard).unwrap();
+    let mut bad = pristine.clone();
+    let at = bad.len() - 100;
+    bad[at] ^= 0x55;
+    fs::write(&shard, bad).unwrap();
+    let reader = support::Mount::new(&split.cluster, "reader");
+    let name = files[0].0.strip_prefix(&split.cluster.mnt).unwrap();
+    assert!(fs::read(reader.dir.join(name)).unwrap() == files[0].1, "read around the damage");
+    eventually(60, "group 1's repair rewrote the damaged shard", || {
+        fs::read(&shard).is_ok_and(|b| b == pristine)
+    });
+    drop(reader);
+    let chunks: Vec<&support::Node> = split.cluster.nodes.iter().filter(|n| n.role == "chunk").collect();
+    support::kill9(chunks[0].pid);
+    support::kill9(chunks[1].pid);
+    let dead: Vec<u64> = chunks[..2].iter().map(|n| n.id.parse().unwrap()).collect();
+    eventually(180, "group 1's repair moved every file off the dead chunkservers", || {
+        files.iter().all(|(path, _)| {
+            let info = info(path);
+            info["degraded_stripes"] == 0
+                && info["placement"].as_array().is_some_and(|nodes| {
+                    nodes.len() == 6
+                        && nodes.iter().all(|n| n["node"].as_u64().is_some_and(|id| !dead.contains(&id)))
+                })
+        })
+    });
+    support::kill9(chunks[2].pid);
+    support::kill9(chunks[3].pid);
+    for (path, data) in &files {
+        assert!(fs::read(path).unwrap() == *data, "{}", path.display());
     }
 }

@@ -87,7 +87,10 @@ impl Scrub {
             }
         }
         if !out.damaged.is_empty() {
-            let req = ReportDamagedRequest { ids: out.damaged.iter().map(|id| (*id).into()).collect() };
+            let req = ReportDamagedRequest {
+                ids: out.damaged.iter().map(|id| (*id).into()).collect(),
+                confirm: false,
+            };
             let reply = self
                 .meta
                 .call(|mut c| {

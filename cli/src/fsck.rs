@@ -154,7 +154,7 @@ pub async fn run(opts: Options) -> Result<u8> {
         bar.set_message(format!("repairing: {} damaged shards reported", found.damaged.len()));
         let healed = async {
             for chunk in found.damaged.chunks(10_000) {
-                conn.report_damaged(p::ReportDamagedRequest { ids: chunk.to_vec() }).await?;
+                conn.report_damaged(p::ReportDamagedRequest { ids: chunk.to_vec(), confirm: false }).await?;
             }
             conn.repair_now(p::Empty {}).await?;
             Ok::<_, CairnError>(())

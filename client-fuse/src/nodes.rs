@@ -133,7 +133,8 @@ impl NodeDirectory for MetaDirectory {
     fn report_damaged(&self, ids: Vec<ShardId>) -> BoxFuture<'static, Result<()>> {
         let meta = self.meta.clone();
         Box::pin(async move {
-            let req = p::ReportDamagedRequest { ids: ids.into_iter().map(Into::into).collect() };
+            let req =
+                p::ReportDamagedRequest { ids: ids.into_iter().map(Into::into).collect(), confirm: false };
             meta.report_damaged(req).await.map(|_| ())
         })
     }

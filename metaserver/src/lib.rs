@@ -349,7 +349,7 @@ async fn serve_replicated(
             group: node.group(),
             node_timeout: Duration::from_millis(config.node_timeout_ms),
             client_lease: Duration::from_millis(config.client_lease_ms),
-            gc_interval: background.gc_interval,
+            background,
         };
         tokio::spawn(lead(node.clone(), slots))
     };
@@ -396,16 +396,7 @@ fn start_background(
 ) -> (service::Serving, Tasks) {
     let gc = tokio::spawn(Gc::new(ns.clone(), cluster.clone()).run(background.gc_interval));
     let reaper = tokio::spawn(reap_sessions(ns.clone(), cluster.clone()));
-    let repair = Arc::new(
-        repair::Repair::new(
-            ns.clone(),
-            cluster.clone(),
-            background.rebuild_after,
-            background.repair_rate_bytes,
-        )
-        .with_orphan_grace(background.orphan_grace)
-        .with_unknown_inode_grace(background.unknown_inode_grace),
-    );
+    let repair = repair_of(&ns, &cluster, &background);
     let repairing = tokio::spawn(repair.clone().run(Duration::from_secs(2), background.reconcile_interval));
     let published = tokio::spawn(metrics::publish(ns.clone(), cluster.clone(), Duration::from_secs(5)));
     let mut tasks = vec![gc, reaper, repairing, published];
@@ -473,7 +464,7 @@ struct ServeSlots {
     group: u32,
     node_timeout: Duration,
     client_lease: Duration,
-    gc_interval: Duration,
+    background: Background,
 }
 
 /// How often a leader of a group other than 0 fences the chunkservers.
@@ -497,7 +488,7 @@ impl Leadership for ServeSlots {
             (self.service.clone(), self.group),
             held,
             epoch,
-            (self.node_timeout, self.client_lease, self.gc_interval),
+            (self.node_timeout, self.client_lease, self.background.clone()),
         );
         Tasks(vec![tokio::spawn(fence), tokio::spawn(slots)])
     }
@@ -509,13 +500,37 @@ impl Leadership for ServeSlots {
     }
 }
 
-/// Collect the garbage of a group other than 0 (its unlinked files' shards), once its registry
-/// holds group 0's chunkservers: the GC drops what is queued for nodes it does not know.
-async fn collect_garbage(ns: Arc<Namespace>, cluster: Arc<Cluster>, every: Duration) {
+/// Collect the garbage of a group other than 0 (its unlinked files' shards) and repair its
+/// files (rebuild, drain, relocation, reconciliation of its slots' shards), once its registry
+/// holds group 0's chunkservers: the GC drops what is queued for nodes it does not know, and
+/// the repair would find every node gone.
+async fn collect_and_repair(
+    ns: Arc<Namespace>,
+    cluster: Arc<Cluster>,
+    repair: Arc<repair::Repair>,
+    background: Background,
+) {
     while !cluster.registry().mirrored() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    Gc::new(ns, cluster).run(every).await
+    tokio::join!(
+        Gc::new(ns, cluster).run(background.gc_interval),
+        repair.run(Duration::from_secs(2), background.reconcile_interval)
+    );
+}
+
+/// The repair of `ns`'s files, as `background` sets it.
+fn repair_of(ns: &Arc<Namespace>, cluster: &Arc<Cluster>, background: &Background) -> Arc<repair::Repair> {
+    Arc::new(
+        repair::Repair::new(
+            ns.clone(),
+            cluster.clone(),
+            background.rebuild_after,
+            background.repair_rate_bytes,
+        )
+        .with_orphan_grace(background.orphan_grace)
+        .with_unknown_inode_grace(background.unknown_inode_grace),
+    )
 }
 
 /// Open the namespace of this group's slots (one other than 0) once it holds the cluster's
@@ -525,7 +540,7 @@ async fn serve_slots(
     (service, group): (Arc<MetaService>, u32),
     held: Arc<groups::Groups>,
     epoch: u64,
-    (node_timeout, client_lease, gc_interval): (Duration, Duration, Duration),
+    (node_timeout, client_lease, background): (Duration, Duration, Background),
 ) {
     let mut said = String::new();
     loop {
@@ -539,10 +554,15 @@ async fn serve_slots(
         .await;
         match opened {
             Ok(Ok((ns, cluster))) => {
-                let serving = service::Serving { ns: ns.clone(), cluster: cluster.clone(), repair: None };
+                let repair = repair_of(&ns, &cluster, &background);
+                let serving = service::Serving {
+                    ns: ns.clone(),
+                    cluster: cluster.clone(),
+                    repair: Some(repair.clone()),
+                };
                 if service.serve_slots(&held, serving) {
                     tracing::info!(group, epoch, "serving the namespace slots of this group");
-                    let collect = collect_garbage(ns.clone(), cluster.clone(), gc_interval);
+                    let collect = collect_and_repair(ns.clone(), cluster.clone(), repair, background);
                     let finish = service.clone().finish_txns(ns.clone());
                     tokio::join!(reap_sessions(ns, cluster), collect, finish);
                 }

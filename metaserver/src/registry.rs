@@ -194,13 +194,17 @@ impl Registry {
     /// 0 no longer lists is forgotten), up as group 0 last heard from it.
     pub fn mirror(&self, nodes: &[NodeInfo]) {
         let now = Instant::now();
+        let timeout_ms = self.timeout.as_millis() as u64;
         let state = |name: &str| if name == state_name(NODE_DRAINING) { NODE_DRAINING } else { NODE_ACTIVE };
         let mirrored = nodes.iter().map(|n| {
-            let heard = now.checked_sub(Duration::from_millis(n.last_heartbeat_ms_ago)).unwrap_or(now);
+            // A node down is down here too (heard from at least a timeout ago), and for as long
+            // as group 0 says: the repair rebuilds what it held once that is long enough.
+            let ago = if n.up { n.last_heartbeat_ms_ago } else { n.last_heartbeat_ms_ago.max(timeout_ms) };
+            let heard = now.checked_sub(Duration::from_millis(ago));
             let node = NodeState {
                 uuid: String::new(),
                 addr: n.addr.clone(),
-                last_heartbeat: n.up.then_some(heard),
+                last_heartbeat: if n.up { Some(heard.unwrap_or(now)) } else { heard },
                 tiers: n.tiers.clone(),
                 pid: n.pid,
                 state: state(&n.state),

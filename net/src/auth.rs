@@ -33,7 +33,7 @@ pub fn required(service: &str, method: &str) -> Roles {
         // The nodes' addresses: every process that talks to chunkservers.
         ("meta", "ListNodes") => &[Meta, Chunk, Client, Admin],
         // Damage found by readers and by chunkservers' scrubs.
-        ("meta", "ReportDamaged") => &[Chunk, Client, Admin],
+        ("meta", "ReportDamaged") => &[Chunk, Client, Admin, Meta],
         // The namespace and files, as a mount uses them.
         (
             "meta",

@@ -418,7 +418,7 @@ fn shard_access_needs_the_metaservers_capability_for_that_file() {
 
         // A client's damage report of a healthy shard is checked with its chunkserver and
         // marks nothing missing.
-        let report = p::ReportDamagedRequest { ids: vec![shard(secret), shard(mine)] };
+        let report = p::ReportDamagedRequest { ids: vec![shard(secret), shard(mine)], confirm: false };
         let reply = wire::meta::report_damaged(&meta, report).await.unwrap();
         assert!(reply.missing.is_empty(), "{reply:?}");
         let after = wire::meta::list_stripes(&meta, p::ListStripesRequest { ino: secret, from: 0, limit: 1 })
@@ -426,7 +426,7 @@ fn shard_access_needs_the_metaservers_capability_for_that_file() {
             .unwrap()
             .stripes;
         assert_eq!(after[0].missing, 0, "a healthy shard was marked missing on a client's word");
-        let flood = p::ReportDamagedRequest { ids: vec![shard(secret); 257] };
+        let flood = p::ReportDamagedRequest { ids: vec![shard(secret); 257], confirm: false };
         assert!(wire::meta::report_damaged(&meta, flood).await.is_err(), "a client's report is bounded");
         // Real damage is confirmed and marked.
         let prefix = format!("{secret:016x}-{:012x}-00-", 0);
@@ -439,9 +439,12 @@ fn shard_access_needs_the_metaservers_capability_for_that_file() {
         let at = bytes.len() - 10;
         bytes[at] ^= 0x01;
         fs::write(&file, bytes).unwrap();
-        let reply = wire::meta::report_damaged(&meta, p::ReportDamagedRequest { ids: vec![shard(secret)] })
-            .await
-            .unwrap();
+        let reply = wire::meta::report_damaged(
+            &meta,
+            p::ReportDamagedRequest { ids: vec![shard(secret)], confirm: false },
+        )
+        .await
+        .unwrap();
         assert_eq!(reply.missing, vec![shard(secret)], "a corrupt shard reported by a client is marked");
     });
 

@@ -628,19 +628,24 @@ impl Meta for MetaService {
         &self,
         req: Request<ReportDamagedRequest>,
     ) -> Result<Response<cairn_proto::ReportDamagedReply>, Status> {
-        self.zero()?;
         let from_client = capability::required_of(req.extensions().get::<cairn_net::tls::Peer>());
-        let ids: Vec<cairn_common::ShardId> = req.into_inner().ids.iter().map(Into::into).collect();
+        let r = req.into_inner();
+        // Handed on by group 0 for a client: confirmed here, where the stripe records are.
+        let confirm = from_client || r.confirm;
+        let ids: Vec<cairn_common::ShardId> = r.ids.iter().map(Into::into).collect();
         if ids.len() > 100_000 || (from_client && ids.len() > MAX_CLIENT_DAMAGE_IDS) {
             return Err(CairnError::invalid("too many shard ids in one report").into());
         }
+        let (ids, elsewhere) = self.damage_by_group(ids)?;
         // A chunkserver reports its own shards; a client's word is checked with the chunkserver
         // that holds each one, so no client can mark healthy shards missing.
-        let ids = if from_client { self.confirmed_damage(ids).await? } else { ids };
+        let ids = if confirm { self.confirmed_damage(ids).await? } else { ids };
         let (_, missing) = self.run(move |ns| ns.mark_damaged(&ids)).await?;
-        Ok(Response::new(cairn_proto::ReportDamagedReply {
-            missing: missing.into_iter().map(Into::into).collect(),
-        }))
+        let mut missing: Vec<cairn_proto::ShardId> = missing.into_iter().map(Into::into).collect();
+        for (group, ids) in elsewhere {
+            missing.extend(self.damage_elsewhere(group, ids, confirm).await?);
+        }
+        Ok(Response::new(cairn_proto::ReportDamagedReply { missing }))
     }
 
     async fn cluster_status(&self, _req: Request<Empty>) -> Result<Response<ClusterStatusReply>, Status> {

@@ -4,7 +4,7 @@
 //! blocking pool (its steps wait for another group), and every leadership finishes what its
 //! predecessors left ([`MetaService::finish_txns`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -136,7 +136,74 @@ impl Peers for GroupPeers {
     }
 }
 
+/// Reported shards of other groups' slots, by group.
+pub(super) type DamageElsewhere = BTreeMap<u32, Vec<cairn_proto::ShardId>>;
+
+impl GroupPeers {
+    /// `ReportDamaged` of `ids` to `group`'s leader (`confirm`: a client reported them).
+    fn report_damaged(
+        &self,
+        group: u32,
+        ids: Vec<cairn_proto::ShardId>,
+        confirm: bool,
+    ) -> Result<Vec<cairn_proto::ShardId>> {
+        let req = cairn_proto::ReportDamagedRequest { ids, confirm };
+        let reply = self.ask(group, |mut c| {
+            let req = req.clone();
+            async move { c.report_damaged(req).await }
+        })?;
+        Ok(reply.missing)
+    }
+}
+
 impl MetaService {
+    /// Split reported shard `ids` into this group's and, on group 0's leader, those of each
+    /// other group's slots (handed on by [`MetaService::damage_elsewhere`]); another group
+    /// takes only its own (`WrongGroup`).
+    pub(super) fn damage_by_group(
+        &self,
+        ids: Vec<cairn_common::ShardId>,
+    ) -> Result<(Vec<cairn_common::ShardId>, DamageElsewhere), Status> {
+        let serving = self.serving()?;
+        let own = serving.ns.group();
+        let (mut here, mut elsewhere) = (Vec::new(), DamageElsewhere::new());
+        for id in ids {
+            let (group, version) = serving.cluster.groups().owner_of(id.ino);
+            if group == own {
+                here.push(id);
+            } else if own == 0 {
+                elsewhere.entry(group).or_default().push(id.into());
+            } else {
+                return Err(CairnError::wrong_group(
+                    format!(
+                        "shard of inode {} is in namespace slot {}, which metadata group {group} owns: report \
+                         it to group 0's metaservers",
+                        id.ino,
+                        cairn_common::ids::slot_of(id.ino)
+                    ),
+                    version,
+                )
+                .into());
+            }
+        }
+        Ok((here, elsewhere))
+    }
+
+    /// Hand reported shard `ids` of `group`'s slots to its leader; answers those it counts
+    /// missing.
+    pub(super) async fn damage_elsewhere(
+        &self,
+        group: u32,
+        ids: Vec<cairn_proto::ShardId>,
+        confirm: bool,
+    ) -> Result<Vec<cairn_proto::ShardId>, Status> {
+        let peers = self.peers()?;
+        tokio::task::spawn_blocking(move || peers.report_damaged(group, ids, confirm))
+            .await
+            .map_err(|e| CairnError::internal(format!("handing a damage report on: {e}")))?
+            .map_err(Status::from)
+    }
+
     /// The group map as this leader holds it, group 0's replicas included.
     fn txn_map(&self) -> Result<GroupMap, Status> {
         if let Some(held) = self.held_map.read().as_ref() {
