@@ -114,6 +114,10 @@ impl Namespace {
             if cur == moved {
                 return Ok(Climb::Found);
             }
+            if cur == ROOT_INO {
+                // Never moved, never marked: wherever it is held.
+                return Ok(Climb::Root);
+            }
             if !self.holds_ino(cur) {
                 return Ok(Climb::Leaves(cur));
             }
@@ -126,9 +130,6 @@ impl Namespace {
                 return Err(CairnError::unavailable(format!(
                     "directory {cur} is being moved by a rename across metadata groups: try again"
                 )));
-            }
-            if cur == ROOT_INO {
-                return Ok(Climb::Root);
             }
             cur = inode.parent;
         }

@@ -47,6 +47,11 @@ fn move_dir(pair: &Pair, from: (u64, &str), ino: u64, to: (u64, &str)) -> Result
     Ok(changed)
 }
 
+/// The effects of `plan` that `group` takes.
+fn of(plan: &[(u32, TxnEffect)], group: u32) -> Vec<TxnEffect> {
+    plan.iter().filter(|(g, _)| *g == group).map(|(_, e)| e.clone()).collect()
+}
+
 fn settled(pair: &Pair) {
     assert!(pair.g0.txns().unwrap().is_empty(), "group 0 holds {:?}", pair.g0.txns().unwrap());
     assert!(pair.g3.txns().unwrap().is_empty(), "group 3 holds {:?}", pair.g3.txns().unwrap());
@@ -74,6 +79,7 @@ fn a_directory_moves_across_groups() {
     let pair = Pair::new();
     let (d, s, e) = tree(&pair);
     let root_links = pair.g0.getattr(ROOT_INO).unwrap().nlink;
+    let before = cairn_common::time::now();
     let changed = move_dir(&pair, (ROOT_INO, "d"), d.ino, (e.ino, "d2")).unwrap();
     assert!(matches!(changed, Changed::Done { acknowledged: true, .. }), "{changed:?}");
     assert_eq!(kind(pair.g0.lookup_entry(ROOT_INO, b"d")), ErrorKind::NotFound);
@@ -84,16 +90,20 @@ fn a_directory_moves_across_groups() {
     let moved = pair.g3.getattr(d.ino).unwrap();
     assert_eq!(moved.parent, e.ino);
     assert!(moved.moving.is_empty(), "the mark is cleared");
-    assert!((moved.ctime_sec, moved.ctime_nsec) >= (d.ctime_sec, d.ctime_nsec));
+    assert!((moved.ctime_sec, moved.ctime_nsec) >= (before.sec, before.nsec), "its ctime changed");
     assert_eq!(pair.g0.getattr(ROOT_INO).unwrap().nlink, root_links - 1);
     assert_eq!(pair.g0.getattr(e.ino).unwrap().nlink, 3);
     assert_eq!(names(&pair.g3, d.ino).len(), 2, "its contents stay");
     assert_eq!(pair.g3.getattr(s.ino).unwrap().parent, d.ino);
     settled(&pair);
 
-    // Within its new directory (its ctime only), then back to the root.
+    // Within its new directory (its ctime only, no mark), then back to the root.
+    let before = cairn_common::time::now();
     move_dir(&pair, (e.ino, "d2"), d.ino, (e.ino, "d3")).unwrap();
     assert_eq!(pair.g0.getattr(e.ino).unwrap().nlink, 3);
+    let renamed = pair.g3.getattr(d.ino).unwrap();
+    assert!((renamed.ctime_sec, renamed.ctime_nsec) >= (before.sec, before.nsec), "its ctime changed");
+    assert_eq!(renamed.parent, e.ino);
     move_dir(&pair, (e.ino, "d3"), d.ino, (ROOT_INO, "d")).unwrap();
     assert_eq!(pair.g3.getattr(d.ino).unwrap().parent, ROOT_INO);
     assert_eq!(pair.g0.getattr(ROOT_INO).unwrap().nlink, root_links);
@@ -146,18 +156,30 @@ fn a_move_in_flux_stops_the_walks_through_it() {
     let pair = Pair::new();
     let (d, s, e) = tree(&pair);
     let plan = move_plan(&pair, (ROOT_INO, "d"), d.ino, (e.ino, "d"));
-    let own: Vec<TxnEffect> = plan.iter().filter(|(g, _)| *g == 0).map(|(_, e)| e.clone()).collect();
-    let theirs: Vec<TxnEffect> = plan.iter().filter(|(g, _)| *g == GROUP).map(|(_, e)| e.clone()).collect();
-    let (id, _) = pair.g0.change_begin(own, &[GROUP]).unwrap();
-    pair.g3.txn_prepare_change(id, theirs).unwrap();
+    let (id, _) = pair.g0.change_begin(of(&plan, 0), &[GROUP]).unwrap();
+    pair.g3.txn_prepare_change(id, of(&plan, GROUP)).unwrap();
     assert_eq!(pair.g3.getattr(d.ino).unwrap().moving, id.key());
-    assert_eq!(pair.g3.climb(Some(id), s.ino, e.ino).unwrap(), Climb::Leaves(ROOT_INO));
+    assert_eq!(pair.g3.climb(Some(id), s.ino, e.ino).unwrap(), Climb::Root);
     assert_eq!(kind(pair.g3.climb(None, s.ino, e.ino)), ErrorKind::Unavailable);
     // Another directory moving into `s` meets the mark on its walk.
     let f = dir(&pair.g0, ROOT_INO, "f");
     assert_eq!(kind(move_dir(&pair, (ROOT_INO, "f"), f.ino, (s.ino, "f"))), ErrorKind::Unavailable);
     // A second move of `d` itself: its entry is held.
     assert_eq!(kind(move_dir(&pair, (ROOT_INO, "d"), d.ino, (f.ino, "d"))), ErrorKind::Unavailable);
+
+    // A move within group 0 whose walk passes a directory group 0 is moving: `x` (group 0,
+    // with `z` in it) marked by a move into `s`, and `y` moved into `z` locally.
+    let x = dir(&pair.g0, ROOT_INO, "x");
+    let z = dir(&pair.g0, x.ino, "z");
+    dir(&pair.g0, ROOT_INO, "y");
+    let plan = move_plan(&pair, (ROOT_INO, "x"), x.ino, (s.ino, "x"));
+    let (x_id, _) = pair.g0.change_begin(of(&plan, 0), &[GROUP]).unwrap();
+    pair.g3.txn_prepare_change(x_id, of(&plan, GROUP)).unwrap();
+    assert_eq!(kind(pair.g0.rename(ROOT_INO, b"y", z.ino, b"y", 0)), ErrorKind::Unavailable);
+    pair.g0.change_abort(x_id, &[GROUP]).unwrap();
+    pair.g3.txn_decide(x_id, false).unwrap();
+    pair.g0.txn_forget(x_id).unwrap();
+    assert_eq!(pair.g0.rename(ROOT_INO, b"y", z.ino, b"y", 0).unwrap(), Renamed::Done);
 
     pair.g0.change_abort(id, &[GROUP]).unwrap();
     pair.g3.txn_decide(id, false).unwrap();
@@ -167,6 +189,44 @@ fn a_move_in_flux_stops_the_walks_through_it() {
     settled(&pair);
     move_dir(&pair, (ROOT_INO, "f"), f.ino, (s.ino, "f")).unwrap();
     settled(&pair);
+}
+
+/// Two moves each fine alone that together would close a loop — `a` (group 3) into `b`
+/// (group 0) and `b` into `a` — both prepared (both directories marked) before either walks,
+/// in either order: each walk meets the other's mark and is told to try again; once one is
+/// given up, the other goes through, and the loop is never made.
+#[test]
+fn two_moves_that_would_close_a_loop_cannot_both_pass() {
+    for a_first in [true, false] {
+        let pair = Pair::new();
+        let a =
+            mkdir_across(&pair.g0, &pair.peers(), &tests::new(ROOT_INO, "a", 0o755), GROUP).unwrap().inode;
+        let b = dir(&pair.g0, ROOT_INO, "b");
+        let a_into_b = move_plan(&pair, (ROOT_INO, "a"), a.ino, (b.ino, "a"));
+        let b_into_a = move_plan(&pair, (ROOT_INO, "b"), b.ino, (a.ino, "b"));
+        let mut begun = Vec::new();
+        for plan in if a_first { [&a_into_b, &b_into_a] } else { [&b_into_a, &a_into_b] } {
+            let (id, _) = pair.g0.change_begin(of(plan, 0), &[GROUP]).unwrap();
+            pair.g3.txn_prepare_change(id, of(plan, GROUP)).unwrap();
+            begun.push(id);
+        }
+        let (ab, ba) = if a_first { (begun[0], begun[1]) } else { (begun[1], begun[0]) };
+        // a into b walks up from b (group 0), b into a from a (group 3): each meets a mark.
+        assert_eq!(kind(pair.g0.climb(Some(ab), b.ino, a.ino)), ErrorKind::Unavailable);
+        assert_eq!(kind(pair.g3.climb(Some(ba), a.ino, b.ino)), ErrorKind::Unavailable);
+        // b into a is given up; a into b then walks to the root and commits.
+        pair.g0.change_abort(ba, &[GROUP]).unwrap();
+        pair.g3.txn_decide(ba, false).unwrap();
+        pair.g0.txn_forget(ba).unwrap();
+        assert_eq!(pair.g0.climb(Some(ab), b.ino, a.ino).unwrap(), Climb::Root);
+        pair.g0.change_commit(ab, 0, Vec::new(), vec![GROUP]).unwrap();
+        pair.g3.txn_decide(ab, true).unwrap();
+        pair.g0.txn_forget(ab).unwrap();
+        assert_eq!(pair.g3.getattr(a.ino).unwrap().parent, b.ino);
+        // And b into a now is the loop itself.
+        assert_eq!(kind(move_dir(&pair, (ROOT_INO, "b"), b.ino, (a.ino, "b"))), ErrorKind::InvalidArgument);
+        settled(&pair);
+    }
 }
 
 /// A directory renamed over an empty directory replaces it (the parent's count unchanged);
@@ -200,12 +260,9 @@ fn a_directory_move_recovers_from_a_crash_after_any_step() {
         let mut pair = Pair::new();
         let (d, _, e) = tree(&pair);
         let plan = move_plan(&pair, (ROOT_INO, "d"), d.ino, (e.ino, "d"));
-        let own: Vec<TxnEffect> = plan.iter().filter(|(g, _)| *g == 0).map(|(_, e)| e.clone()).collect();
-        let theirs: Vec<TxnEffect> =
-            plan.iter().filter(|(g, _)| *g == GROUP).map(|(_, e)| e.clone()).collect();
-        let (id, _) = pair.g0.change_begin(own, &[GROUP]).unwrap();
+        let (id, _) = pair.g0.change_begin(of(&plan, 0), &[GROUP]).unwrap();
         if step >= 2 {
-            pair.g3.txn_prepare_change(id, theirs).unwrap();
+            pair.g3.txn_prepare_change(id, of(&plan, GROUP)).unwrap();
         }
         if step >= 3 {
             pair.g0.change_commit(id, 0, Vec::new(), vec![GROUP]).unwrap();

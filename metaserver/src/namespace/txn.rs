@@ -542,6 +542,12 @@ impl Namespace {
                     if !dir.removing.is_empty() {
                         return Err(CairnError::not_found(format!("directory {} is being removed", dir.ino)));
                     }
+                    if !dir.moving.is_empty() {
+                        return Err(CairnError::unavailable(format!(
+                            "directory {} is being moved across metadata groups: try again",
+                            dir.ino
+                        )));
+                    }
                     if !self.dir_is_empty(dir.ino)? {
                         return Err(CairnError::new(ErrorKind::NotEmpty, "directory not empty"));
                     }

@@ -24,17 +24,15 @@ impl MetaService {
         if group == serving.ns.group() {
             return Ok(false);
         }
-        if self.rule(req).and_then(|r| r.subtree).is_some_and(|p| p != "/") {
-            return Err(CairnError::new(
-                ErrorKind::CrossDevice,
-                format!(
-                    "inode {ino} is metadata group {group}'s: a change across metadata groups is not \
-                     served to a client limited to a subtree"
-                ),
-            )
-            .into());
+        if self.limited(req) {
+            return Err(limited_across(ino).into());
         }
         Ok(true)
+    }
+
+    /// Whether the caller of `req` is limited to a subtree (not the root).
+    pub(super) fn limited<T>(&self, req: &Request<T>) -> bool {
+        self.rule(req).and_then(|r| r.subtree).is_some_and(|p| p != "/")
     }
 
     /// The uid that must own a file removed from or replaced in directory `dir` by `who`
@@ -130,7 +128,7 @@ impl MetaService {
     pub(super) async fn rename_across(
         &self,
         r: &RenameRequest,
-        who: Option<&Who>,
+        (who, limited): (Option<&Who>, bool),
         (dst_across, walk_across): (bool, bool),
     ) -> Result<Option<RenameReply>, Status> {
         let (parent, new_parent) = (check_ino(r.parent)?, check_ino(r.new_parent)?);
@@ -152,7 +150,7 @@ impl MetaService {
             Ok(looked) => looked,
             // Its first try, still running, may have just taken the source away.
             Err(_) if self.done_before(once_of(&r.once))? => return Ok(Some(reply()?)),
-            Err(e) if dst_across => return Err(e),
+            Err(e) if dst_across || walk_across => return Err(e),
             // The local rename answers it.
             Err(_) => return Ok(None),
         };
@@ -188,6 +186,10 @@ impl MetaService {
             || r.flags == RENAME_NOREPLACE | RENAME_EXCHANGE
         {
             return Err(CairnError::invalid(format!("rename: invalid flags {:#x}", r.flags)).into());
+        }
+        // A client limited to a subtree is refused any change across groups (see `across`).
+        if limited {
+            return Err(limited_across(ino).into());
         }
         if r.flags & RENAME_EXCHANGE != 0 {
             return Err(CairnError::new(
@@ -225,4 +227,15 @@ impl MetaService {
         self.change_across(once_of(&r.once), effects).await?;
         Ok(Some(reply()?))
     }
+}
+
+/// What a client limited to a subtree is answered for a change across groups naming `ino`:
+/// where the other inodes lie is checked from the root, which only group 0 holds.
+fn limited_across(ino: u64) -> CairnError {
+    CairnError::new(
+        ErrorKind::CrossDevice,
+        format!(
+            "inode {ino}: a change across metadata groups is not served to a client limited to a subtree"
+        ),
+    )
 }

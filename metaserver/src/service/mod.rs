@@ -269,8 +269,9 @@ impl Meta for MetaService {
         self.within(&req, &inos[..if dst_across { 1 } else { 2 }])?;
         self.may_change(&req, "rename")?;
         let who = self.who(&req, req.get_ref().caller.as_ref())?;
+        let limited = self.limited(&req);
         let r = req.into_inner();
-        if let Some(reply) = self.rename_across(&r, who.as_ref(), (dst_across, false)).await? {
+        if let Some(reply) = self.rename_across(&r, (who.as_ref(), limited), (dst_across, false)).await? {
             return Ok(Response::new(reply));
         }
         let (parent, new_parent) = (check_ino(r.parent)?, check_ino(r.new_parent)?);
@@ -296,7 +297,7 @@ impl Meta for MetaService {
         }
         // A directory moving under a parent whose ancestry leaves this group: the loop check
         // walks across groups, in a change of this group's.
-        match self.rename_across(&r, who.as_ref(), (false, true)).await? {
+        match self.rename_across(&r, (who.as_ref(), limited), (false, true)).await? {
             Some(reply) => Ok(Response::new(reply)),
             None => Err(CairnError::internal("a rename across groups answered that it was not one").into()),
         }

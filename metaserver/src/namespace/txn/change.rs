@@ -225,12 +225,17 @@ impl Namespace {
                 format!("directory {} has moved meanwhile: try again", e.ino),
             ));
         }
-        if e.caller_checked && e.from != e.to {
+        e.inode = Some(dir.clone());
+        if e.from == e.to {
+            // Renamed within its directory: its parent stays, nothing to mark (its ctime
+            // changes at the commit).
+            return Ok(());
+        }
+        if e.caller_checked {
             let who = Who::resolved(e.caller_uid, e.caller_groups.clone());
             who.check(dir, MAY_WRITE, "rename of a directory to another parent")?;
         }
         dir.moving = id.key();
-        e.inode = Some(dir.clone());
         Ok(())
     }
 
@@ -404,7 +409,14 @@ impl Namespace {
                     dir.set_ctime(&now);
                 }
                 (EFFECT_REPARENT, _) => {
-                    if self.try_inode(e.ino)?.is_none_or(|d| d.moving != id.key()) {
+                    let Some(dir) = self.try_inode(e.ino)? else { continue };
+                    if e.from == e.to {
+                        if commit {
+                            tx.get(e.ino)?.set_ctime(&now);
+                        }
+                        continue;
+                    }
+                    if dir.moving != id.key() {
                         continue;
                     }
                     let dir = tx.get(e.ino)?;

@@ -184,6 +184,13 @@ fn climb_across(ns: &Namespace, peers: &dyn Peers, id: TxnId, to: u64, moved: u6
         } else {
             peers.ancestry(group, id, cur, moved).map_err(answer_of)
         };
+        // A directory on the way removed or moved meanwhile: the walk is tried again.
+        let climbed = climbed.map_err(|e| match e.kind() {
+            ErrorKind::NotFound => {
+                CairnError::unavailable(format!("the loop check met a change: try again ({e})"))
+            }
+            _ => e,
+        });
         match climbed? {
             Climb::Found => return Err(CairnError::invalid("rename: cannot move a directory into itself")),
             Climb::Root => return Ok(()),
