@@ -183,18 +183,21 @@ fn directories_move_across_groups() {
         assert_eq!(looped.as_ref().map_err(|e| e.raw_os_error()), Err(Some(libc::EINVAL)), "{step}");
         let looped = fs::rename(moved.join("l0"), leaf.join("l0"));
         assert_eq!(looped.as_ref().map_err(|e| e.raw_os_error()), Err(Some(libc::EINVAL)), "{step}");
-        // Over an empty directory (one its parent's group holds: one of a third group is not
-        // built), and back out to the root.
-        let empty = (0..64)
-            .map(|i| split.zero.join(format!("e{i}")))
-            .find(|e| {
-                fs::create_dir(e).unwrap();
-                fs::metadata(e).unwrap().ino() >> 52 == 0
-            })
-            .expect("an empty directory of group 0");
-        fs::rename(moved.join("l0/l1"), &empty).unwrap();
+        // Over empty directories of either group (the one whose parent's group holds it, and
+        // another), and back out to the root.
+        let empties: Vec<PathBuf> = (0..8).map(|i| split.zero.join(format!("e{i}"))).collect();
+        for e in &empties {
+            fs::create_dir(e).unwrap();
+        }
+        let groups: Vec<bool> = empties.iter().map(|e| fs::metadata(e).unwrap().ino() >> 52 == 0).collect();
+        assert!(groups.contains(&true) && groups.contains(&false), "{groups:?}");
+        for pair in empties.windows(2) {
+            fs::rename(&pair[0], &pair[1]).unwrap();
+        }
+        let empty = empties.last().unwrap();
+        fs::rename(moved.join("l0/l1"), empty).unwrap();
         assert_eq!(fs::read_to_string(empty.join("l2/l3/f")).unwrap(), step);
-        fs::rename(&empty, split.cluster.mnt.join("back")).unwrap();
+        fs::rename(empty, split.cluster.mnt.join("back")).unwrap();
         assert_eq!(fs::read_to_string(split.cluster.mnt.join("back/l2/l3/f")).unwrap(), step);
         assert_eq!(fs::metadata(split.cluster.mnt.join("back")).unwrap().nlink(), 3);
         fsck_clean(&split.cluster);

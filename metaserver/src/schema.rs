@@ -403,7 +403,8 @@ pub struct TxnRecord {
 /// One group's part of a [`TXN_CHANGE`] transaction (`namespace/txn/change.rs`).
 #[derive(Clone, PartialEq, Message)]
 pub struct TxnEffect {
-    /// [`EFFECT_UNNAME`], [`EFFECT_NAME`], [`EFFECT_RELINK`] or [`EFFECT_REPARENT`].
+    /// [`EFFECT_UNNAME`], [`EFFECT_NAME`], [`EFFECT_RELINK`], [`EFFECT_REPARENT`] or
+    /// [`EFFECT_DROP_DIR`].
     #[prost(uint32, tag = "1")]
     pub kind: u32,
     /// unname, name: the entry's directory and name.
@@ -424,12 +425,14 @@ pub struct TxnEffect {
     #[prost(int32, tag = "7")]
     pub delta: i32,
     /// relink: the directory a name leaves (unlink, rename) and the one it goes to (link,
-    /// rename); 0 where none. reparent: the directory's parent before and after.
+    /// rename); 0 where none. reparent: the directory's parent before and after. drop dir:
+    /// `from`, the directory's parent.
     #[prost(uint64, tag = "8")]
     pub from: u64,
     #[prost(uint64, tag = "9")]
     pub to: u64,
-    /// relink: the uid that must own the inode (the sticky rule), where `owner_checked`.
+    /// relink, drop dir: the uid that must own the inode (the sticky rule), where
+    /// `owner_checked`.
     #[prost(bool, tag = "10")]
     pub owner_checked: bool,
     #[prost(uint32, tag = "11")]
@@ -468,6 +471,8 @@ pub const EFFECT_NAME: u32 = 2;
 pub const EFFECT_RELINK: u32 = 3;
 /// A directory's parent changes (a rename of a directory to another parent, in its group).
 pub const EFFECT_REPARENT: u32 = 4;
+/// An empty directory goes (a directory renamed over it, in its group).
+pub const EFFECT_DROP_DIR: u32 = 5;
 
 pub const TXN_COORDINATOR: u32 = 1;
 pub const TXN_PARTICIPANT: u32 = 2;

@@ -250,6 +250,24 @@ fn a_directory_replaces_an_empty_one_across_groups() {
     );
     assert_eq!(pair.g0.getattr(e.ino).unwrap().nlink, counted);
     settled(&pair);
+
+    // Over an empty directory of the other group (its name in group 0, the directory in group
+    // 3, which removes it), and not over one with entries there.
+    let other =
+        mkdir_across(&pair.g0, &pair.peers(), &tests::new(ROOT_INO, "other", 0o755), GROUP).unwrap().inode;
+    let busy =
+        mkdir_across(&pair.g0, &pair.peers(), &tests::new(ROOT_INO, "busy", 0o755), GROUP).unwrap().inode;
+    file(&pair.g3, busy.ino, "y");
+    let w = dir(&pair.g0, ROOT_INO, "w");
+    let root_links = pair.g0.getattr(ROOT_INO).unwrap().nlink;
+    assert_eq!(kind(move_dir(&pair, (ROOT_INO, "w"), w.ino, (ROOT_INO, "busy"))), ErrorKind::NotEmpty);
+    assert_eq!(pair.g3.getattr(busy.ino).unwrap().removing, Vec::<u8>::new(), "nothing left marked");
+    settled(&pair);
+    move_dir(&pair, (ROOT_INO, "w"), w.ino, (ROOT_INO, "other")).unwrap();
+    assert_eq!(kind(pair.g3.getattr(other.ino)), ErrorKind::NotFound);
+    assert!(matches!(pair.g0.lookup_entry(ROOT_INO, b"other").unwrap(), Looked::Here(i) if i.ino == w.ino));
+    assert_eq!(pair.g0.getattr(ROOT_INO).unwrap().nlink, root_links - 1, "w's entry went, other's was taken");
+    settled(&pair);
 }
 
 /// Both leaders crash after each step of a directory's move across groups; recovery finishes

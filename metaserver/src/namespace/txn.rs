@@ -25,7 +25,7 @@ use crate::store::{Batch, Cf, MetaStore};
 
 mod change;
 mod exchange;
-pub use change::{name, relink, reparent, unname};
+pub use change::{drop_dir, name, relink, reparent, unname};
 pub use exchange::{change_across, mkdir_across, recover, rmdir_across, Changed, Made, Peers};
 
 /// Where a group keeps the end of the transaction sequences it reserved.

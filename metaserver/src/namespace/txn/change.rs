@@ -11,8 +11,9 @@ use super::TxnId;
 use crate::namespace::{check_name, once, Namespace, Tx};
 use crate::permissions::{Who, MAY_EXEC, MAY_WRITE};
 use crate::schema::{
-    self, Dentry, TxnEffect, TxnRecord, EFFECT_NAME, EFFECT_RELINK, EFFECT_REPARENT, EFFECT_UNNAME, S_IFDIR,
-    TXN_ABORTED, TXN_CHANGE, TXN_COMMITTED, TXN_COORDINATOR, TXN_PARTICIPANT, TXN_PENDING,
+    self, Dentry, TxnEffect, TxnRecord, EFFECT_DROP_DIR, EFFECT_NAME, EFFECT_RELINK, EFFECT_REPARENT,
+    EFFECT_UNNAME, S_IFDIR, TXN_ABORTED, TXN_CHANGE, TXN_COMMITTED, TXN_COORDINATOR, TXN_PARTICIPANT,
+    TXN_PENDING,
 };
 use crate::store::Cf;
 
@@ -70,6 +71,19 @@ pub fn reparent(ino: u64, (from, to): (u64, u64), caller: Option<&Who>) -> TxnEf
     }
 }
 
+/// Remove empty directory `ino` of parent `from`, which a directory renamed over it replaces;
+/// `owner`, where set, is the uid that must own it (the sticky rule).
+pub fn drop_dir(ino: u64, from: u64, owner: Option<u32>) -> TxnEffect {
+    TxnEffect {
+        kind: EFFECT_DROP_DIR,
+        ino,
+        from,
+        owner_checked: owner.is_some(),
+        owner: owner.unwrap_or(0),
+        ..Default::default()
+    }
+}
+
 /// Whether `effects` move a directory (its group's rename lock is taken to mark it).
 fn moves_dir(effects: &[TxnEffect]) -> bool {
     effects.iter().any(|e| e.kind == EFFECT_REPARENT)
@@ -86,7 +100,7 @@ impl Namespace {
         let mut locks = vec![id.lock()];
         for e in effects {
             match e.kind {
-                EFFECT_RELINK | EFFECT_REPARENT => locks.push(e.ino),
+                EFFECT_RELINK | EFFECT_REPARENT | EFFECT_DROP_DIR => locks.push(e.ino),
                 _ => {
                     locks.push(e.parent);
                     locks.extend(self.peek(e.parent, &e.name));
@@ -109,6 +123,7 @@ impl Namespace {
                 }
                 EFFECT_RELINK => self.holds_ino(e.ino) && (-1..=1).contains(&e.delta),
                 EFFECT_REPARENT => self.holds_ino(e.ino) && e.from != 0 && e.to != 0,
+                EFFECT_DROP_DIR => self.holds_ino(e.ino) && e.from != 0,
                 _ => false,
             };
             if !ok {
@@ -153,6 +168,26 @@ impl Namespace {
                 }
                 EFFECT_NAME => self.prepare_name(id, e, tx)?,
                 EFFECT_REPARENT => self.prepare_reparent(id, e, tx)?,
+                EFFECT_DROP_DIR => {
+                    let dir = self.inode(e.ino)?;
+                    if !dir.is_dir() || dir.parent != e.from {
+                        return Err(CairnError::new(
+                            ErrorKind::Interrupted,
+                            format!("directory {} was replaced or moved meanwhile: try again", e.ino),
+                        ));
+                    }
+                    if e.owner_checked && dir.uid != e.owner {
+                        return Err(CairnError::new(
+                            ErrorKind::NotPermitted,
+                            format!(
+                                "uid {} may not replace directory {} (owner {}) in a sticky directory it does \
+                                 not own",
+                                e.owner, e.ino, dir.uid
+                            ),
+                        ));
+                    }
+                    self.prepare_replaced_dir(id, e.ino, tx)?;
+                }
                 _ => {
                     let inode = tx.get(e.ino)?;
                     if inode.is_dir() {
@@ -286,7 +321,11 @@ impl Namespace {
                             "rename: a directory over a non-directory",
                         ))
                     }
-                    (true, true) => self.prepare_replaced_dir(id, there.ino, tx)?,
+                    // One of another group is asked there (a drop-dir effect).
+                    (true, true) if self.holds_ino(there.ino) => {
+                        self.prepare_replaced_dir(id, there.ino, tx)?
+                    }
+                    (true, true) => {}
                     (false, false) => {}
                 }
                 e.replaced = there.ino;
@@ -306,18 +345,9 @@ impl Namespace {
         Ok(())
     }
 
-    /// Prepare the removal of directory `ino`, which a directory renamed over it replaces: it
-    /// must be this group's and empty; marked `removing` so nothing goes into it until decided.
+    /// Prepare the removal of directory `ino` (this group's), which a directory renamed over
+    /// it replaces: it must be empty; marked `removing` so nothing goes into it until decided.
     fn prepare_replaced_dir(&self, id: TxnId, ino: u64, tx: &mut Tx<'_>) -> Result<()> {
-        if !self.holds_ino(ino) {
-            return Err(CairnError::new(
-                ErrorKind::CrossDevice,
-                format!(
-                    "rename over directory {ino}, which another metadata group holds, is not built \
-                     (docs/ARCHITECTURE.md, \"Directory renames across groups\")"
-                ),
-            ));
-        }
         if !self.dir_is_empty(ino)? {
             return Err(CairnError::new(ErrorKind::NotEmpty, "rename: the target directory is not empty"));
         }
@@ -380,14 +410,13 @@ impl Namespace {
                         }
                     } else if e.entry_kind == S_IFDIR {
                         tx.put_dentry(e.parent, &e.name, e.ino, e.entry_kind);
-                        let replaced_dir = e.replaced != 0
-                            && self.try_inode(e.replaced)?.is_some_and(|d| d.removing == id.key());
-                        if replaced_dir {
-                            // One subdirectory for another: the count stays.
-                            tx.destroy(e.replaced)?;
-                        } else {
+                        if e.replaced == 0 {
                             let dir = tx.get(e.parent)?;
                             dir.nlink = dir.nlink.saturating_add(1);
+                        } else if self.try_inode(e.replaced)?.is_some_and(|d| d.removing == id.key()) {
+                            // One subdirectory for another: the count stays. (One of another
+                            // group goes there, by its drop-dir effect.)
+                            tx.destroy(e.replaced)?;
                         }
                     } else {
                         if e.entry_kind == 0 {
@@ -407,6 +436,16 @@ impl Namespace {
                     let dir = tx.get(e.parent)?;
                     dir.set_mtime(&now);
                     dir.set_ctime(&now);
+                }
+                (EFFECT_DROP_DIR, _) => {
+                    if self.try_inode(e.ino)?.is_none_or(|d| d.removing != id.key()) {
+                        continue;
+                    }
+                    if commit {
+                        tx.destroy(e.ino)?;
+                    } else {
+                        tx.get(e.ino)?.removing.clear();
+                    }
                 }
                 (EFFECT_REPARENT, _) => {
                     let Some(dir) = self.try_inode(e.ino)? else { continue };

@@ -215,9 +215,9 @@ fn add_to(others: &mut Vec<(u32, Vec<TxnEffect>)>, group: u32, effect: TxnEffect
     }
 }
 
-/// A name prepared as `named` replaces a file its group does not hold: that file loses a
-/// link in its own group (this one's: `more`, checked at the commit), with the sticky rule's
-/// owner where the name's group asked it.
+/// A name prepared as `named` replaces a file or directory its group does not hold: that
+/// file loses a link, that (empty) directory goes, in its own group (this one's: `more`,
+/// checked at the commit), with the sticky rule's owner where the name's group asked it.
 fn replaced_elsewhere(
     ns: &Namespace,
     peers: &dyn Peers,
@@ -230,7 +230,12 @@ fn replaced_elsewhere(
         return;
     }
     let owner = named.replaced_owner_checked.then_some(named.replaced_owner);
-    let effect = super::relink(replaced, -1, (named.parent, 0), owner);
+    // A directory replaces only a directory, which goes whole; a file loses one link.
+    let effect = if named.entry_kind == crate::schema::S_IFDIR {
+        super::drop_dir(replaced, named.parent, owner)
+    } else {
+        super::relink(replaced, -1, (named.parent, 0), owner)
+    };
     match peers.owner(replaced) {
         g if g == ns.group() => more.push(effect),
         g => add_to(others, g, effect),
