@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the pjdfstest crate against a fresh Cairn mount and print the pass count.
-# Usage: scripts/pjdfstest.sh [path/to/cairn]   (default target/debug/cairn)
+# Usage: scripts/pjdfstest.sh [path/to/cairn]   (default target/debug/cairn); CAIRN_PJD_UP_ARGS
+# adds arguments to `cairn up` (e.g. "--meta-groups 3": the namespace split over three groups).
 # Full log: target/pjdfstest.log. Exits non-zero only if the suite could not run at all:
 # making every case pass is tracked in the issues, and failures are printed, not hidden.
 set -uo pipefail
@@ -15,7 +16,7 @@ chmod 0711 "$work"
 mkdir -p "$work/mnt" "$work/other"
 # A short write-back interval, so files the suite holds open also commit in the background.
 "$cairn" up --data-dir "$work/data" --mount "$work/mnt" --meta-port 0 \
-  --commit-interval-ms "${CAIRN_PJD_COMMIT_INTERVAL_MS:-20}" > "$work/up.out" 2>&1 &
+  --commit-interval-ms "${CAIRN_PJD_COMMIT_INTERVAL_MS:-20}" ${CAIRN_PJD_UP_ARGS:-} > "$work/up.out" 2>&1 &
 up=$!
 cleanup() {
   kill -TERM $up 2>/dev/null; wait $up 2>/dev/null
@@ -27,6 +28,7 @@ for _ in $(seq 1 600); do grep -q '^ready:' "$work/up.out" && break; kill -0 $up
 if ! grep -q '^ready:' "$work/up.out"; then
   echo "pjdfstest: cairn up did not start:"; cat "$work/up.out"; exit 1
 fi
+grep '^ready:' "$work/up.out"
 mkdir -p "$work/mnt/pjd" && chmod 0777 "$work/mnt/pjd"
 log=target/pjdfstest.log
 config="$PWD/tests/pjdfstest/pjdfstest.toml"

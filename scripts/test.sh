@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what the tests need (Debian packages; PyTorch into target/ml-venv), run pjdfstest
-# against a real mount, validate deploy/ against the Kubernetes, Compose and Dockerfile schemas,
+# against a real mount (one metadata group, then three), validate deploy/ against the Kubernetes, Compose and Dockerfile schemas,
 # run every fuzz target for a minute (scripts/fuzz.sh), then the whole test suite (every test
 # binary, even after one fails). The last line is the total over every test binary:
 # "tests: N passed, N failed".
@@ -10,6 +10,8 @@ scripts/deps.sh
 bench/ml/venv.sh target/ml-venv torch  # PyTorch for tests/training.rs (about a minute)
 cargo build --workspace --all-targets
 scripts/pjdfstest.sh target/debug/cairn
+# And over three metadata groups (the namespace split, directories spread over them).
+CAIRN_PJD_UP_ARGS="--meta-groups 3" scripts/pjdfstest.sh target/debug/cairn
 mkdir -p target
 set +e
 scripts/validate-deploy.sh

@@ -11,9 +11,10 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use support::{cli_on, eventually, fsck_clean, restart_server, Cluster, KillOnDrop};
+use support::{eventually, fsck_clean, restart_server, Cluster, KillOnDrop};
 
-/// A cluster of two groups, half the slots group 1's and directories spread, whose
+/// A cluster of two groups (`cairn up --meta-groups 2`: half the slots group 1's and
+/// directories spread), whose
 /// metaservers kill themselves at `step` (once, the first to reach it); with a directory of
 /// group 0 and one of group 1 under the root.
 struct Split {
@@ -36,14 +37,16 @@ impl Split {
         let env = [("CAIRN_CRASH_AT", step), ("CAIRN_CRASH_ONCE", crashed.to_str().unwrap())];
         let args = [&["--meta-replicas", "3", "--meta-groups", "2"][..], extra].concat();
         let cluster = Cluster::start_env(chunkservers, "4+2", 64, &args, &env);
-        for args in [&["meta", "groups", "move", "1-2047", "1"][..], &["meta", "groups", "spread", "on"]] {
-            let (code, out) = cli_on(&cluster, &cluster.meta_addr, args);
-            assert_eq!(code, 0, "{out}");
-        }
-        eventually(20, "group 1's leader holds the map that spreads directories", || {
-            let (_, map) = support::cli_json(&cluster, &["meta", "groups"]);
-            map["groups"].as_array().is_some_and(|g| g.iter().all(|g| g["map_version"] == map["version"]))
-        });
+        // `cairn up` cut a new cluster's slots in two and spread directories, and said ready
+        // once group 1's leader held that map.
+        let (_, map) = support::cli_json(&cluster, &["meta", "groups"]);
+        assert_eq!(map["spread_dirs"], true, "{map}");
+        assert!(map["groups"]
+            .as_array()
+            .is_some_and(|g| g.iter().all(|g| g["map_version"] == map["version"])));
+        let slots: Vec<u64> =
+            map["groups"].as_array().unwrap().iter().map(|g| g["slots"].as_u64().unwrap()).collect();
+        assert_eq!(slots, [2048, 2048], "{map}");
         let (mut zero, mut one) = (None, None);
         for i in 0..64 {
             let dir = cluster.mnt.join(format!("d{i}"));

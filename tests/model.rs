@@ -500,18 +500,23 @@ fn diff(want: &BTreeMap<String, String>, got: &BTreeMap<String, String>) -> Opti
 
 #[test]
 fn random_operations_match_a_local_filesystem() {
-    let seed = seed();
-    let steps = env_or("CAIRN_MODEL_STEPS", DEFAULT_STEPS);
-    println!("model test: CAIRN_MODEL_SEED={seed} CAIRN_MODEL_STEPS={steps}");
     // A short write-back interval: files held open commit in the background between steps;
     // the namespace replicated over three metaservers, as `cairn up` runs it.
-    let cluster = Cluster::start_with(
-        std::path::Path::new("/tmp"),
-        6,
-        "4+2",
-        64,
-        &["--commit-interval-ms", "20", "--meta-replicas", "3"],
-    );
+    run_model(&["--commit-interval-ms", "20", "--meta-replicas", "3"]);
+}
+
+/// The same over three metadata groups (`cairn up --meta-groups 3`: the slots cut in three,
+/// directories spread), so creates, renames, links and removals run within and across groups.
+#[test]
+fn random_operations_over_three_metadata_groups_match_a_local_filesystem() {
+    run_model(&["--commit-interval-ms", "20", "--meta-replicas", "3", "--meta-groups", "3"]);
+}
+
+fn run_model(args: &[&str]) {
+    let seed = seed();
+    let steps = env_or("CAIRN_MODEL_STEPS", DEFAULT_STEPS);
+    println!("model test: CAIRN_MODEL_SEED={seed} CAIRN_MODEL_STEPS={steps} cairn up {args:?}");
+    let cluster = Cluster::start_with(std::path::Path::new("/tmp"), 6, "4+2", 64, args);
     let scratch = tempfile::Builder::new().prefix("cairn-model-").tempdir_in("/tmp").expect("tempdir");
     let mut local = World::new(scratch.path().join("model"));
     let mut cairn = World::new(cluster.mnt.join("model"));

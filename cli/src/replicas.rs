@@ -329,14 +329,20 @@ pub async fn register_group(meta: &str, group: u32, replicas: &[String]) -> Resu
     .await
 }
 
-/// `cairn meta groups move SLOTS GROUP`: give empty namespace slots to a group.
-pub async fn move_slots(meta: &str, slots: &str, group: u32) -> Result<()> {
-    let request = p::MoveSlotsRequest { slots: parse_slots(slots)?, group };
-    let map = on_leader(meta, Duration::from_secs(60), |mut client| {
+/// Give empty namespace `slots` to `group`: the map as it is after.
+pub async fn give_slots(meta: &str, slots: Vec<u32>, group: u32) -> Result<p::GroupMap> {
+    let request = p::MoveSlotsRequest { slots, group };
+    on_leader(meta, Duration::from_secs(60), |mut client| {
         let request = request.clone();
         async move { client.move_slots(request).await }
     })
-    .await?;
+    .await
+}
+
+/// `cairn meta groups move SLOTS GROUP`: give empty namespace slots to a group.
+pub async fn move_slots(meta: &str, slots: &str, group: u32) -> Result<()> {
+    let request = p::MoveSlotsRequest { slots: parse_slots(slots)?, group };
+    let map = give_slots(meta, request.slots.clone(), group).await?;
     let counts = cairn_meta::groups::slot_counts(&map);
     println!(
         "{} namespace slots are metadata group {group}'s (group map version {}); it owns {} in all",
@@ -347,16 +353,16 @@ pub async fn move_slots(meta: &str, slots: &str, group: u32) -> Result<()> {
     Ok(())
 }
 
+/// Whether new directories spread over the groups: the map as it is after.
+pub async fn set_spread(meta: &str, on: bool) -> Result<p::GroupMap> {
+    let request = p::SpreadDirsRequest { on };
+    on_leader(meta, Duration::from_secs(60), |mut client| async move { client.spread_dirs(request).await })
+        .await
+}
+
 /// `cairn meta groups spread on|off`: whether new directories spread over the groups.
 pub async fn spread_dirs(meta: &str, on: bool) -> Result<()> {
-    let request = p::SpreadDirsRequest { on };
-    let map =
-        on_leader(
-            meta,
-            Duration::from_secs(60),
-            |mut client| async move { client.spread_dirs(request).await },
-        )
-        .await?;
+    let map = set_spread(meta, on).await?;
     let how = if on { "spread over the groups by their slots" } else { "made in their parent's group" };
     println!("new directories are {how} (group map version {})", map.version);
     Ok(())

@@ -45,11 +45,18 @@ pub struct UpArgs {
     #[arg(long, default_value_t = 3, value_parser = parse_replicas)]
     meta_replicas: u32,
     /// Metadata groups, each a Raft group of --meta-replicas metaservers (`docs/ARCHITECTURE.md`,
-    /// "Several metadata groups"); groups after 0 are registered in group 0's group map. They
-    /// own no namespace slots until slot moves are built, so 1 (the default) serves the same.
-    /// More groups can be added on a later run, never fewer.
+    /// "Several metadata groups"); groups after 0 are registered in group 0's group map. A new
+    /// cluster's namespace slots are cut into as many equal ranges, and new directories spread
+    /// over the groups by their slots, so the namespace is split from the first mkdir. More
+    /// groups can be added on a later run, never fewer (they get slots with `cairn meta groups
+    /// move`).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
     meta_groups: u32,
+    /// With --meta-groups: keep every namespace slot in group 0 and new directories in their
+    /// parent's group (the other groups serve nothing until `cairn meta groups move` and
+    /// `cairn meta groups spread on`).
+    #[arg(long)]
+    no_spread: bool,
     /// How long a silent client keeps its locks and open files, in milliseconds.
     #[arg(long, default_value_t = 30_000)]
     client_lease_ms: u64,
@@ -162,6 +169,9 @@ struct ClusterFile {
     /// Ports of the replicas of each metadata group after 0 (group 1 first).
     #[serde(default)]
     group_ports: Vec<Vec<u16>>,
+    /// Made by this run (not read from `cluster.json`): its slots are split over its groups.
+    #[serde(skip)]
+    fresh: bool,
 }
 
 fn one() -> u32 {
@@ -313,6 +323,7 @@ fn cluster_file(args: &UpArgs) -> Result<ClusterFile> {
         meta_replicas: args.meta_replicas,
         meta_ports,
         group_ports,
+        fresh: true,
     })
 }
 
@@ -500,6 +511,9 @@ async fn up(args: UpArgs, plaintext: bool) -> Result<()> {
                 addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
             register_group(&meta_addr, group as u32, &replicas, &mut procs).await?;
         }
+        if cluster.fresh && groups.len() > 1 && !args.no_spread {
+            split_slots(&meta_addr, &groups, &mut procs).await?;
+        }
         let mount_log = logs.join("mount.log");
         let metrics = free_local_addr()?;
         let commit_interval = args.commit_interval_ms.to_string();
@@ -583,7 +597,10 @@ async fn up(args: UpArgs, plaintext: bool) -> Result<()> {
     let replicated = match (cluster.meta_replicas > 1, groups.len()) {
         (false, _) => String::new(),
         (true, 1) => " (replicated with Raft)".to_string(),
-        (true, n) => format!(" (replicated with Raft; {n} metadata groups, all slots in group 0)"),
+        (true, n) if args.no_spread || !cluster.fresh => {
+            format!(" (replicated with Raft; {n} metadata groups, slots as the group map says)")
+        }
+        (true, n) => format!(" (replicated with Raft; {n} metadata groups, the namespace split over them)"),
     };
     println!(
         "ready: {} mounted from metaserver {meta_addr}{replicated}; EC {} over {} chunkservers{ssd} (logs in {}; Ctrl-C stops)",
@@ -624,6 +641,33 @@ async fn register_group(meta_addr: &str, group: u32, replicas: &[String], procs:
         }
         none_exited(procs)?;
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// A new cluster's namespace slots cut into one equal range per group (group 0 keeps the first,
+/// with slot 0: the root) and new directories spread over them, then a wait until every
+/// group's leader holds that map.
+async fn split_slots(meta_addr: &str, groups: &[Vec<String>], procs: &mut [Proc]) -> Result<()> {
+    let n = groups.len() as u32;
+    let slots = cairn_meta::groups::SLOTS as u32;
+    for group in 1..n {
+        let (from, to) = (group * slots / n, (group + 1) * slots / n - 1);
+        crate::replicas::give_slots(meta_addr, (from..=to).collect(), group).await?;
+    }
+    let version = crate::replicas::set_spread(meta_addr, true).await?.version;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for (group, addrs) in groups.iter().enumerate().skip(1) {
+        let replicas: Vec<String> = addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
+        while !crate::replicas::leader_holds(&replicas, version).await {
+            if Instant::now() > deadline {
+                return Err(CairnError::unavailable(format!(
+                    "metadata group {group} has no leader holding group map version {version}: see its replicas' logs"
+                )));
+            }
+            none_exited(procs)?;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
     Ok(())
 }
