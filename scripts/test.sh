@@ -10,10 +10,13 @@ scripts/deps.sh
 bench/ml/venv.sh target/ml-venv torch  # PyTorch for tests/training.rs (about a minute)
 cargo build --workspace --all-targets
 scripts/pjdfstest.sh target/debug/cairn
-# And over three metadata groups (the namespace split, directories spread over them).
-CAIRN_PJD_UP_ARGS="--meta-groups 3" scripts/pjdfstest.sh target/debug/cairn
 mkdir -p target
 set +e
+# And over three metadata groups (the namespace split, directories spread over them): every
+# case that passes over one group must pass here too.
+CAIRN_PJD_UP_ARGS="--meta-groups 3" CAIRN_PJD_STRICT=1 CAIRN_PJD_LOG=target/pjdfstest-groups.log \
+  scripts/pjdfstest.sh target/debug/cairn
+groups_status=$?
 scripts/validate-deploy.sh
 deploy_status=$?
 # Every fuzz target for a minute (cargo fuzz; installs the nightly toolchain and cargo-fuzz if
@@ -25,8 +28,10 @@ status=${PIPESTATUS[0]}
 set -e
 [ "$deploy_status" -eq 0 ] || echo "scripts/validate-deploy.sh failed (exit $deploy_status)"
 [ "$fuzz_status" -eq 0 ] || echo "scripts/fuzz.sh failed (exit $fuzz_status)"
+[ "$groups_status" -eq 0 ] || echo "pjdfstest over three metadata groups failed (exit $groups_status)"
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' target/test.log
 [ "$status" -ne 0 ] || status=$deploy_status
 [ "$status" -ne 0 ] || status=$fuzz_status
+[ "$status" -ne 0 ] || status=$groups_status
 exit "$status"

@@ -209,8 +209,9 @@ fn directories_move_across_groups() {
 
 /// Files in a directory of group 1: a shard a client finds damaged is rewritten (the report
 /// handed from group 0 to group 1), and after two chunkservers die group 1's repair rebuilds
-/// their shards on the survivors (their placement moves off the dead nodes), so two more can
-/// die and every byte still reads.
+/// their shards on the survivors (their placement moves off the dead nodes; `cairn status`
+/// counts it, and a node group 1 places files on is not removed), so two more can die and
+/// every byte still reads.
 #[test]
 fn a_groups_files_are_rebuilt_by_its_own_repair() {
     let split = Split::start_with("none", 8, &["--rebuild-after-ms", "2000"]);
@@ -260,6 +261,17 @@ fn a_groups_files_are_rebuilt_by_its_own_repair() {
                 })
         })
     });
+    // `cairn status` (group 0's) counts group 1's rebuild: every file is group 1's.
+    eventually(15, "status counts group 1's rebuilt shards", || {
+        let (_, st) = support::cli_json(&split.cluster, &["status"]);
+        st["repair"]["shards_rebuilt"].as_u64().is_some_and(|n| n > 0)
+            && st["repair"]["degraded_stripes"] == 0
+    });
+    // Nor is a drained-looking node removed while group 1 still places files on it.
+    let holding = info(&files[0].0)["placement"][0]["node"].as_u64().unwrap().to_string();
+    let out = split.cluster.cli(&["node", "remove", &holding]);
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success() && said.contains("still holds shards of"), "{said}");
     support::kill9(chunks[2].pid);
     support::kill9(chunks[3].pid);
     for (path, data) in &files {

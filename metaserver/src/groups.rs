@@ -91,6 +91,8 @@ pub struct Groups {
     /// leader, no majority, replicas not answering; `service/groups.rs`): absent while a group
     /// is well. Health reports read it, so they never wait on other groups.
     health: Mutex<BTreeMap<u32, String>>,
+    /// Each other group's repair as its leader last reported it (the same round).
+    repairs: Mutex<BTreeMap<u32, cairn_proto::GroupRepair>>,
     /// The slots' owners as last read or written: every request's slot check reads them. Only
     /// the serving leader (or lone metaserver) writes the map, through [`Groups::write`].
     owners: RwLock<Arc<Owners>>,
@@ -126,6 +128,7 @@ impl Groups {
             store,
             changing: Mutex::new(()),
             health: Mutex::new(BTreeMap::new()),
+            repairs: Mutex::new(BTreeMap::new()),
             owners: RwLock::new(Arc::default()),
         };
         *groups.owners.write() = Owners::of(&groups.map()?);
@@ -307,6 +310,20 @@ impl Groups {
     /// Keep what the latest round of questions found wrong, by group.
     pub fn set_health(&self, problems: BTreeMap<u32, String>) {
         *self.health.lock() = problems;
+    }
+
+    /// What each group's leader last said of its repair (a group without a leader keeps its
+    /// last report until it has one again).
+    pub fn set_repairs(&self, repairs: BTreeMap<u32, cairn_proto::GroupRepair>) {
+        let mut held = self.repairs.lock();
+        held.extend(repairs);
+    }
+
+    /// The repairs of the groups still in the map, as last reported (`None`: not yet).
+    pub fn repairs(&self) -> Result<Vec<(u32, Option<cairn_proto::GroupRepair>)>> {
+        let map = self.map()?;
+        let held = self.repairs.lock();
+        Ok(map.groups.iter().map(|g| (g.group, held.get(&g.group).cloned())).collect())
     }
 
     /// The problems the latest round found, of the groups still in the map.

@@ -154,7 +154,7 @@ impl Repair {
                         fence: self.ns.fence(),
                         cluster_id: self.ns.cluster_id().to_string(),
                         cap: None,
-                        // Reconciliation runs in group 0 only (not yet in other groups).
+                        // This group's fence: it judges only the shards of its own slots.
                         group: self.ns.group(),
                     })
                     .await

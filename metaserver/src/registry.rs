@@ -196,11 +196,22 @@ impl Registry {
         let now = Instant::now();
         let timeout_ms = self.timeout.as_millis() as u64;
         let state = |name: &str| if name == state_name(NODE_DRAINING) { NODE_DRAINING } else { NODE_ACTIVE };
+        let mut inner = self.inner.lock();
+        let previous: BTreeMap<u32, Option<Instant>> =
+            inner.nodes.iter().map(|(id, n)| (*id, n.last_heartbeat)).collect();
         let mirrored = nodes.iter().map(|n| {
             // A node down is down here too (heard from at least a timeout ago), and for as long
-            // as group 0 says: the repair rebuilds what it held once that is long enough.
-            let ago = if n.up { n.last_heartbeat_ms_ago } else { n.last_heartbeat_ms_ago.max(timeout_ms) };
-            let heard = now.checked_sub(Duration::from_millis(ago));
+            // as group 0 says: the repair rebuilds what it held once that is long enough. One
+            // group 0 has not heard from since its leader started (a new leader) keeps what this
+            // group saw before, or is taken as just down: never as down for ever, which would
+            // have this group's repair rebuild every node's shards after each failover there.
+            let heard = if n.up {
+                now.checked_sub(Duration::from_millis(n.last_heartbeat_ms_ago))
+            } else if n.last_heartbeat_ms_ago == u64::MAX {
+                previous.get(&n.id).copied().flatten().or_else(|| now.checked_sub(self.timeout))
+            } else {
+                now.checked_sub(Duration::from_millis(n.last_heartbeat_ms_ago.max(timeout_ms)))
+            };
             let node = NodeState {
                 uuid: String::new(),
                 addr: n.addr.clone(),
@@ -213,7 +224,7 @@ impl Registry {
             };
             (n.id, node)
         });
-        self.inner.lock().nodes = mirrored.collect();
+        inner.nodes = mirrored.collect();
         self.mirrored.store(true, std::sync::atomic::Ordering::Release);
     }
 
@@ -611,6 +622,17 @@ mod tests {
         r.mirror(&listed[..1]);
         assert_eq!(r.place(&layout).unwrap_err().kind(), ErrorKind::TooFewNodes);
         assert_eq!(r.nodes().len(), 1);
+
+        // Down for 2 minutes stays so; a node group 0's new leader has not heard from yet
+        // (u64::MAX) keeps when this group last saw it, or is taken as just down — never as
+        // down for ever (this group's repair would rebuild its shards at once).
+        let never = |id: u32| NodeInfo { last_heartbeat_ms_ago: u64::MAX, ..node(id, false, "active") };
+        r.mirror(&[node(7, true, "active"), node(10, false, "active")]);
+        r.mirror(&[never(7), node(10, false, "active"), never(11)]);
+        let age = |id: u32| r.nodes().into_iter().find(|n| n.id == id).unwrap().last_heartbeat_ms_ago;
+        assert!(age(7) < 5_000, "{}", age(7));
+        assert!((120_000..130_000).contains(&age(10)), "{}", age(10));
+        assert!(age(11) < 130_000, "{}", age(11));
     }
 
     #[test]

@@ -223,6 +223,12 @@ impl Repair {
             after = last.ino;
             for inode in &page {
                 if inode.is_reg() && !inode.placement.is_empty() {
+                    let mut nodes_of = inode.placement.clone();
+                    nodes_of.sort_unstable();
+                    nodes_of.dedup();
+                    for node in nodes_of {
+                        *state.files_by_node.entry(node).or_default() += 1;
+                    }
                     if let Err(e) = self.heal_file(inode, nodes, &mut state).await {
                         tracing::warn!(ino = inode.ino, "repair: {e}");
                     }

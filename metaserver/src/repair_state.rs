@@ -34,6 +34,8 @@ pub struct RepairState {
     /// margin, and the bytes of file data in them.
     pub reduced_by_margin: Vec<u64>,
     pub reduced_bytes: u64,
+    /// Files whose placement names each node, as of the last pass (before what it moved).
+    pub files_by_node: BTreeMap<u32, u64>,
     /// How long a node stays down before its shards are rebuilt elsewhere, and when the repair
     /// started (a node not heard from since has been down at most that long); `None` until a
     /// repair runs.
@@ -41,6 +43,46 @@ pub struct RepairState {
 }
 
 impl RepairState {
+    /// As another group's leader reports it (`RaftStatusReply.repair`).
+    pub fn summary(&self) -> cairn_proto::GroupRepair {
+        cairn_proto::GroupRepair {
+            degraded_stripes: self.degraded_stripes,
+            bytes_to_rebuild: self.bytes_to_rebuild,
+            unrecoverable_stripes: self.unrecoverable_stripes,
+            unrecoverable_files: self.unrecoverable_files.clone(),
+            shards_rebuilt: self.shards_rebuilt,
+            bytes_rebuilt: self.bytes_rebuilt,
+            stripes_by_margin: self.by_margin.clone(),
+            reduced_stripes_by_margin: self.reduced_by_margin.clone(),
+            reduced_redundancy_bytes: self.reduced_bytes,
+            stale_shards_deleted: self.stale_shards_deleted,
+            files_by_node: self.files_by_node.iter().map(|(n, f)| (*n, *f)).collect(),
+        }
+    }
+
+    /// This state with another group's `other` added: the cluster's, as its status tells it.
+    pub fn add(&mut self, other: &cairn_proto::GroupRepair) {
+        self.degraded_stripes += other.degraded_stripes;
+        self.bytes_to_rebuild += other.bytes_to_rebuild;
+        self.unrecoverable_stripes += other.unrecoverable_stripes;
+        self.unrecoverable_files.extend(&other.unrecoverable_files);
+        self.shards_rebuilt += other.shards_rebuilt;
+        self.bytes_rebuilt += other.bytes_rebuilt;
+        self.stale_shards_deleted += other.stale_shards_deleted;
+        self.reduced_bytes += other.reduced_redundancy_bytes;
+        for (ours, theirs) in [
+            (&mut self.by_margin, &other.stripes_by_margin),
+            (&mut self.reduced_by_margin, &other.reduced_stripes_by_margin),
+        ] {
+            if ours.len() < theirs.len() {
+                ours.resize(theirs.len(), 0);
+            }
+            for (o, t) in ours.iter_mut().zip(theirs) {
+                *o += t;
+            }
+        }
+    }
+
     /// For a node down for `down_ms` (as the registry says), how long until the repair
     /// rebuilds its shards elsewhere (zero: it is doing so); `None` without a repair.
     pub fn rebuild_in(&self, down_ms: u64) -> Option<Duration> {

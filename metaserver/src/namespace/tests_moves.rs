@@ -268,6 +268,18 @@ fn a_directory_replaces_an_empty_one_across_groups() {
     assert!(matches!(pair.g0.lookup_entry(ROOT_INO, b"other").unwrap(), Looked::Here(i) if i.ino == w.ino));
     assert_eq!(pair.g0.getattr(ROOT_INO).unwrap().nlink, root_links - 1, "w's entry went, other's was taken");
     settled(&pair);
+
+    // Over an empty directory of the coordinator's own group named in the other group: `x`
+    // (group 0) moved into `b` (group 3), then `v` (group 0) renamed over it from the root.
+    let b = mkdir_across(&pair.g0, &pair.peers(), &tests::new(ROOT_INO, "b", 0o755), GROUP).unwrap().inode;
+    let x = dir(&pair.g0, ROOT_INO, "x");
+    move_dir(&pair, (ROOT_INO, "x"), x.ino, (b.ino, "x")).unwrap();
+    let v = dir(&pair.g0, ROOT_INO, "v");
+    move_dir(&pair, (ROOT_INO, "v"), v.ino, (b.ino, "x")).unwrap();
+    assert_eq!(kind(pair.g0.getattr(x.ino)), ErrorKind::NotFound, "the replaced directory is gone");
+    assert_eq!(pair.g0.getattr(v.ino).unwrap().parent, b.ino);
+    assert_eq!(pair.g3.getattr(b.ino).unwrap().nlink, 3);
+    settled(&pair);
 }
 
 /// Both leaders crash after each step of a directory's move across groups; recovery finishes

@@ -512,8 +512,9 @@ impl RaftNode {
             cluster: self.settings.name.cluster.to_string(),
             election_ms: self.settings.election.as_millis() as u64,
             group: self.settings.name.group,
-            // The service adds it (the map is not the Raft node's).
+            // The service adds them (the map and the repair are not the Raft node's).
             map_version: 0,
+            repair: None,
         }
     }
 

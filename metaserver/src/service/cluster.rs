@@ -113,7 +113,13 @@ pub(super) fn status_reply(serving: &Serving) -> Result<ClusterStatusReply> {
     let (ns, cluster) = (&serving.ns, &serving.cluster);
     let stats = ns.stats();
     let root = ns.getattr(cairn_common::ROOT_INO)?.layout();
-    let repair = cluster.repair_state().lock().clone();
+    // The cluster's: this group's and each other group's as its leader last said.
+    let mut repair = cluster.repair_state().lock().clone();
+    for (_, other) in cluster.groups().repairs()? {
+        if let Some(other) = other {
+            repair.add(&other);
+        }
+    }
     let nodes = nodes_with_progress(cluster);
     let meta_cert_not_after = cairn_net::tls::identity().map_or(0, |id| id.cert.not_after);
     let health = crate::health::assess(
@@ -174,7 +180,17 @@ pub(super) fn remove_node(serving: &Serving, node: u32, force: bool) -> Result<(
         .find(|n| n.id == node)
         .ok_or_else(|| CairnError::not_found(format!("no chunkserver with id {node}")))?;
     if !force {
-        let files = files_on(ns, node)?;
+        // This group's files, and each other group's as its repair last counted them.
+        let mut files = files_on(ns, node)?;
+        for (group, report) in cluster.groups().repairs()? {
+            let Some(report) = report else {
+                return Err(CairnError::unavailable(format!(
+                    "metadata group {group} has not said yet which of its files chunkserver {node} holds \
+                     shards of (its leader reports every 5 s): try again, or --force"
+                )));
+            };
+            files += report.files_by_node.get(&node).copied().unwrap_or(0);
+        }
         if files > 0 {
             return Err(CairnError::new(
                 cairn_common::ErrorKind::NotEmpty,

@@ -18,11 +18,16 @@ use crate::raft::network::GroupName;
 use crate::raft::node::answers_as;
 
 /// What group 0's leader found when it asked a group's replicas.
+/// A leader as it answered: its address, and its repair.
+type Leading = (String, Option<cairn_proto::GroupRepair>);
+
 struct GroupSeen {
     /// What is wrong with the group, if anything.
     problem: Option<String>,
     /// The address of the replica that answered as its leader.
     leader: Option<String>,
+    /// Its repair, as its leader reported it.
+    repair: Option<cairn_proto::GroupRepair>,
 }
 
 /// How long each replica of a group being added has to answer.
@@ -316,6 +321,8 @@ impl MetaService {
             };
             map.groups.insert(0, self.group_zero());
             let seen = self.ask_groups(&map).await;
+            let repairs = seen.iter().filter_map(|(g, s)| Some((*g, s.repair.clone()?))).collect();
+            cluster.groups().set_repairs(repairs);
             let shared = SharedGroupMap { map: Some(map.clone()), cluster_id: ns.cluster_id().to_string() };
             // Every round, not only to leaders behind: group 0's replicas (in the map shared,
             // outside its version) may have changed. A leader writes only what changed.
@@ -349,6 +356,19 @@ impl MetaService {
         }
     }
 
+    /// On the leader of a group other than 0 serving its slots: its repair's last pass, which
+    /// group 0's leader adds to the cluster's status.
+    pub(super) fn group_repair(&self) -> Option<cairn_proto::GroupRepair> {
+        let raft = self.raft.get()?;
+        if raft.group() == 0 || !raft.is_leader() {
+            return None;
+        }
+        let serving = self.serving().ok()?;
+        serving.repair.as_ref()?;
+        let summary = serving.cluster.repair_state().lock().summary();
+        Some(summary)
+    }
+
     /// Hand `shared` to the leader of another group at `addr`: the map it holds afterwards.
     async fn share_with(&self, addr: &str, shared: SharedGroupMap) -> Result<GroupMap> {
         let mut client = self.channels.meta(addr)?;
@@ -378,11 +398,14 @@ impl MetaService {
                 .ok()?
                 .ok()?
                 .into_inner();
-            (reply.group == group.group).then_some((reply.state == "leader").then(|| addr.to_string()))
+            (reply.group == group.group)
+                .then_some((reply.state == "leader").then(|| (addr.to_string(), reply.repair)))
         });
-        let answers: Vec<Option<Option<String>>> = futures::future::join_all(asked).await;
+        // Each replica: `None` (no answer), or whether it leads (its address and repair).
+        let answers: Vec<Option<Option<Leading>>> = futures::future::join_all(asked).await;
         let answering = answers.iter().filter(|a| a.is_some()).count();
-        let leader = answers.iter().flatten().flatten().next().cloned();
+        let (leader, repair) = answers.into_iter().flatten().flatten().next().unzip();
+        let repair = repair.flatten();
         let (g, n) = (group.group, addrs.len());
         // A leader cut off from the others may still call itself one: a majority answering is
         // what lets the group change.
@@ -395,7 +418,7 @@ impl MetaService {
         } else {
             None
         };
-        GroupSeen { problem, leader }
+        GroupSeen { problem, leader, repair }
     }
 
     /// The replica at `addr` answers as replica `id` of `wanted`.

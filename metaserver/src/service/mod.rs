@@ -643,8 +643,18 @@ impl Meta for MetaService {
         let ids = if confirm { self.confirmed_damage(ids).await? } else { ids };
         let (_, missing) = self.run(move |ns| ns.mark_damaged(&ids)).await?;
         let mut missing: Vec<cairn_proto::ShardId> = missing.into_iter().map(Into::into).collect();
+        // Each group on its own: one without a leader leaves the others' reports standing
+        // (the reporter's shards there are not counted missing, so it keeps them; a scrub
+        // reports them again on its next pass).
         for (group, ids) in elsewhere {
-            missing.extend(self.damage_elsewhere(group, ids, confirm).await?);
+            match self.damage_elsewhere(group, ids, confirm).await {
+                Ok(theirs) => missing.extend(theirs),
+                Err(e) => tracing::warn!(
+                    group,
+                    "a damage report for metadata group {group} was not taken: {}",
+                    e.message()
+                ),
+            }
         }
         Ok(Response::new(cairn_proto::ReportDamagedReply { missing }))
     }
@@ -835,7 +845,11 @@ impl Meta for MetaService {
 
     async fn raft_status(&self, _req: Request<Empty>) -> Result<Response<RaftStatusReply>, Status> {
         Ok(Response::new(match self.raft.get() {
-            Some(raft) => RaftStatusReply { map_version: self.map_version(), ..raft.status() },
+            Some(raft) => RaftStatusReply {
+                map_version: self.map_version(),
+                repair: self.group_repair(),
+                ..raft.status()
+            },
             None if self.replicated => RaftStatusReply { state: "starting".into(), ..Default::default() },
             None => RaftStatusReply { state: "single".into(), ..Default::default() },
         }))

@@ -438,7 +438,9 @@ impl Namespace {
                     dir.set_ctime(&now);
                 }
                 (EFFECT_DROP_DIR, _) => {
-                    if self.try_inode(e.ino)?.is_none_or(|d| d.removing != id.key()) {
+                    // Read through `tx`: one of the coordinator's own group is prepared in the
+                    // same write as its commit (`change_commit`'s `more`).
+                    if self.try_inode(e.ino)?.is_none() || tx.get(e.ino)?.removing != id.key() {
                         continue;
                     }
                     if commit {
