@@ -507,9 +507,7 @@ async fn up(args: UpArgs, plaintext: bool) -> Result<()> {
     let result = async {
         wait_healthy(&meta_addr, &mut procs, args.chunkservers as usize).await?;
         for (group, addrs) in groups.iter().enumerate().skip(1) {
-            let replicas: Vec<String> =
-                addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
-            register_group(&meta_addr, group as u32, &replicas, &mut procs).await?;
+            register_group(&meta_addr, group as u32, &replica_names(addrs), &mut procs).await?;
         }
         if cluster.fresh && groups.len() > 1 && !args.no_spread {
             split_slots(&meta_addr, &groups, &mut procs).await?;
@@ -633,6 +631,17 @@ async fn register_group(meta_addr: &str, group: u32, replicas: &[String], procs:
         none_exited(procs)?;
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    leader_holds(group, replicas, version, deadline, procs).await
+}
+
+/// Wait until metadata group `group`'s leader (among `replicas`) holds group map `version`.
+async fn leader_holds(
+    group: u32,
+    replicas: &[String],
+    version: u64,
+    deadline: Instant,
+    procs: &mut [Proc],
+) -> Result<()> {
     while !crate::replicas::leader_holds(replicas, version).await {
         if Instant::now() > deadline {
             return Err(CairnError::unavailable(format!(
@@ -643,6 +652,11 @@ async fn register_group(meta_addr: &str, group: u32, replicas: &[String], procs:
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(())
+}
+
+/// The replicas of a group started at `addrs`, as the group map names them (`ID=HOST:PORT`).
+fn replica_names(addrs: &[String]) -> Vec<String> {
+    addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect()
 }
 
 /// A new cluster's namespace slots cut into one equal range per group (group 0 keeps the first,
@@ -658,16 +672,7 @@ async fn split_slots(meta_addr: &str, groups: &[Vec<String>], procs: &mut [Proc]
     let version = crate::replicas::set_spread(meta_addr, true).await?.version;
     let deadline = Instant::now() + Duration::from_secs(60);
     for (group, addrs) in groups.iter().enumerate().skip(1) {
-        let replicas: Vec<String> = addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
-        while !crate::replicas::leader_holds(&replicas, version).await {
-            if Instant::now() > deadline {
-                return Err(CairnError::unavailable(format!(
-                    "metadata group {group} has no leader holding group map version {version}: see its replicas' logs"
-                )));
-            }
-            none_exited(procs)?;
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        leader_holds(group as u32, &replica_names(addrs), version, deadline, procs).await?;
     }
     Ok(())
 }
