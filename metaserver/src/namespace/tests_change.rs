@@ -255,12 +255,7 @@ fn a_change_recovers_from_a_crash_after_any_step() {
             pair.g3.txn_decide(id, true).unwrap();
         }
         pair.crash();
-        let peers = pair.peers();
-        // Group 0 first (it aborts what its predecessor left pending), then group 3 asks.
-        for _ in 0..2 {
-            recover(&pair.g0, &peers, 0).unwrap();
-            recover(&pair.g3, &peers, 0).unwrap();
-        }
+        pair.recover();
         no_txns(&pair);
         let moved = step >= 3;
         assert_eq!(pair.g0.lookup_entry(ROOT_INO, b"f").is_ok(), !moved, "step {step}");

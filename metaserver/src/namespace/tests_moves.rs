@@ -7,7 +7,7 @@ use cairn_common::{ErrorKind, ROOT_INO};
 
 use super::tests::{dir, file, kind};
 use super::tests_txn::{names, Pair, GROUP};
-use super::txn::{self, change_across, mkdir_across, recover, Changed, Peers};
+use super::txn::{self, change_across, mkdir_across, Changed, Peers};
 use super::*;
 use crate::schema::{TxnEffect, S_IFDIR};
 
@@ -50,6 +50,21 @@ fn move_dir(pair: &Pair, from: (u64, &str), ino: u64, to: (u64, &str)) -> Result
 /// The effects of `plan` that `group` takes.
 fn of(plan: &[(u32, TxnEffect)], group: u32) -> Vec<TxnEffect> {
     plan.iter().filter(|(g, _)| *g == group).map(|(_, e)| e.clone()).collect()
+}
+
+/// Steps 1 and 2 of `plan` (coordinated by group 0): both groups' parts prepared, marks
+/// included; nothing decided.
+fn prepared(pair: &Pair, plan: &[(u32, TxnEffect)]) -> txn::TxnId {
+    let (id, _) = pair.g0.change_begin(of(plan, 0), &[GROUP]).unwrap();
+    pair.g3.txn_prepare_change(id, of(plan, GROUP)).unwrap();
+    id
+}
+
+/// A change [`prepared`] given up on both sides, its records gone.
+fn give_up(pair: &Pair, id: txn::TxnId) {
+    pair.g0.change_abort(id, &[GROUP]).unwrap();
+    pair.g3.txn_decide(id, false).unwrap();
+    pair.g0.txn_forget(id).unwrap();
 }
 
 fn settled(pair: &Pair) {
@@ -156,8 +171,7 @@ fn a_move_in_flux_stops_the_walks_through_it() {
     let pair = Pair::new();
     let (d, s, e) = tree(&pair);
     let plan = move_plan(&pair, (ROOT_INO, "d"), d.ino, (e.ino, "d"));
-    let (id, _) = pair.g0.change_begin(of(&plan, 0), &[GROUP]).unwrap();
-    pair.g3.txn_prepare_change(id, of(&plan, GROUP)).unwrap();
+    let id = prepared(&pair, &plan);
     assert_eq!(pair.g3.getattr(d.ino).unwrap().moving, id.key());
     assert_eq!(pair.g3.climb(Some(id), s.ino, e.ino).unwrap(), Climb::Root);
     assert_eq!(kind(pair.g3.climb(None, s.ino, e.ino)), ErrorKind::Unavailable);
@@ -173,17 +187,12 @@ fn a_move_in_flux_stops_the_walks_through_it() {
     let z = dir(&pair.g0, x.ino, "z");
     dir(&pair.g0, ROOT_INO, "y");
     let plan = move_plan(&pair, (ROOT_INO, "x"), x.ino, (s.ino, "x"));
-    let (x_id, _) = pair.g0.change_begin(of(&plan, 0), &[GROUP]).unwrap();
-    pair.g3.txn_prepare_change(x_id, of(&plan, GROUP)).unwrap();
+    let x_id = prepared(&pair, &plan);
     assert_eq!(kind(pair.g0.rename(ROOT_INO, b"y", z.ino, b"y", 0)), ErrorKind::Unavailable);
-    pair.g0.change_abort(x_id, &[GROUP]).unwrap();
-    pair.g3.txn_decide(x_id, false).unwrap();
-    pair.g0.txn_forget(x_id).unwrap();
+    give_up(&pair, x_id);
     assert_eq!(pair.g0.rename(ROOT_INO, b"y", z.ino, b"y", 0).unwrap(), Renamed::Done);
 
-    pair.g0.change_abort(id, &[GROUP]).unwrap();
-    pair.g3.txn_decide(id, false).unwrap();
-    pair.g0.txn_forget(id).unwrap();
+    give_up(&pair, id);
     assert!(pair.g3.getattr(d.ino).unwrap().moving.is_empty());
     assert_eq!(pair.g3.getattr(d.ino).unwrap().parent, ROOT_INO);
     settled(&pair);
@@ -206,18 +215,14 @@ fn two_moves_that_would_close_a_loop_cannot_both_pass() {
         let b_into_a = move_plan(&pair, (ROOT_INO, "b"), b.ino, (a.ino, "b"));
         let mut begun = Vec::new();
         for plan in if a_first { [&a_into_b, &b_into_a] } else { [&b_into_a, &a_into_b] } {
-            let (id, _) = pair.g0.change_begin(of(plan, 0), &[GROUP]).unwrap();
-            pair.g3.txn_prepare_change(id, of(plan, GROUP)).unwrap();
-            begun.push(id);
+            begun.push(prepared(&pair, plan));
         }
         let (ab, ba) = if a_first { (begun[0], begun[1]) } else { (begun[1], begun[0]) };
         // a into b walks up from b (group 0), b into a from a (group 3): each meets a mark.
         assert_eq!(kind(pair.g0.climb(Some(ab), b.ino, a.ino)), ErrorKind::Unavailable);
         assert_eq!(kind(pair.g3.climb(Some(ba), a.ino, b.ino)), ErrorKind::Unavailable);
         // b into a is given up; a into b then walks to the root and commits.
-        pair.g0.change_abort(ba, &[GROUP]).unwrap();
-        pair.g3.txn_decide(ba, false).unwrap();
-        pair.g0.txn_forget(ba).unwrap();
+        give_up(&pair, ba);
         assert_eq!(pair.g0.climb(Some(ab), b.ino, a.ino).unwrap(), Climb::Root);
         pair.g0.change_commit(ab, 0, Vec::new(), vec![GROUP]).unwrap();
         pair.g3.txn_decide(ab, true).unwrap();
@@ -301,11 +306,7 @@ fn a_directory_move_recovers_from_a_crash_after_any_step() {
             pair.g3.txn_decide(id, true).unwrap();
         }
         pair.crash();
-        let peers = pair.peers();
-        for _ in 0..2 {
-            recover(&pair.g0, &peers, 0).unwrap();
-            recover(&pair.g3, &peers, 0).unwrap();
-        }
+        pair.recover();
         let moved = step >= 3;
         let inode = pair.g3.getattr(d.ino).unwrap();
         assert_eq!(inode.parent, if moved { e.ino } else { ROOT_INO }, "step {step}");

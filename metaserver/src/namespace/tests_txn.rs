@@ -65,6 +65,16 @@ impl Pair {
                 .unwrap();
     }
 
+    /// Both new leaders' recovery, group 0 first (it aborts what its predecessor left
+    /// pending, then group 3 asks), twice.
+    pub(super) fn recover(&self) {
+        let peers = self.peers();
+        for _ in 0..2 {
+            recover(&self.g0, &peers, 0).unwrap();
+            recover(&self.g3, &peers, 0).unwrap();
+        }
+    }
+
     pub(super) fn peers(&self) -> Direct<'_> {
         Direct { pair: self, refuse: Cell::new(false), lose_prepare: Cell::new(false) }
     }
